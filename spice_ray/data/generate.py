@@ -1,0 +1,255 @@
+"""Dataset generation on Ray Data: range -> actor-pool map_batches -> write_parquet -> shards.
+
+The flow for one split:
+
+1. check every expected shard against its checksum sidecar; valid shards are kept, invalid ones
+   are named in the log and deleted;
+2. ``ray.data.range(num_tasks)`` -> ``map_batches(TaskBatchGenerator, ActorPoolStrategy)``: each
+   actor turns a batch of task ids into a pyarrow table vectorised (tasks of valid shards are
+   skipped) -> ``write_parquet(staging, partition_cols=["shard"])``;
+3. each staged shard is sorted by task_id and rewritten under its final name (atomic rename +
+   SHA-256 sidecar), so the final bytes do not depend on the number of actors or on Ray's block
+   order.
+
+The manifest (config, seed, schema version, per-shard checksums, row counts, content hash) is
+written last; a directory without it is an interrupted generation that a re-run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from spice_ray.config import DataConfig, EnvConfig, RunConfig
+from spice_ray.data import schema, store
+from spice_ray.data.behaviour import generate_tasks
+from spice_ray.rng import SPLITS
+
+log = logging.getLogger(__name__)
+
+# Fault injection for tests: stop with an error after this many shards were finalised.
+FAULT_ENV = "SPICE_RAY_FAULT_GENERATE_AFTER_SHARDS"
+
+
+class TaskBatchGenerator:
+    """Ray Data callable class: a batch of global row ids -> a pyarrow table of generated tasks.
+
+    Rows of all splits are numbered consecutively (train, then validation, then eval); each
+    output row carries ``part``, the index of its (split, shard) in ``parts``, which becomes
+    the Hive partition of the staged files. Rows of parts that are already valid are skipped.
+    """
+
+    def __init__(self, env: dict[str, Any], data: dict[str, Any],
+                 parts: list[tuple[str, int]]) -> None:
+        self.env = EnvConfig(**env)
+        self.data = DataConfig(**data)
+        self.cols = schema.columns(self.env.name, self.env.num_arms, self.env.horizon)
+        sizes = store.split_sizes(self.data)
+        self.offsets = np.cumsum([0] + [sizes[s] for s in SPLITS])  # (4,)
+        self.part_of = {key: k for k, key in enumerate(parts)}
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
+        rows = np.asarray(batch["id"], dtype=np.int64)
+        split_idx = np.searchsorted(self.offsets, rows, side="right") - 1
+        tables = []
+        for s in np.unique(split_idx):  # at most 3 iterations: one per split in the batch
+            split = SPLITS[s]
+            ids = rows[split_idx == s] - self.offsets[s]
+            part = np.array([self.part_of.get((split, int(sh)), -1)
+                             for sh in ids // self.data.shard_size], dtype=np.int32)
+            ids, part = ids[part >= 0], part[part >= 0]
+            if len(ids) == 0:
+                continue
+            table = schema.to_table(self.cols, generate_tasks(self.env, self.data, split, ids))
+            tables.append(table.append_column("part", pa.array(part)))
+        if not tables:
+            empty = schema.to_table(self.cols, {c.name: np.zeros((0, *c.shape), c.dtype)
+                                                for c in self.cols})
+            return empty.append_column("part", pa.array([], pa.int32()))
+        return pa.concat_tables(tables)
+
+
+@dataclass
+class GenerationReport:
+    """What a generation call did."""
+
+    dataset_dir: Path
+    generated: dict[str, list[int]] = field(default_factory=dict)
+    skipped: dict[str, list[int]] = field(default_factory=dict)
+    invalid: dict[str, dict[int, str]] = field(default_factory=dict)
+    seconds: float = 0.0
+    bytes_on_disk: int = 0
+    num_tasks: int = 0
+
+
+def _finalise_shard(staging: Path, ds_dir: Path, part: int, split: str, index: int, lo: int,
+                    hi: int, cols: tuple[schema.Column, ...], compression: str) -> dict[str, Any]:
+    """Sort one staged (split, shard) by task_id and write it under its final name."""
+    part_dir = staging / f"part={part}"
+    files = sorted(part_dir.glob("*.parquet")) if part_dir.exists() else []
+    if not files:
+        raise store.DatasetError(f"generation produced no rows for {split} shard {index}")
+    table = pa.concat_tables([pq.read_table(f, schema=schema.arrow_schema(cols))
+                              for f in files]).sort_by("task_id")
+    ids = table.column("task_id").to_numpy()
+    if not np.array_equal(ids, np.arange(lo, hi)):
+        raise store.DatasetError(f"{split} shard {index}: staged task ids do not cover "
+                                 f"[{lo}, {hi}) exactly")
+    return store.write_shard(store.shard_path(ds_dir, split, index), table, compression)
+
+
+def find_missing_shards(cfg: RunConfig, ds_dir: Path, splits: tuple[str, ...],
+                        report: GenerationReport) -> list[tuple[str, int]]:
+    """Check every expected shard; delete and return the (split, shard) pairs to generate."""
+    missing: list[tuple[str, int]] = []
+    for split in splits:
+        n = store.split_sizes(cfg.data)[split]
+        report.invalid[split], report.generated[split], report.skipped[split] = {}, [], []
+        for i in range(store.num_shards(n, cfg.data.shard_size)):
+            lo, hi = store.shard_range(i, n, cfg.data.shard_size)
+            path = store.shard_path(ds_dir, split, i)
+            record, reason = store.check_shard(path, hi - lo)
+            if record is not None:
+                report.skipped[split].append(i)
+                continue
+            missing.append((split, i))
+            report.generated[split].append(i)
+            if reason != "missing":
+                report.invalid[split][i] = reason
+                log.warning("%s: %s; regenerating it", path, reason)
+                path.unlink(missing_ok=True)
+    return missing
+
+
+def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]]) -> None:
+    """Generate the given (split, shard) parts with one Ray Data pipeline, then finalise them."""
+    import ray
+
+    env, data = cfg.env, cfg.data
+    sizes = store.split_sizes(data)
+    total_rows = sum(sizes.values())
+    cols = schema.columns(env.name, env.num_arms, env.horizon)
+    staging = ds_dir / "_staging"
+    shutil.rmtree(staging, ignore_errors=True)  # leftovers of an interrupted run
+    log.info("%s: generating %d shards with %d actors", ds_dir.name, len(parts), data.num_actors)
+    blocks = max(2 * data.num_actors, min(len(parts) * 4, -(-total_rows // data.batch_size)))
+    ds = ray.data.range(total_rows, override_num_blocks=blocks)
+    ds = ds.map_batches(
+        TaskBatchGenerator,
+        fn_constructor_kwargs={"env": dict(vars(env)), "data": dict(vars(data)),
+                               "parts": parts},
+        batch_size=data.batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=data.num_actors),
+        num_cpus=data.actor_cpus,
+    )
+    ds.write_parquet(str(staging), partition_cols=["part"], compression="none")
+
+    fault_after = int(os.environ.get(FAULT_ENV, "-1"))
+    todo = parts if fault_after < 0 else parts[:fault_after]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # pyarrow releases the GIL
+        futures = []
+        for k, (split, i) in enumerate(todo):
+            lo, hi = store.shard_range(i, sizes[split], data.shard_size)
+            futures.append(pool.submit(_finalise_shard, staging, ds_dir, k, split, i, lo, hi,
+                                       cols, data.compression))
+        for fut in tqdm(futures, desc=f"{ds_dir.name}: finalising shards", unit="shard",
+                        disable=None):
+            fut.result()
+    if len(todo) < len(parts):
+        raise RuntimeError(f"injected fault ({FAULT_ENV}={fault_after}): stopped after "
+                           f"{len(todo)} of {len(parts)} shards")
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_manifest(cfg: RunConfig, ds_dir: Path) -> dict[str, Any]:
+    """Checksum every shard and write manifest.json (atomically) last."""
+    env, data = cfg.env, cfg.data
+    cols = schema.columns(env.name, env.num_arms, env.horizon)
+    splits: dict[str, Any] = {}
+    for split, n in store.split_sizes(data).items():
+        records, files = [], []
+        for i in range(store.num_shards(n, data.shard_size)):
+            lo, hi = store.shard_range(i, n, data.shard_size)
+            path = store.shard_path(ds_dir, split, i)
+            record, reason = store.check_shard(path, hi - lo)
+            if record is None:
+                raise store.DatasetError(f"{path}: {reason}")
+            records.append(record)
+            files.append(path)
+        splits[split] = {
+            "num_rows": n,
+            "shard_size": data.shard_size,
+            "shards": records,
+            "bytes": sum(r["bytes"] for r in records),
+            "content_hash": store.content_hash(ds_dir, split, cols, files),
+        }
+    manifest = {
+        "spec": store.dataset_spec(env, data),
+        "seed": data.seed,
+        "columns": [{"name": c.name, "dtype": c.dtype.str, "shape": list(c.shape)}
+                    for c in cols],
+        "raw_bytes_per_task": schema.raw_nbytes(cols),
+        "splits": splits,
+    }
+    tmp = ds_dir / f".{store.MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, ds_dir / store.MANIFEST)
+    return manifest
+
+
+def _manifest_still_valid(ds_dir: Path, cfg: RunConfig) -> bool:
+    try:
+        man = store.load_manifest(ds_dir)
+        for split in SPLITS:
+            store.split_files(ds_dir, split, verify=True)
+        return man.spec == json.loads(json.dumps(store.dataset_spec(cfg.env, cfg.data)))
+    except store.DatasetError:
+        return False
+
+
+def generate_dataset(cfg: RunConfig, ds_dir: str | Path, splits: tuple[str, ...] = SPLITS
+                     ) -> GenerationReport:
+    """Generate (or resume, or verify) the dataset for ``cfg`` in ``ds_dir``.
+
+    Needs a running Ray (``ray.init``) unless every shard is already valid.
+
+    Raises:
+        DatasetError: if ``ds_dir`` holds a dataset of another config (fields named).
+    """
+    t0 = time.perf_counter()
+    ds_dir = Path(ds_dir)
+    spec = store.dataset_spec(cfg.env, cfg.data)
+    try:
+        store.write_spec(ds_dir, spec)
+    except OSError as exc:
+        raise store.DatasetError(f"cannot write dataset directory {ds_dir}: {exc}") from exc
+    report = GenerationReport(dataset_dir=ds_dir)
+    if _manifest_still_valid(ds_dir, cfg):
+        for split in splits:
+            n = store.split_sizes(cfg.data)[split]
+            report.skipped[split] = list(range(store.num_shards(n, cfg.data.shard_size)))
+            report.generated[split] = []
+        log.info("%s: complete and valid, nothing to do", ds_dir)
+    else:
+        (ds_dir / store.MANIFEST).unlink(missing_ok=True)
+        parts = find_missing_shards(cfg, ds_dir, splits, report)
+        if parts:
+            generate_shards(cfg, ds_dir, parts)
+        write_manifest(cfg, ds_dir)
+    report.seconds = time.perf_counter() - t0
+    report.bytes_on_disk = store.dataset_bytes(ds_dir)
+    report.num_tasks = sum(store.split_sizes(cfg.data)[s] for s in splits)
+    return report

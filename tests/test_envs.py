@@ -1,0 +1,103 @@
+"""Environment semantics: bandit rewards and regret, darkroom walls, goal reward, optimal path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spice_ray.envs import bandit, darkroom
+from spice_ray.envs.gym import BanditEnv, DarkroomEnv
+from spice_ray.rng import TaskStreams
+
+
+def test_bandit_step_regret_and_optimum() -> None:
+    tasks = bandit.BanditTasks(np.array([[0.1, 0.9, 0.5], [0.7, 0.2, 0.3]]), sigma=0.5)
+    assert bandit.optimal_action(tasks).tolist() == [1, 0]
+    r = bandit.step(tasks, np.array([2, 1]), noise=np.array([0.0, 2.0]))
+    np.testing.assert_allclose(r, [0.5, 0.2 + 0.5 * 2.0])
+    np.testing.assert_allclose(bandit.regret(tasks, np.array([[1, 2], [1, 0]])),
+                               [[0.0, 0.4], [0.5, 0.0]])
+    np.testing.assert_allclose(bandit.optimal_rewards(tasks, 3), [[0.9] * 3, [0.7] * 3])
+    assert bandit.reset(tasks).shape == (2, 1) and not bandit.reset(tasks).any()
+
+
+def test_bandit_sampling_is_uniform_and_keyed() -> None:
+    streams = TaskStreams.from_seed(0, "train", np.arange(20_000))
+    tasks = bandit.sample_tasks(streams, 5, 0.3)
+    assert tasks.means.min() >= 0 and tasks.means.max() < 1
+    assert abs(tasks.means.mean() - 0.5) < 0.01 and abs(tasks.means.var() - 1 / 12) < 0.002
+    # task 7's means do not depend on which other tasks are drawn with it
+    alone = bandit.sample_tasks(TaskStreams.from_seed(0, "train", np.array([7])), 5, 0.3)
+    np.testing.assert_array_equal(alone.means[0], tasks.means[7])
+
+
+def test_darkroom_walls_goal_and_stay() -> None:
+    tasks = darkroom.DarkroomTasks(goals=np.array([[0, 0], [5, 5], [9, 9]]),
+                                   starts=np.array([[0, 0], [4, 5], [9, 9]]), size=10)
+    states = darkroom.reset(tasks)
+    # -x at the wall stays put; +x from (4,5) reaches the goal (5,5); +y at y=9 is clipped.
+    nxt, rew = darkroom.step(tasks, states, np.array([1, 0, 2]))
+    assert nxt.tolist() == [[0, 0], [5, 5], [9, 9]]
+    assert rew.tolist() == [1.0, 1.0, 1.0]  # reward when the state after the step is the goal
+    nxt2, rew2 = darkroom.step(tasks, nxt, np.array([0, 0, 3]))
+    assert nxt2.tolist() == [[1, 0], [6, 5], [9, 8]] and rew2.tolist() == [0.0, 0.0, 0.0]
+    # every action's move
+    centre = darkroom.DarkroomTasks(np.array([[0, 0]] * 5), np.array([[3, 3]] * 5))
+    moved, _ = darkroom.step(centre, centre.starts, np.arange(5))
+    assert moved.tolist() == [[4, 3], [2, 3], [3, 4], [3, 2], [3, 3]]
+
+
+def test_darkroom_optimal_policy_and_reward_sequence() -> None:
+    goals = np.array([[2, 3], [0, 0], [9, 0]])
+    starts = np.array([[0, 0], [0, 0], [0, 9]])
+    tasks = darkroom.DarkroomTasks(goals, starts)
+    h = 25
+    expected = darkroom.optimal_rewards(tasks, h)
+    # distance 5 -> reward from step 5 on; on the goal -> reward at every step; distance 18.
+    assert expected[0].tolist() == [0.0] * 4 + [1.0] * 21
+    assert expected[1].tolist() == [1.0] * h
+    assert expected[2].tolist() == [0.0] * 17 + [1.0] * 8
+    # following optimal_action collects exactly that sequence
+    states = darkroom.reset(tasks)
+    got = np.zeros((3, h))
+    for t in range(h):
+        states, got[:, t] = darkroom.step(tasks, states, darkroom.optimal_action(tasks, states))
+    np.testing.assert_array_equal(got, expected)
+    assert darkroom.optimal_action(tasks, goals).tolist() == [4, 4, 4]
+
+
+def test_goal_split_is_fixed_and_disjoint() -> None:
+    train, test = darkroom.goal_split(10, 0.8, seed=0)
+    assert train.shape == (80, 2) and test.shape == (20, 2)
+    cells = {tuple(c) for c in train} | {tuple(c) for c in test}
+    assert len(cells) == 100
+    train2, test2 = darkroom.goal_split(10, 0.8, seed=0)
+    np.testing.assert_array_equal(test, test2)
+    _, test3 = darkroom.goal_split(10, 0.8, seed=1)
+    assert not np.array_equal(test, test3)
+
+
+def test_rollout_states_are_trajectories() -> None:
+    streams = TaskStreams.from_seed(3, "train", np.arange(50))
+    train, _ = darkroom.goal_split(10, 0.8, 0)
+    tasks = darkroom.sample_tasks(streams, train, 10)
+    actions = streams.integers("a", 5, (30,))
+    states, rewards = darkroom.rollout_states(tasks, tasks.starts, actions)
+    for t in range(30):
+        nxt, r = darkroom.step(tasks, states[:, t], actions[:, t])
+        np.testing.assert_array_equal(nxt, states[:, t + 1])
+        np.testing.assert_array_equal(r, rewards[:, t])
+
+
+def test_gymnasium_wrappers() -> None:
+    env = BanditEnv(np.array([0.2, 0.8]), sigma=0.0, horizon=3)
+    obs, _ = env.reset(seed=0)
+    assert obs.tolist() == [0.0] and env.action_space.n == 2
+    _, r, term, trunc, info = env.step(0)
+    assert r == pytest.approx(0.2) and info["regret"] == pytest.approx(0.6)
+    env.step(1)
+    assert env.step(1)[3] is True  # truncated at the horizon
+    dr = DarkroomEnv(goal=(1, 0), start=(0, 0), horizon=2)
+    obs, _ = dr.reset(seed=0)
+    obs, r, _, trunc, _ = dr.step(0)
+    assert obs.tolist() == [1, 0] and r == 1.0 and not trunc
