@@ -1,0 +1,333 @@
+"""SPICE and DPT training losses as pure tensor functions (paper sec. 3.2 and appendix
+"Weighted Objectives", "Value Head training", "Randomised priors and anchoring").
+
+Positions. Model outputs have T+1 positions; position p (0..T) has seen the query and the first
+p transitions. The label a* is the action for the query state, so it supervises every position
+p = 0..T. Position 0 (the query alone) is included because online rollouts act at t = 0 from it
+(PROTOCOL "SPICE details the paper leaves open"); the paper's 1/H sum over t = 1..H becomes a
+mean over the T+1 positions.
+
+Values. Transition t's prediction Qbar(s_t, .) comes from position t-1, which has not seen token
+t (see ``spice_ray.model.spice.align_to_transitions``); bootstraps use the next-state values
+from position t.., detached.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from spice_ray.config import TrainConfig
+from spice_ray.model.ensemble import ValueEnsemble
+from spice_ray.model.spice import SpiceOutput, align_to_transitions
+from spice_ray.model.tokens import Tokens
+
+
+def _at_label(x: Tensor, label: Tensor) -> Tensor:
+    """x[b, p, label[b]]: [B, P, A], [B] -> [B, P]."""
+    B, P, _ = x.shape
+    idx = label.long().view(B, 1, 1).expand(B, P, 1)  # (B, P, 1)
+    return x.gather(-1, idx).squeeze(-1)
+
+
+def importance_weights(behaviour_probs: Tensor, label: Tensor, clip: float) -> Tensor:
+    """omega_IS = clip((1/A) / pi_b(a*), 0, c_iw).
+
+    Args:
+        behaviour_probs: [B, A] pi_b.
+        label: [B] a*.
+        clip: c_iw.
+
+    Returns:
+        [B]; pi_b(a*) = 0 gives c_iw.
+    """
+    A = behaviour_probs.shape[-1]
+    p = behaviour_probs.gather(-1, label.long().unsqueeze(-1)).squeeze(-1)  # (B,)
+    return ((1.0 / A) / p).clamp(0.0, clip)
+
+
+def advantage_weights(
+    q_mean: Tensor, label: Tensor, temperature: float, floor: float, clip: float
+) -> Tensor:
+    """omega_adv = clip(exp(A(a*) / tau_adv), eps, c_adv), A(a) = Qbar(a) - mean_a' Qbar(a').
+
+    Args:
+        q_mean: [B, P, A] ensemble mean at each position.
+        label: [B] a*.
+        temperature: tau_adv.
+        floor: eps.
+        clip: c_adv.
+
+    Returns:
+        [B, P].
+    """
+    adv = _at_label(q_mean, label) - q_mean.mean(-1)  # (B, P)
+    # exp(min(x, log c)) == min(exp(x), c) without overflowing to inf first.
+    return torch.exp((adv / temperature).clamp(max=math.log(clip))).clamp(min=floor)
+
+
+def epistemic_weights(
+    q_std: Tensor, label: Tensor, scale: float, floor: float, clip: float
+) -> Tensor:
+    """omega_epi = clip(1 + lambda_sigma * sigma_Q(a*), eps, c_epi).
+
+    Args:
+        q_std: [B, P, A] ensemble std at each position.
+        label: [B] a*.
+        scale: lambda_sigma.
+        floor: eps.
+        clip: c_epi.
+
+    Returns:
+        [B, P].
+    """
+    return (1.0 + scale * _at_label(q_std, label)).clamp(floor, clip)
+
+
+def policy_weights(
+    q_mean: Tensor, q_std: Tensor, behaviour_probs: Tensor, label: Tensor, cfg: TrainConfig
+) -> Tensor:
+    """omega = omega_IS * omega_adv * omega_epi, each factor 1 when switched off.
+
+    Args:
+        q_mean: [B, P, A] ensemble mean Qbar at each position.
+        q_std: [B, P, A] ensemble std sigma_Q at each position.
+        behaviour_probs: [B, A] pi_b.
+        label: [B] a*.
+        cfg: use_iw/use_adv/use_epi, the clips and ``detach_weights``.
+
+    Returns:
+        [B, P]; detached when ``cfg.detach_weights``.
+    """
+    if cfg.detach_weights:
+        q_mean, q_std = q_mean.detach(), q_std.detach()
+    B, P, _ = q_mean.shape
+    w = q_mean.new_ones(B, P)
+    if cfg.use_iw:
+        w = w * importance_weights(behaviour_probs, label, cfg.clip_iw).to(w.dtype).unsqueeze(1)
+    if cfg.use_adv:
+        w = w * advantage_weights(q_mean, label, cfg.adv_temperature, cfg.weight_floor,
+                                  cfg.adv_clip)
+    if cfg.use_epi:
+        w = w * epistemic_weights(q_std, label, cfg.epi_scale, cfg.weight_floor, cfg.epi_clip)
+    return w
+
+
+def _upcast(x: Tensor) -> Tensor:
+    """float16/bfloat16 (autocast outputs) -> float32; other dtypes unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def policy_cross_entropy(logits: Tensor, label: Tensor) -> Tensor:
+    """-log pi(a* | h_p) at every position: [B, P, A], [B] -> [B, P] (computed in float32+)."""
+    return -_at_label(F.log_softmax(_upcast(logits), -1), label)
+
+
+def weighted_policy_loss(logits: Tensor, label: Tensor, weights: Tensor | None = None) -> Tensor:
+    """L_pi = mean over (b, p) of omega[b, p] * (-log pi(a*_b | h_{b,p})).
+
+    Args:
+        logits: [B, P, A] policy logits at every position used (P = T+1: query included).
+        label: [B] a*.
+        weights: [B, P] omega, or None for plain cross-entropy.
+
+    Returns:
+        Scalar.
+    """
+    ce = policy_cross_entropy(logits, label)  # (B, P)
+    if weights is not None:
+        ce = ce * weights.to(ce.dtype)
+    return ce.mean()
+
+
+def td_targets(rewards: Tensor, next_values: Tensor, n: int, gamma: float) -> Tensor:
+    """TD(n) targets y_t = sum_{i<n, t+i<=T} gamma^i r_{t+i} + gamma^n 1[t+n<=T] V(s_{t+n}).
+
+    Rewards past the context end are not summed (truncation), and the bootstrap is added only
+    when the context still holds s_{t+n} as the state of a later transition (the paper's
+    indicator t + n <= T). Bandits (n = 1, gamma = 0) give y_t = r_t.
+
+    Args:
+        rewards: [B, T] r_t.
+        next_values: [B, T], next_values[:, t-1] = V(s_{t+1}) = max_a' Qbar(s_{t+1}, a'), i.e.
+            the max over actions of ``align_to_transitions(prior_mean)[1]``. Detached here.
+        n: TD length (>= 1).
+        gamma: discount.
+
+    Returns:
+        [B, T] targets (no gradient).
+    """
+    if n < 1:
+        raise ValueError(f"td_n={n} is invalid: an integer >= 1")
+    B, T = rewards.shape
+    y = torch.zeros_like(rewards)
+    for i in range(min(n, T)):  # n is small (1 or 5): a loop over the sum, not over time
+        y[:, : T - i] += gamma**i * rewards[:, i:]  # y_t += gamma^i r_{t+i}, t + i <= T
+    if n < T:  # 0-indexed j = t-1 bootstraps from V(s_{t+n}) = next_values[:, j+n-1], j+n <= T-1
+        y[:, : T - n] += gamma**n * next_values.detach()[:, n - 1 : T - 1]
+    return y
+
+
+def td_loss(q_pred_mean: Tensor, actions: Tensor, targets: Tensor) -> Tensor:
+    """L_TD = mean over (b, t) of (Qbar(s_t, a_t) - y_t)^2.
+
+    Args:
+        q_pred_mean: [B, T, A] leakage-free Qbar for each transition (position t-1 for t), i.e.
+            ``align_to_transitions(prior_mean)[0]``.
+        actions: [B, T] a_t.
+        targets: [B, T] y_t.
+
+    Returns:
+        Scalar.
+    """
+    q_taken = q_pred_mean.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return ((q_taken - targets.detach()) ** 2).mean()
+
+
+def prefix_action_stats(
+    actions: Tensor, targets: Tensor, num_actions: int, n: int
+) -> tuple[Tensor, Tensor]:
+    """Per-action counts c_a and mean targets ybar_a from the prefix each position has seen.
+
+    Position p (0..T) has seen transitions 1..p. Transition t's TD(n) target needs rewards
+    r_t..r_{t+n-1}, so it counts at position p iff t + n - 1 <= p: every reward in it is then
+    inside the prefix (and its bootstrap, if any, comes from position t + n - 1 <= p). With
+    n = 1 position p uses exactly transitions 1..p. Targets truncated at the context end never
+    enter.
+
+    Args:
+        actions: [B, T] a_t.
+        targets: [B, T] y_t.
+        num_actions: A.
+        n: TD length of the targets.
+
+    Returns:
+        (counts, ybar), each [B, T+1, A]; ybar = sum / max(1, count).
+    """
+    B, T = actions.shape
+    onehot = F.one_hot(actions.long(), num_actions).to(targets.dtype)  # (B, T, A)
+    enter = targets.new_zeros(B, T + 1, num_actions)  # (B, T+1, A): count added at position p
+    enter_y = targets.new_zeros(B, T + 1, num_actions)  # (B, T+1, A): target sum added at p
+    if n <= T:  # 0-indexed transition j enters at position j + n
+        enter[:, n:] = onehot[:, : T + 1 - n]
+        enter_y[:, n:] = onehot[:, : T + 1 - n] * targets.detach()[:, : T + 1 - n, None]
+    counts = enter.cumsum(1)  # (B, T+1, A)
+    return counts, enter_y.cumsum(1) / counts.clamp(min=1.0)
+
+
+def shrinkage_posterior_mean(
+    counts: Tensor, ybar: Tensor, prior_mean: float, prior_var: float, noise_var: float
+) -> Tensor:
+    """m_a = w_a mu0 + (1 - w_a) ybar_a with w_a = sigma^2 / (sigma^2 + c_a v0); any shape."""
+    w = noise_var / (noise_var + counts * prior_var)
+    return w * prior_mean + (1.0 - w) * ybar
+
+
+def shrink_loss(
+    q_mean: Tensor,
+    actions: Tensor,
+    targets: Tensor,
+    n: int,
+    prior_mean: float,
+    prior_var: float,
+    noise_var: float,
+) -> Tensor:
+    """L_shrink, prefix-respecting: Qbar at each position shrunk toward that prefix's posterior.
+
+    The paper compares the per-action time-average (1/H) sum_t Qbar(s_t, a) with m_a from the
+    whole context. A position must not be trained toward evidence it has not seen, so here each
+    position p = 0..T gets its own target m_a^(p) from :func:`prefix_action_stats` (the
+    transitions p has seen), and the square is taken per position:
+
+        L = mean over (b, p) with any c^(p)_a > 0 of
+            (1 / #{a: c^(p)_a > 0}) sum_{a: c^(p)_a > 0} (Qbar_p(a) - m_a^(p))^2.
+
+    At the last position (the whole context) the target is the paper's m_a. Targets are detached.
+
+    Args:
+        q_mean: [B, T+1, A] Qbar at every position (position 0 never has evidence).
+        actions: [B, T] a_t.
+        targets: [B, T] TD(n) targets y_t.
+        n: TD length of the targets.
+        prior_mean: mu0.
+        prior_var: v0.
+        noise_var: sigma^2.
+
+    Returns:
+        Scalar (0 when no position has evidence).
+    """
+    counts, ybar = prefix_action_stats(actions, targets, q_mean.shape[-1], n)  # (B, T+1, A) x2
+    m = shrinkage_posterior_mean(counts, ybar, prior_mean, prior_var, noise_var).detach()
+    seen = (counts > 0).to(q_mean.dtype)  # (B, T+1, A)
+    n_seen = seen.sum(-1)  # (B, T+1)
+    per_pos = (seen * (q_mean - m) ** 2).sum(-1) / n_seen.clamp(min=1.0)  # (B, T+1)
+    has = (n_seen > 0).to(q_mean.dtype)  # (B, T+1)
+    return (per_pos * has).sum() / has.sum().clamp(min=1.0)
+
+
+def anchor_loss(ensemble: ValueEnsemble) -> Tensor:
+    """L_anchor = sum_k sum_j ||phi_kj - phi0_kj||^2 (delegates to the ensemble)."""
+    return ensemble.anchor_loss()
+
+
+def spice_loss(
+    out: SpiceOutput, tokens: Tokens, cfg: TrainConfig, anchor: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """L = L_pi + lambda_q (L_TD + L_shrink) + lambda_anchor L_anchor.
+
+    Args:
+        out: model outputs at all positions ([B, T+1, ...]), T >= 1.
+        tokens: the batch (actions, rewards, label, behaviour_probs).
+        cfg: loss weights, weight clips, TD(n) and shrinkage settings.
+        anchor: scalar L_anchor (``model.anchor_loss()``).
+
+    Returns:
+        (loss, components): components are detached scalars ``loss``, ``policy``, ``td``,
+        ``shrink``, ``anchor``, ``weight_mean``, ``weight_max``, ``q_std_mean``.
+    """
+    if tokens.context_len < 1:
+        raise ValueError("spice_loss needs a context of at least one transition (T >= 1)")
+    q_mean, q_std = _upcast(out.prior_mean), _upcast(out.prior_std)  # (B, T+1, A) x2
+    q_pred, q_next = align_to_transitions(q_mean)  # (B, T, A) x2
+    next_values = q_next.detach().amax(-1)  # (B, T): V(s_{t+1}) for transition t
+    y = td_targets(tokens.rewards.to(q_pred.dtype), next_values, cfg.td_n, cfg.gamma)  # (B, T)
+    l_td = td_loss(q_pred, tokens.actions, y)
+    l_shrink = shrink_loss(q_mean, tokens.actions, y, cfg.td_n, cfg.shrink_prior_mean,
+                           cfg.shrink_prior_var, cfg.shrink_noise_var)
+    w = policy_weights(q_mean, q_std, tokens.behaviour_probs, tokens.label, cfg)
+    l_pi = weighted_policy_loss(out.logits, tokens.label, w)
+    loss = l_pi + cfg.lambda_q * (l_td + l_shrink) + cfg.lambda_anchor * anchor
+    parts = {
+        "loss": loss,
+        "policy": l_pi,
+        "td": l_td,
+        "shrink": l_shrink,
+        "anchor": anchor,
+        "weight_mean": w.mean(),
+        "weight_max": w.max(),
+        "q_std_mean": q_std.mean(),
+    }
+    return loss, {k: v.detach() for k, v in parts.items()}
+
+
+def dpt_loss(
+    logits: Tensor, label: Tensor, train_query_position: bool = True
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPT objective: plain cross-entropy on the label at every position.
+
+    Args:
+        logits: [B, T+1, A] policy logits.
+        label: [B] a*.
+        train_query_position: include position 0 (the query alone). The DPT reference code
+            trains positions 1..T only; False reproduces that.
+
+    Returns:
+        (loss, {"loss", "policy"} detached).
+    """
+    if not train_query_position:
+        logits = logits[:, 1:]
+    loss = weighted_policy_loss(logits, label)
+    return loss, {"loss": loss.detach(), "policy": loss.detach()}
