@@ -1,0 +1,364 @@
+"""Classical bandit baselines (PROTOCOL.md, paper app. "Bandit Algorithms"), vectorised over tasks.
+
+    Emp  argmax of empirical means; offline over arms seen at least once, online one pull per
+         arm first.
+    UCB  argmax mu_hat + c sqrt(1/n), c = 1 by default; unpulled arms first.
+    LCB  argmax mu_hat - c sqrt(1/n) (offline only); unpulled arms excluded.
+    TS   Gaussian prior N(1/2, 1/12), known noise variance sigma^2 (floored at
+         ``NOISE_VAR_FLOOR`` when sigma = 0); online a posterior draw, offline the posterior
+         mean's argmax.
+
+They are built on the fusion module's counting (:class:`RunningStats`,
+:func:`weighted_action_stats`) and its Normal-Normal posterior (:func:`gaussian_posterior`), so
+each formula exists once in the project. Statistics are float64 torch tensors [B, A] on the CPU.
+
+Tie-breaking everywhere: the lowest arm index. "Unpulled arms first" therefore means
+round-robin over the unpulled arms in index order. If no arm has been seen, Emp and LCB pick
+arm 0 offline.
+
+A controller follows the small protocol :class:`BanditController` (``reset`` / ``act`` /
+``observe``), shared with the learned controllers; :func:`run_online_bandit` drives any of them
+with common random numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from spice_ray.config import EvalConfig
+from spice_ray.envs import bandit
+from spice_ray.fusion.posterior import (
+    ActionRule,
+    BetaSchedule,
+    Posterior,
+    RunningStats,
+    argmax_lowest,
+    beta_at,
+    gaussian_posterior,
+    greedy_action,
+    select_action,
+    weighted_action_stats,
+)
+
+STATS_DTYPE = torch.float64
+ONLINE_BASELINES = ("emp", "ucb", "ts")
+OFFLINE_BASELINES = ("emp", "lcb", "ts")
+
+
+@runtime_checkable
+class BanditController(Protocol):
+    """An online controller acting in B tasks at once."""
+
+    name: str
+
+    def reset(
+        self, num_tasks: int, num_actions: int, generator: torch.Generator | None = None
+    ) -> None:
+        """Start B = ``num_tasks`` fresh runs with an empty context."""
+        ...
+
+    def act(self, t: int) -> Tensor:
+        """Actions for step t (0-based; t transitions observed so far), long [B]."""
+        ...
+
+    def observe(self, actions: Tensor, rewards: Tensor) -> None:
+        """Add one transition per task: actions long [B], rewards float [B]. O(A) work."""
+        ...
+
+
+@runtime_checkable
+class OfflinePicker(Protocol):
+    """Picks one arm per task from a fixed context."""
+
+    name: str
+
+    def offline_pick(self, actions: Tensor, rewards: Tensor, num_actions: int) -> Tensor:
+        """One arm per task from contexts actions long [B, h], rewards [B, h] -> long [B]."""
+        ...
+
+
+def _unpulled_first(counts: Tensor, scores: Tensor) -> Tensor:
+    """argmax of scores, but any unpulled arm (lowest index first) wins. [B, A] -> [B]."""
+    return argmax_lowest(torch.where(counts > 0, scores, torch.inf))
+
+
+def _seen_only(counts: Tensor, scores: Tensor) -> Tensor:
+    """argmax of scores over arms seen at least once; arm 0 if none. [B, A] -> [B]."""
+    return argmax_lowest(torch.where(counts > 0, scores, -torch.inf))
+
+
+def _bonus(counts: Tensor, c: float) -> Tensor:
+    """Hoeffding-style width c sqrt(1/n), [B, A]; n clamped to 1 (callers mask unpulled arms)."""
+    return c * torch.sqrt(1.0 / counts.clamp_min(1.0))
+
+
+class CountingBandit:
+    """Base of the classical baselines: running counts and mean rewards [B, A], a generator.
+
+    Subclasses define the online rule ``_online(counts, mean, t)`` and the offline rule
+    ``_offline(counts, mean)``, both on the same statistics, so online and offline use one
+    counting code path (:class:`RunningStats` online, :func:`weighted_action_stats` offline).
+    """
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self._stats: RunningStats | None = None
+        self._generator: torch.Generator | None = None
+
+    @property
+    def stats(self) -> RunningStats:
+        if self._stats is None:
+            raise RuntimeError(f"{type(self).__name__}.reset() must be called before use")
+        return self._stats
+
+    def reset(
+        self, num_tasks: int, num_actions: int, generator: torch.Generator | None = None
+    ) -> None:
+        """Empty statistics for ``num_tasks`` tasks and ``num_actions`` arms."""
+        self._stats = RunningStats.zeros(num_tasks, num_actions, dtype=STATS_DTYPE)
+        self._generator = generator
+
+    def observe(self, actions: Tensor, rewards: Tensor) -> None:
+        """In-place O(A) update with one pull per task."""
+        self.stats.update(actions.cpu(), rewards.cpu())
+
+    def act(self, t: int) -> Tensor:
+        """Actions long [B] from the running statistics."""
+        return self._online(self.stats.counts, self.stats.mean, t)
+
+    def offline_pick(self, actions: Tensor, rewards: Tensor, num_actions: int) -> Tensor:
+        """One arm per task from contexts actions long [B, h], rewards [B, h] -> long [B]."""
+        rewards = torch.as_tensor(rewards, dtype=STATS_DTYPE)
+        actions = torch.as_tensor(actions, dtype=torch.long)
+        counts, mean = weighted_action_stats(None, actions, rewards, num_actions)
+        return self._offline(counts, mean)
+
+    def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
+        raise NotImplementedError
+
+    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class EmpiricalMean(CountingBandit):
+    """Emp: argmax of empirical means (online: one pull per arm first)."""
+
+    name = "emp"
+
+    def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
+        return _unpulled_first(counts, mean)
+
+    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
+        return _seen_only(counts, mean)
+
+
+class UCB(CountingBandit):
+    """UCB: argmax mu_hat + c sqrt(1/n), unpulled arms first.
+
+    Offline it picks the arm its index prefers after the context (the action it would take
+    next), so unseen arms win there too; use Emp/LCB/TS for a conservative offline pick.
+
+    Args:
+        c: bonus scale (>= 0); the paper's form has c = 1.
+    """
+
+    name = "ucb"
+
+    def __init__(self, c: float = 1.0) -> None:
+        super().__init__()
+        if c < 0:
+            raise ValueError(f"c={c!r} is invalid: >= 0")
+        self.c = float(c)
+
+    def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
+        return _unpulled_first(counts, mean + _bonus(counts, self.c))
+
+    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
+        return self._online(counts, mean, 0)
+
+
+class LCB(CountingBandit):
+    """LCB (offline only): argmax mu_hat - c sqrt(1/n) over arms seen at least once.
+
+    Unseen arms are excluded (their lower bound is -infinity); arm 0 if no arm was seen.
+    ``act`` raises: a pessimistic rule never explores, so it has no online protocol here.
+
+    Args:
+        c: penalty scale (>= 0); the paper's form has c = 1.
+    """
+
+    name = "lcb"
+
+    def __init__(self, c: float = 1.0) -> None:
+        super().__init__()
+        if c < 0:
+            raise ValueError(f"c={c!r} is invalid: >= 0")
+        self.c = float(c)
+
+    def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
+        raise NotImplementedError("LCB is an offline baseline; it has no online rule")
+
+    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
+        return _seen_only(counts, mean - _bonus(counts, self.c))
+
+
+class PosteriorBandit(CountingBandit):
+    """A fixed Gaussian prior per arm fused with the running counts by the fusion posterior.
+
+    This is SPICE's controller with a constant prior instead of the learned ensemble: online it
+    applies ``rule`` to N(m_post, v_post); offline it is greedy on m_post. Thompson sampling is
+    the special case ``rule="thompson"`` with the prior N(1/2, 1/12); a huge ``prior_var`` with
+    ``rule="ucb"`` and beta = c / sigma reproduces UCB (v_post -> sigma^2 / n).
+
+    Args:
+        prior_mean: mu_pri for every arm.
+        prior_var: v_pri for every arm (> 0).
+        noise_var: likelihood variance sigma^2 (>= 0, floored inside the posterior).
+        rule: "greedy", "ucb" or "thompson".
+        beta: fixed UCB coefficient.
+        beta_schedule: "fixed" or "sqrt2logt" (see :func:`beta_at`).
+        v_min: prior-variance floor.
+    """
+
+    name = "posterior"
+
+    def __init__(
+        self,
+        prior_mean: float,
+        prior_var: float,
+        noise_var: float,
+        rule: ActionRule = "ucb",
+        beta: float = 1.0,
+        beta_schedule: BetaSchedule = "fixed",
+        v_min: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if not prior_var > 0:
+            raise ValueError(f"prior_var={prior_var!r} is invalid: > 0")
+        if noise_var < 0:
+            raise ValueError(f"noise_var={noise_var!r} is invalid: >= 0 (a variance)")
+        self.prior_mean = float(prior_mean)
+        self.prior_var = float(prior_var)
+        self.noise_var = float(noise_var)
+        self.rule: ActionRule = rule
+        self.beta = float(beta)
+        self.beta_schedule: BetaSchedule = beta_schedule
+        self.v_min = float(v_min)
+
+    def posterior(self, counts: Tensor, mean: Tensor) -> Posterior:
+        """(m_post, v_post), each [B, A], from counts and mean rewards [B, A]."""
+        return gaussian_posterior(self.prior_mean, self.prior_var, counts, mean, self.noise_var,
+                                  self.v_min)
+
+    def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
+        beta = beta_at(t, self.beta, self.beta_schedule)
+        return select_action(self.posterior(counts, mean), self.rule, beta, self._generator)
+
+    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
+        return greedy_action(self.posterior(counts, mean).mean)
+
+
+class ThompsonSampling(PosteriorBandit):
+    """TS: Gaussian prior N(prior_mean, prior_var), known noise variance; needs a generator.
+
+    Args:
+        noise_var: sigma^2 of the rewards (a variance; 0 is floored inside the posterior).
+        prior_mean: default 1/2, the mean of U[0, 1].
+        prior_var: default 1/12, the variance of U[0, 1].
+    """
+
+    name = "ts"
+
+    def __init__(
+        self, noise_var: float, prior_mean: float = 0.5, prior_var: float = 1.0 / 12.0
+    ) -> None:
+        super().__init__(prior_mean, prior_var, noise_var, rule="thompson")
+
+
+def make_baseline(name: str, cfg: EvalConfig, sigma: float) -> CountingBandit:
+    """A classical baseline from the evaluation config.
+
+    Args:
+        name: "emp", "ucb", "lcb" or "ts".
+        cfg: supplies ucb_c, lcb_c, ts_prior_mean, ts_prior_var.
+        sigma: the test-time reward noise *std*; TS uses sigma^2.
+    """
+    if name == "emp":
+        return EmpiricalMean()
+    if name == "ucb":
+        return UCB(cfg.ucb_c)
+    if name == "lcb":
+        return LCB(cfg.lcb_c)
+    if name == "ts":
+        return ThompsonSampling(sigma**2, cfg.ts_prior_mean, cfg.ts_prior_var)
+    raise ValueError(f"baseline={name!r} is invalid: one of emp, ucb, lcb, ts")
+
+
+# ---- running and scoring -----------------------------------------------------------------
+
+
+def _as_numpy(x: np.ndarray | Tensor, dtype: type) -> np.ndarray:
+    if isinstance(x, Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=dtype)
+
+
+def run_online_bandit(
+    controller: BanditController,
+    means: np.ndarray | Tensor,
+    sigma: float,
+    noise: np.ndarray | Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Run a controller for H steps from an empty context in B bandit tasks.
+
+    Rewards come from :func:`spice_ray.envs.bandit.step`: r = mu_a + sigma * noise[b, t]. Pass
+    the same ``noise`` to every controller (common random numbers).
+
+    Args:
+        controller: anything following :class:`BanditController`.
+        means: [B, A] arm means.
+        sigma: reward noise std (>= 0).
+        noise: [B, H] standard normals; H is the horizon.
+        generator: handed to ``controller.reset`` (needed by TS / sampling controllers).
+
+    Returns:
+        (actions long [B, H], rewards float64 [B, H]), CPU tensors.
+    """
+    tasks = bandit.BanditTasks(_as_numpy(means, np.float64), float(sigma))
+    noise_np = _as_numpy(noise, np.float64)
+    num_tasks, horizon = noise_np.shape
+    if num_tasks != tasks.num_tasks:
+        raise ValueError(f"noise has {num_tasks} rows but means has {tasks.num_tasks} tasks")
+    controller.reset(num_tasks, tasks.num_arms, generator)
+    actions = np.empty((num_tasks, horizon), dtype=np.int64)
+    rewards = np.empty((num_tasks, horizon), dtype=np.float64)
+    for t in range(horizon):
+        a = controller.act(t)  # (B,)
+        actions[:, t] = a.detach().cpu().numpy()
+        rewards[:, t] = bandit.step(tasks, actions[:, t], noise_np[:, t])
+        controller.observe(a, torch.from_numpy(rewards[:, t]).to(a.device))
+    return torch.from_numpy(actions), torch.from_numpy(rewards)
+
+
+def instant_regret(means: np.ndarray | Tensor, actions: np.ndarray | Tensor) -> np.ndarray:
+    """Per-step pseudo-regret mu* - mu_{a_t}: means [B, A], actions [B, H] -> float64 [B, H]."""
+    tasks = bandit.BanditTasks(_as_numpy(means, np.float64), 0.0)
+    acts = _as_numpy(actions, np.int64)
+    best = tasks.means.max(axis=1, keepdims=True)  # (B, 1)
+    return best - bandit.expected_reward(tasks, acts)
+
+
+def cumulative_regret(means: np.ndarray | Tensor, actions: np.ndarray | Tensor) -> np.ndarray:
+    """Cumulative pseudo-regret sum_{s <= t} (mu* - mu_{a_s}), float64 [B, H]."""
+    return np.cumsum(instant_regret(means, actions), axis=1)
+
+
+def offline_suboptimality(means: np.ndarray | Tensor, picks: np.ndarray | Tensor) -> np.ndarray:
+    """mu* - mu_{a_hat} of one pick per task: means [B, A], picks [B] -> float64 [B]."""
+    return instant_regret(means, _as_numpy(picks, np.int64)[:, None])[:, 0]

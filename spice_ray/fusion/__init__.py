@@ -1,0 +1,50 @@
+"""Test-time Bayesian fusion: kernels, weighted evidence, Gaussian posterior, action rules.
+
+Plain tensor functions: no Ray, no I/O, no model.
+"""
+
+from spice_ray.fusion.kernels import (
+    KERNELS,
+    cosine_weights,
+    kernel_weights,
+    rbf_weights,
+    uniform_weights,
+)
+from spice_ray.fusion.posterior import (
+    NOISE_VAR_FLOOR,
+    Posterior,
+    RunningStats,
+    argmax_lowest,
+    beta_at,
+    gaussian_posterior,
+    greedy_action,
+    nstep_targets,
+    safe_mean,
+    select_action,
+    thompson_action,
+    ucb_action,
+    ucb_scores,
+    weighted_action_stats,
+)
+
+__all__ = [
+    "KERNELS",
+    "NOISE_VAR_FLOOR",
+    "Posterior",
+    "RunningStats",
+    "argmax_lowest",
+    "beta_at",
+    "cosine_weights",
+    "gaussian_posterior",
+    "greedy_action",
+    "kernel_weights",
+    "nstep_targets",
+    "rbf_weights",
+    "safe_mean",
+    "select_action",
+    "thompson_action",
+    "ucb_action",
+    "ucb_scores",
+    "uniform_weights",
+    "weighted_action_stats",
+]

@@ -1,0 +1,345 @@
+"""Test-time Bayesian fusion: weighted evidence, the Normal-Normal posterior and action rules.
+
+Paper sec. 3.3 and the appendix "Derivation of precision-additive Gaussian posterior". Per
+action a, with kernel weights w_t in [0, 1]:
+
+    c_a   = sum_t w_t 1[a_t = a]
+    y~_a  = sum_t w_t 1[a_t = a] y_t / max(1, c_a)
+    v_pri = max(sigma_Q^2, v_min)
+    v_post = 1 / (1 / v_pri + c_a / sigma^2)
+    m_post = v_post (mu_pri / v_pri + c_a y~_a / sigma^2)
+
+This module is the project's only implementation of these formulas; the classical baselines
+(``spice_ray.baselines.bandits``) and the learned controllers call it. Everything is pure torch
+and broadcasts over leading dims, with actions A on the last axis and context T on the last axis
+of per-transition inputs.
+
+Tie-breaking: every argmax here returns the *lowest* index among maximal entries
+(``torch.argmax``'s documented behaviour), so action rules are deterministic given their inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+NOISE_VAR_FLOOR = 1e-6
+"""Smallest likelihood variance sigma^2 used in the posterior; sigma = 0 is floored to this."""
+
+ActionRule = Literal["greedy", "ucb", "thompson"]
+BetaSchedule = Literal["fixed", "sqrt2logt"]
+
+
+class Posterior(NamedTuple):
+    """Per-action Gaussian posterior N(mean, var), both [..., A]."""
+
+    mean: Tensor
+    var: Tensor
+
+
+# ---- evidence ----------------------------------------------------------------------------
+
+
+def safe_mean(sums: Tensor, counts: Tensor) -> Tensor:
+    """The paper's weighted mean y~ = sums / max(1, c); 0 where c = 0. Shapes broadcast."""
+    return sums / counts.clamp_min(1.0)
+
+
+def weighted_action_stats(
+    weights: Tensor | None,
+    actions: Tensor,
+    targets: Tensor,
+    num_actions: int,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Kernel-weighted counts c_a and mean targets y~_a from a context.
+
+    Note the paper's ``max(1, c_a)`` denominator: with fractional weights and c_a < 1 the mean is
+    shrunk towards 0 (it is the weighted *sum*); with unit weights it only matters at c_a = 0,
+    where y~_a = 0. The posterior multiplies y~ by c, so an unseen action contributes nothing.
+
+    Args:
+        weights: [..., T] kernel weights in [0, 1], or None for uniform (all ones).
+        actions: long [..., T] actions in [0, A) (any value where ``mask`` is False).
+        targets: float [..., T] targets y_t (rewards or n-step returns).
+        num_actions: A.
+        mask: optional bool [..., T]; False positions (padding, beyond a prefix) contribute
+            nothing.
+
+    Returns:
+        (counts [..., A], weighted_mean [..., A]) in the targets' floating dtype.
+    """
+    dtype = targets.dtype if targets.is_floating_point() else torch.get_default_dtype()
+    if weights is None:
+        weights = torch.ones_like(targets, dtype=dtype)
+    weights, actions, targets = torch.broadcast_tensors(weights.to(dtype), actions,
+                                                        targets.to(dtype))
+    if mask is not None:
+        mask = mask.bool().expand_as(actions)
+        weights = torch.where(mask, weights, torch.zeros((), dtype=dtype, device=weights.device))
+        actions = torch.where(mask, actions, torch.zeros_like(actions))  # padding -> arm 0, w=0
+    out_shape = actions.shape[:-1] + (num_actions,)
+    zeros = torch.zeros(out_shape, dtype=dtype, device=targets.device)
+    counts = zeros.scatter_add(-1, actions, weights)  # (..., A)
+    sums = zeros.scatter_add(-1, actions, weights * targets)  # (..., A)
+    return counts, safe_mean(sums, counts)
+
+
+@dataclass
+class RunningStats:
+    """Running per-action counts and target sums for online use: O(A) work per step.
+
+    Each :meth:`update` adds one new transition per task in place; nothing is recounted from the
+    whole context. With unit weights (the uniform kernel, as for bandits, whose query never
+    changes) it equals :func:`weighted_action_stats` on the full context. A weight per update is
+    allowed only when past transitions' weights do not change as the query moves.
+
+    Attributes:
+        counts: [..., A] c_a.
+        sums: [..., A] sum_t w_t 1[a_t = a] y_t.
+        num_updates: transitions added so far (per task).
+    """
+
+    counts: Tensor
+    sums: Tensor
+    num_updates: int = field(default=0)
+
+    @classmethod
+    def zeros(
+        cls,
+        batch_shape: tuple[int, ...] | int,
+        num_actions: int,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> RunningStats:
+        """Empty statistics of shape [*batch_shape, A]."""
+        if isinstance(batch_shape, int):
+            batch_shape = (batch_shape,)
+        shape = (*batch_shape, num_actions)
+        return cls(torch.zeros(shape, dtype=dtype, device=device),
+                   torch.zeros(shape, dtype=dtype, device=device))
+
+    @property
+    def mean(self) -> Tensor:
+        """y~_a = sums / max(1, c_a), [..., A]."""
+        return safe_mean(self.sums, self.counts)
+
+    def update(self, actions: Tensor, targets: Tensor, weights: Tensor | None = None) -> None:
+        """Add one transition per task in place.
+
+        Args:
+            actions: long [...] the action taken in each task.
+            targets: float [...] its target (reward).
+            weights: optional float [...] kernel weight; default 1.
+        """
+        index = actions.to(device=self.counts.device, dtype=torch.long).unsqueeze(-1)  # (..., 1)
+        targets = targets.to(self.sums).unsqueeze(-1)  # (..., 1)
+        if weights is None:
+            w = torch.ones_like(targets)
+        else:
+            w = weights.to(self.counts).unsqueeze(-1)
+        self.counts.scatter_add_(-1, index, w)
+        self.sums.scatter_add_(-1, index, w * targets)
+        self.num_updates += 1
+
+
+def nstep_targets(
+    rewards: Tensor,
+    next_values: Tensor,
+    n: int,
+    gamma: float,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """n-step bootstrapped targets over a context, truncated at the context end.
+
+    With L the number of valid transitions (T, or the prefix length given by ``mask``):
+
+        y_t = sum_{i < n, t + i < L} gamma^i r_{t+i}  +  gamma^n 1[t + n <= L] next_values[t+n-1]
+
+    where ``next_values[t] = max_a' mu_pri(s'_t, a')`` is the prior mean's greedy value at the
+    state *after* transition t (so ``next_values[t+n-1]`` is the value at s_{t+n}). Near the end
+    of the context the return is truncated without a bootstrap (the indicator), exactly as in
+    the formula above; episode boundaries inside the context are not treated specially.
+
+    Args:
+        rewards: [..., T] rewards r_t.
+        next_values: [..., T] bootstrap values at s'_t (e.g. ``prior_mean.amax(-1)`` evaluated at
+            each transition's next state).
+        n: number of reward steps (>= 1). n = 1, gamma = 0 gives y_t = r_t, and with gamma = 0
+            ``next_values`` is never read.
+        gamma: discount in [0, 1].
+        mask: optional bool [..., T], a valid *prefix* per row; invalid rewards are ignored,
+            invalid positions get target 0.
+
+    Returns:
+        [..., T] targets y_t.
+    """
+    if n < 1:
+        raise ValueError(f"n={n!r} is invalid: an integer >= 1")
+    rewards, next_values = torch.broadcast_tensors(rewards, next_values)
+    if mask is None:
+        valid = torch.ones_like(rewards, dtype=torch.bool)
+    else:
+        valid = mask.bool().expand_as(rewards)
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    rewards = torch.where(valid, rewards, zero)
+    num_steps = rewards.shape[-1]
+
+    def shifted(x: Tensor, k: int, fill: float | bool) -> Tensor:
+        """x[..., t + k] with ``fill`` beyond the end, [..., T]."""
+        pad = torch.full((*x.shape[:-1], k), fill, dtype=x.dtype, device=x.device)
+        return torch.cat([x, pad], dim=-1)[..., k:k + num_steps]
+
+    targets = torch.zeros_like(rewards)
+    for i in range(n):
+        targets = targets + gamma**i * shifted(rewards, i, 0.0)  # r_{t+i}, 0 past the end
+    if gamma != 0.0:  # gamma = 0: no bootstrap at all (next_values may be dummies, even NaN)
+        boot_valid = shifted(valid, n - 1, False)  # 1[t + n <= L]
+        boot = shifted(next_values, n - 1, 0.0)  # next_values[t + n - 1] = V(s_{t+n})
+        targets = targets + torch.where(boot_valid, gamma**n * boot, zero)
+    return torch.where(valid, targets, zero)
+
+
+# ---- posterior ---------------------------------------------------------------------------
+
+
+def gaussian_posterior(
+    prior_mean: Tensor | float,
+    prior_var: Tensor | float,
+    counts: Tensor,
+    weighted_mean: Tensor,
+    noise_var: Tensor | float,
+    v_min: float = 0.0,
+) -> Posterior:
+    """Normal-Normal posterior per action by precision additivity. All inputs broadcast to [..., A].
+
+        v_pri  = max(prior_var, v_min)
+        v_post = 1 / (1 / v_pri + c / sigma^2)
+        m_post = v_post (mu_pri / v_pri + c y~ / sigma^2)
+
+    ``noise_var`` (sigma^2, a variance) is floored at :data:`NOISE_VAR_FLOOR` = 1e-6, so sigma = 0
+    gives a very confident but finite posterior instead of 0/0. With c = 0 the posterior is the
+    (floored) prior. ``prior_var`` must be positive and finite (or ``v_min`` > 0); a huge value
+    such as 1e12 emulates a flat prior.
+
+    Args:
+        prior_mean: mu_pri, e.g. the ensemble mean Q-bar [..., A].
+        prior_var: sigma_Q^2 (a variance, not a std) [..., A].
+        counts: c_a [..., A].
+        weighted_mean: y~_a [..., A] (as from :func:`weighted_action_stats`).
+        noise_var: likelihood variance sigma^2 (>= 0), float or tensor.
+        v_min: floor of the prior variance (paper: 1e-2; 0 for the classical TS baseline).
+
+    Returns:
+        Posterior(mean [..., A], var [..., A]).
+    """
+    dtype = counts.dtype if counts.is_floating_point() else torch.get_default_dtype()
+    device = counts.device
+    prior_mean = torch.as_tensor(prior_mean, dtype=dtype, device=device)
+    v_pri = torch.as_tensor(prior_var, dtype=dtype, device=device).clamp_min(v_min)
+    noise_var = torch.as_tensor(noise_var, dtype=dtype, device=device).clamp_min(NOISE_VAR_FLOOR)
+    counts = counts.to(dtype)
+    precision = 1.0 / v_pri + counts / noise_var
+    post_var = 1.0 / precision
+    post_mean = post_var * (prior_mean / v_pri + counts * weighted_mean.to(dtype) / noise_var)
+    return Posterior(post_mean, post_var)
+
+
+# ---- action rules ------------------------------------------------------------------------
+
+
+def argmax_lowest(scores: Tensor) -> Tensor:
+    """argmax over the last axis; ties go to the lowest index. scores [..., A] -> long [...]."""
+    return torch.argmax(scores, dim=-1)
+
+
+def beta_at(
+    step: int | Tensor, beta: float = 1.0, schedule: BetaSchedule = "fixed"
+) -> float | Tensor:
+    """Posterior-UCB exploration coefficient for the next action.
+
+    ``step`` counts the transitions observed so far (0 before the first action); the round
+    index is t = step + 1. The theory schedule is beta_t = sqrt(2 ln max(t, 2)): the max avoids
+    beta_1 = sqrt(2 ln 1) = 0, which would make the first action purely greedy, so rounds 1 and 2
+    both use sqrt(2 ln 2) ~ 1.18. The schedule ignores ``beta``.
+
+    Args:
+        step: transitions observed so far, int or long tensor [...] (per task).
+        beta: the fixed coefficient (schedule "fixed").
+        schedule: "fixed" or "sqrt2logt".
+
+    Returns:
+        A float, or a tensor [...] when ``step`` is a tensor and the schedule is not fixed.
+    """
+    if schedule == "fixed":
+        return float(beta)
+    if schedule != "sqrt2logt":
+        raise ValueError(f"beta_schedule={schedule!r} is invalid: one of fixed, sqrt2logt")
+    if isinstance(step, Tensor):
+        t = (step + 1).to(torch.get_default_dtype()).clamp_min(2.0)
+        return torch.sqrt(2.0 * torch.log(t))
+    return math.sqrt(2.0 * math.log(max(step + 1, 2)))
+
+
+def ucb_scores(mean: Tensor, var: Tensor, beta: float | Tensor) -> Tensor:
+    """m + beta sqrt(v), [..., A]. ``beta``: float or tensor of the batch shape [...]."""
+    if isinstance(beta, Tensor):
+        beta = beta.to(mean).unsqueeze(-1)  # (..., 1)
+    return mean + beta * torch.sqrt(var)
+
+
+def greedy_action(mean: Tensor) -> Tensor:
+    """argmax_a m_post (offline rule). mean [..., A] -> long [...]."""
+    return argmax_lowest(mean)
+
+
+def ucb_action(mean: Tensor, var: Tensor, beta: float | Tensor) -> Tensor:
+    """Posterior-UCB rule argmax_a m_post + beta sqrt(v_post). [..., A] -> long [...]."""
+    return argmax_lowest(ucb_scores(mean, var, beta))
+
+
+def thompson_action(mean: Tensor, var: Tensor, generator: torch.Generator) -> Tensor:
+    """Thompson sampling: argmax of one draw from N(m_post, v_post) per action.
+
+    Args:
+        mean: [..., A] posterior means.
+        var: [..., A] posterior variances.
+        generator: the source of randomness (on ``mean``'s device).
+
+    Returns:
+        long [...] actions.
+    """
+    noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+    return argmax_lowest(mean + torch.sqrt(var) * noise)
+
+
+def select_action(
+    posterior: Posterior,
+    rule: ActionRule,
+    beta: float | Tensor = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Apply one of the action rules to a posterior (``FusionConfig.controller``).
+
+    Args:
+        posterior: Posterior(mean [..., A], var [..., A]).
+        rule: "greedy", "ucb" or "thompson".
+        beta: UCB coefficient, float or tensor [...] (see :func:`beta_at`).
+        generator: required for "thompson".
+
+    Returns:
+        long [...] actions.
+    """
+    if rule == "greedy":
+        return greedy_action(posterior.mean)
+    if rule == "ucb":
+        return ucb_action(posterior.mean, posterior.var, beta)
+    if rule == "thompson":
+        if generator is None:
+            raise ValueError("the thompson rule needs a torch.Generator")
+        return thompson_action(posterior.mean, posterior.var, generator)
+    raise ValueError(f"rule={rule!r} is invalid: one of greedy, ucb, thompson")
