@@ -170,7 +170,7 @@ def _slow_nstep(rewards, next_values, n, gamma, length):
     out = np.zeros_like(rewards)
     for t in range(length):
         y = sum(gamma**i * rewards[t + i] for i in range(n) if t + i < length)
-        if t + n <= length:
+        if t + n < length:  # 1-indexed t' = t + 1: bootstrap iff s_{t'+n} starts a transition
             y += gamma**n * next_values[t + n - 1]
         out[t] = y
     return out
@@ -211,8 +211,9 @@ def test_nstep_known_values() -> None:
     rewards = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
     next_values = torch.tensor([[10.0, 20.0, 30.0]], dtype=torch.float64)
     out = nstep_targets(rewards, next_values, 2, 0.5)
-    # t=0: 1 + .5*2 + .25*20; t=1: 2 + .5*3 + .25*30; t=2: truncated, no bootstrap: 3
-    torch.testing.assert_close(out, torch.tensor([[7.0, 11.0, 3.0]], dtype=torch.float64))
+    # t=1: 1 + .5*2 + .25*V(s_3)=20; t=2: s_4 is past the context (t+n > T), no bootstrap:
+    # 2 + .5*3; t=3: truncated to 3 (the paper's indicator 1[t + n <= T]).
+    torch.testing.assert_close(out, torch.tensor([[7.0, 3.5, 3.0]], dtype=torch.float64))
 
 
 # ---- posterior ---------------------------------------------------------------------------

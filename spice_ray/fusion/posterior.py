@@ -158,7 +158,10 @@ def nstep_targets(
 
     With L the number of valid transitions (T, or the prefix length given by ``mask``):
 
-        y_t = sum_{i < n, t + i < L} gamma^i r_{t+i}  +  gamma^n 1[t + n <= L] next_values[t+n-1]
+        y_t = sum_{i < n, t + i <= L} gamma^i r_{t+i}  +  gamma^n 1[t + n <= L] next_values[t+n-1]
+
+    (t 1-indexed), the paper's TD(n) target: the bootstrap is added only while s_{t+n} is the
+    state of a transition inside the context.
 
     where ``next_values[t] = max_a' mu_pri(s'_t, a')`` is the prior mean's greedy value at the
     state *after* transition t (so ``next_values[t+n-1]`` is the value at s_{t+n}). Near the end
@@ -198,7 +201,7 @@ def nstep_targets(
     for i in range(n):
         targets = targets + gamma**i * shifted(rewards, i, 0.0)  # r_{t+i}, 0 past the end
     if gamma != 0.0:  # gamma = 0: no bootstrap at all (next_values may be dummies, even NaN)
-        boot_valid = shifted(valid, n - 1, False)  # 1[t + n <= L]
+        boot_valid = shifted(valid, n, False)  # 1[t + n <= L]: s_{t+n} starts a transition
         boot = shifted(next_values, n - 1, 0.0)  # next_values[t + n - 1] = V(s_{t+n})
         targets = targets + torch.where(boot_valid, gamma**n * boot, zero)
     return torch.where(valid, targets, zero)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from spice_ray.config import TrainConfig
+from spice_ray.fusion.posterior import gaussian_posterior, nstep_targets
 from spice_ray.model.ensemble import ValueEnsemble
 from spice_ray.model.spice import SpiceOutput, align_to_transitions
 from spice_ray.model.tokens import Tokens
@@ -160,15 +161,7 @@ def td_targets(rewards: Tensor, next_values: Tensor, n: int, gamma: float) -> Te
     Returns:
         [B, T] targets (no gradient).
     """
-    if n < 1:
-        raise ValueError(f"td_n={n} is invalid: an integer >= 1")
-    B, T = rewards.shape
-    y = torch.zeros_like(rewards)
-    for i in range(min(n, T)):  # n is small (1 or 5): a loop over the sum, not over time
-        y[:, : T - i] += gamma**i * rewards[:, i:]  # y_t += gamma^i r_{t+i}, t + i <= T
-    if n < T:  # 0-indexed j = t-1 bootstraps from V(s_{t+n}) = next_values[:, j+n-1], j+n <= T-1
-        y[:, : T - n] += gamma**n * next_values.detach()[:, n - 1 : T - 1]
-    return y
+    return nstep_targets(rewards, next_values.detach(), n, gamma)
 
 
 def td_loss(q_pred_mean: Tensor, actions: Tensor, targets: Tensor) -> Tensor:
@@ -221,9 +214,12 @@ def prefix_action_stats(
 def shrinkage_posterior_mean(
     counts: Tensor, ybar: Tensor, prior_mean: float, prior_var: float, noise_var: float
 ) -> Tensor:
-    """m_a = w_a mu0 + (1 - w_a) ybar_a with w_a = sigma^2 / (sigma^2 + c_a v0); any shape."""
-    w = noise_var / (noise_var + counts * prior_var)
-    return w * prior_mean + (1.0 - w) * ybar
+    """m_a = w_a mu0 + (1 - w_a) ybar_a with w_a = sigma^2 / (sigma^2 + c_a v0); any shape.
+
+    This is the Normal-Normal posterior mean, computed by the project's one implementation
+    (:func:`spice_ray.fusion.posterior.gaussian_posterior`).
+    """
+    return gaussian_posterior(prior_mean, prior_var, counts, ybar, noise_var).mean
 
 
 def shrink_loss(
