@@ -60,7 +60,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None):
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local only; never on a cluster
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False, logging_level="WARNING")
+                 log_to_driver=True, logging_level="WARNING")
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = sys.stderr.isatty()
     ctx.execution_options.verbose_progress = False

@@ -25,6 +25,7 @@ import yaml
 ENV_NAMES = ("bandit", "darkroom")
 PRESET_NAMES = ("smoke", "small", "paper")
 LABEL_MODES = ("optimal", "weak", "weakmix80", "weak-last", "mix:q")
+_FLOAT_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 _MIX_RE = re.compile(r"^mix:(?P<q>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)$")
 
 
@@ -165,9 +166,11 @@ class ModelConfig:
     """alpha: scale of the frozen random prior network in Q_k = f_k + alpha * p_k (>= 0)."""
     head_hidden: int = 64
     """Hidden width of each value head's MLP (>= 1)."""
+    head_depth: int = 1
+    """Hidden layers of each value head's MLP (>= 1)."""
 
     def __post_init__(self) -> None:
-        for name in ("n_layer", "n_embd", "n_head", "head_hidden"):
+        for name in ("n_layer", "n_embd", "n_head", "head_hidden", "head_depth"):
             value = getattr(self, name)
             _check(value >= 1, f"model.{name}", value, "an integer >= 1")
         _check(self.n_embd % self.n_head == 0, "model.n_embd", self.n_embd,
@@ -477,6 +480,8 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
         _check(ok, path, value, "an integer")
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+            return float(value)  # YAML 1.1 reads "3e-3" (no dot) as a string
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         _check(ok, path, value, "a number")
         return float(value)

@@ -61,6 +61,13 @@ def test_wrong_types_are_refused(tmp_path) -> None:
         make_config("smoke", "bandit", overrides=["model.n_layer=2.5"])
 
 
+def test_exponent_floats_without_a_dot() -> None:
+    cfg = make_config("smoke", "bandit", overrides=["train.lr=3e-3", "fusion.v_min=1E-2"])
+    assert cfg.train.lr == 0.003 and cfg.fusion.v_min == 0.01
+    with pytest.raises(ConfigError, match=r"train\.lr='3e-3x'"):
+        make_config("smoke", "bandit", overrides=["train.lr=3e-3x"])
+
+
 def test_weak_label_is_bandit_only() -> None:
     with pytest.raises(ConfigError, match=r"data\.label"):
         make_config("smoke", "darkroom", overrides=["data.label=weak"])

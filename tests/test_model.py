@@ -211,8 +211,8 @@ def test_priors_and_anchors_are_frozen_buffers() -> None:
     ens = model.ensemble
     params = {n for n, _ in model.named_parameters()}
     buffers = {n for n, _ in model.named_buffers()}
-    assert {f"ensemble.prior.weight_{i}" for i in range(3)} <= buffers
-    assert {f"ensemble.anchor_weight_{i}" for i in range(3)} <= buffers
+    assert {f"ensemble.prior.weight_{i}" for i in range(model.config.head_depth + 1)} <= buffers
+    assert {f"ensemble.anchor_weight_{i}" for i in range(model.config.head_depth + 1)} <= buffers
     assert not any("prior" in n or "anchor" in n for n in params)
     frozen = {n: b.clone() for n, b in model.named_buffers()}
     f_before = ens.f.weight_0.detach().clone()

@@ -23,8 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-HEAD_DEPTH = 2
-"""Hidden layers of each value head's MLP (f_k and p_k): in -> hidden -> hidden -> 1."""
+HEAD_DEPTH = 1
+"""Default hidden layers of each value head's MLP (f_k and p_k): in -> hidden -> 1
+(``ModelConfig.head_depth``). With one hidden layer the action split of the first layer saves
+most of the work: per row, D*H + 2*A*H multiply-adds instead of A*((D + A)*H + H)."""
 
 
 class EnsembleMLP(nn.Module):

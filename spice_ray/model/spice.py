@@ -91,7 +91,8 @@ class SpiceModel(TrunkModel):
             nn.init.normal_(self.policy_head.weight, 0.0, 0.02, generator=generator)
             nn.init.zeros_(self.policy_head.bias)
         self.ensemble = ValueEnsemble(config.n_embd, num_actions, config.ensemble_size,
-                                      config.head_hidden, config.prior_scale, generator=generator)
+                                      config.head_hidden, config.prior_scale,
+                                      depth=config.head_depth, generator=generator)
 
     def heads(self, latent: Tensor) -> SpiceOutput:
         """Policy logits and the ensemble's Q, mean and std from latents [..., D]."""

@@ -82,7 +82,7 @@ class Tokens:
 
 def _tensor(x: Any, dtype: torch.dtype, device: torch.device | str | None) -> Tensor:
     if isinstance(x, np.ndarray):
-        x = torch.from_numpy(np.ascontiguousarray(x))
+        x = torch.from_numpy(x if x.flags.writeable and x.flags.c_contiguous else np.array(x))
     return torch.as_tensor(x, device=device).to(dtype)
 
 

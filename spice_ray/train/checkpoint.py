@@ -1,0 +1,165 @@
+"""Checkpoints: a directory that rebuilds a model with nothing else.
+
+Layout::
+
+    <checkpoint>/
+      meta.json       kind, architecture spec, run config, dataset content hash, epoch, metrics,
+                      and the SHA-256 of every file below
+      weights.pt      model state_dict (tensors only; loaded with torch.load(weights_only=True))
+      optimizer.pt    optimizer (+ scheduler) state, for resuming (weights_only as well)
+
+Loading never unpickles arbitrary objects: ``weights_only=True`` only admits tensors and plain
+containers, and every file is checked against its checksum first, so a corrupted or truncated
+file is named instead of half-loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spice_ray.config import EnvConfig, RunConfig
+from spice_ray.model.dpt import DptModel
+from spice_ray.model.spice import SpiceModel
+from spice_ray.model.trunk import TrunkModel
+
+META = "meta.json"
+WEIGHTS = "weights.pt"
+OPTIMIZER = "optimizer.pt"
+MODEL_KINDS: dict[str, type[TrunkModel]] = {"spice": SpiceModel, "dpt": DptModel}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupted, or does not fit the environment."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_model(kind: str, cfg: RunConfig, generator: torch.Generator | None = None
+                ) -> TrunkModel:
+    """A freshly initialised SPICE or DPT model for ``cfg``'s environment."""
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"model kind {kind!r} is invalid: one of {sorted(MODEL_KINDS)}")
+    return MODEL_KINDS[kind](cfg.model, cfg.env.num_actions, cfg.env.state_dim,
+                             cfg.env.horizon + 1, generator=generator)
+
+
+def save_checkpoint(
+    directory: str | Path,
+    model: TrunkModel,
+    cfg: RunConfig,
+    dataset_hash: str,
+    epoch: int,
+    metrics: dict[str, float] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint directory atomically (temp dir + rename) and return its path."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    torch.save(state, tmp / WEIGHTS)
+    files = [WEIGHTS]
+    if optimizer_state is not None:
+        torch.save(optimizer_state, tmp / OPTIMIZER)
+        files.append(OPTIMIZER)
+    meta = {
+        "kind": model.KIND,
+        "spec": model.spec(),
+        "config": cfg.to_dict(),
+        "dataset_hash": dataset_hash,
+        "epoch": int(epoch),
+        "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+        "files": {name: _sha256(tmp / name) for name in files},
+        **(extra or {}),
+    }
+    (tmp / META).write_text(json.dumps(meta, indent=1))
+    if directory.exists():
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
+    return directory
+
+
+def read_meta(directory: str | Path) -> dict[str, Any]:
+    """meta.json of a checkpoint, with a clear error if it is absent or unreadable."""
+    path = Path(directory) / META
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path} does not exist: {directory} is not a checkpoint") from exc
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is corrupted: {exc}") from exc
+
+
+def _load_file(directory: Path, name: str, meta: dict[str, Any]) -> Any:
+    path = directory / name
+    expected = meta.get("files", {}).get(name)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    if expected is None or _sha256(path) != expected:
+        raise CheckpointError(f"checkpoint file {path} fails its SHA-256 checksum "
+                              "(corrupted or truncated)")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def check_env(meta: dict[str, Any], env: EnvConfig, where: str) -> None:
+    """Refuse a checkpoint whose action count or state size differs from ``env``."""
+    spec = meta["spec"]
+    got = (int(spec["num_actions"]), int(spec["state_dim"]))
+    want = (env.num_actions, env.state_dim)
+    if got != want:
+        raise CheckpointError(
+            f"checkpoint {where} was trained for A={got[0]} actions and state dim S={got[1]}, "
+            f"but env.name={env.name} has A={want[0]}, S={want[1]}")
+    trained_h = int(spec["max_len"]) - 1
+    if env.horizon > trained_h:
+        raise CheckpointError(f"checkpoint {where} supports contexts up to {trained_h} "
+                              f"transitions, env.horizon={env.horizon} is longer")
+
+
+def load_model(directory: str | Path, expect_env: EnvConfig | None = None,
+               kind: str | None = None) -> TrunkModel:
+    """Rebuild a model from a checkpoint directory (weights verified, weights_only load).
+
+    Args:
+        expect_env: refuse the checkpoint if its A or S does not match this environment.
+        kind: refuse a checkpoint of another model kind ("spice" or "dpt").
+    """
+    directory = Path(directory)
+    meta = read_meta(directory)
+    if kind is not None and meta.get("kind") != kind:
+        raise CheckpointError(f"checkpoint {directory} holds a {meta.get('kind')!r} model, "
+                              f"not {kind!r}")
+    if expect_env is not None:
+        check_env(meta, expect_env, str(directory))
+    cls = MODEL_KINDS[meta["kind"]]
+    model = cls.from_spec(meta["spec"])
+    state = _load_file(directory, WEIGHTS, meta)
+    model.load_state_dict(state)
+    model.eval()
+    return model
+
+
+def load_training_state(directory: str | Path) -> tuple[dict[str, Any], dict[str, Any],
+                                                        dict[str, Any] | None]:
+    """(meta, model state_dict, optimizer state or None) for resuming training."""
+    directory = Path(directory)
+    meta = read_meta(directory)
+    weights = _load_file(directory, WEIGHTS, meta)
+    opt = _load_file(directory, OPTIMIZER, meta) if OPTIMIZER in meta.get("files", {}) else None
+    return meta, weights, opt

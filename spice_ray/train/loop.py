@@ -1,0 +1,246 @@
+"""The training loop, shared by Ray Train workers and the plain in-process debug path.
+
+``fit(job, ctx)`` owns the optimisation (model init from the seed, AdamW, optional cosine
+schedule, gradient clipping, bf16 autocast on GPU, validation loss each epoch, checkpoints every
+N epochs and at the end, resume from the last checkpoint). Everything that differs between a Ray
+Train worker and a plain process -- where batches come from, how a model is wrapped, how metrics
+and checkpoints are reported, where a resume checkpoint is found -- sits behind
+:class:`LoopContext`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from spice_ray.config import RunConfig, config_hash, from_dict
+from spice_ray.data import store
+from spice_ray.model.tokens import make_tokens
+from spice_ray.model.trunk import TrunkModel
+from spice_ray.train import checkpoint as ckpt
+from spice_ray.train.losses import dpt_loss, spice_loss
+
+log = logging.getLogger(__name__)
+
+# Fault injection for tests: raise once in epoch N (0-based) of a first attempt, i.e. when no
+# checkpoint exists yet to resume from.
+FAULT_ENV = "SPICE_RAY_FAULT_TRAIN_EPOCH"
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """One model to pretrain: plain values so it ships to Ray workers as a dict."""
+
+    config: dict[str, Any]
+    kind: str
+    dataset_dir: str
+    dataset_hash: str
+    seed: int
+
+    @property
+    def cfg(self) -> RunConfig:
+        return from_dict(self.config)
+
+    def identity(self) -> str:
+        """Hash of everything that determines the trained weights."""
+        c = self.config
+        return config_hash({"kind": self.kind, "seed": self.seed, "data": self.dataset_hash,
+                            "env": c["env"], "model": c["model"],
+                            "train": {k: v for k, v in c["train"].items()
+                                      if k not in ("num_workers", "use_gpu", "worker_cpus",
+                                                   "max_failures", "checkpoint_every")}})
+
+
+class LoopContext(Protocol):
+    """What the loop needs from its surroundings."""
+
+    world_size: int
+    rank: int
+    device: torch.device
+
+    def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]: ...
+
+    def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]: ...
+
+    def prepare(self, model: nn.Module) -> nn.Module: ...
+
+    def resume_dir(self) -> Path | None: ...
+
+    def scratch_dir(self) -> Path: ...
+
+    def report(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None: ...
+
+
+def unwrap(model: nn.Module) -> TrunkModel:
+    """The TrunkModel inside a DDP wrapper (or the model itself)."""
+    return model.module if hasattr(model, "module") else model  # type: ignore[return-value]
+
+
+def compute_loss(model: nn.Module, batch: dict[str, Any], job_kind: str, cfg: RunConfig,
+                 device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward one batch and return (loss, detached components)."""
+    tokens = make_tokens(batch, cfg.env.name, cfg.env.num_actions, device=device)
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                        enabled=device.type == "cuda"):
+        out = model(tokens)
+        if job_kind == "spice":
+            return spice_loss(out, tokens, cfg.train, unwrap(model).anchor_loss())
+        return dpt_loss(out.logits, tokens.label)
+
+
+def _lr_lambda(total_steps: int, cosine: bool):
+    def f(step: int) -> float:
+        if not cosine:
+            return 1.0
+        return 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(1, total_steps)))
+    return f
+
+
+def _mean(parts: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    if not parts:
+        return {}
+    return {k: float(torch.stack([p[k].float() for p in parts]).mean()) for k in parts[0]}
+
+
+def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1
+        ) -> tuple[dict[str, float], TrunkModel]:
+    """Pretrain ``job`` to its last epoch.
+
+    Args:
+        fault_epoch: test switch: raise once at the end of this epoch when not resuming.
+
+    Returns:
+        (the last epoch's metrics plus ``start_epoch``, the trained model).
+    """
+    cfg = job.cfg
+    tc = cfg.train
+    torch_seed = int(np.random.SeedSequence([job.seed, 7]).generate_state(1)[0])
+    model: nn.Module = ckpt.build_model(job.kind, cfg,
+                                        generator=torch.Generator().manual_seed(torch_seed))
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
+    per_worker = max(1, tc.batch_size // ctx.world_size)
+    steps_per_epoch = max(1, cfg.data.num_train_tasks // tc.batch_size)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _lr_lambda(tc.epochs * steps_per_epoch, tc.cosine_schedule))
+    start_epoch = 0
+    resume = ctx.resume_dir()
+    if resume is not None:
+        meta, weights, opt_state = ckpt.load_training_state(resume)
+        if meta.get("identity") not in (None, job.identity()):
+            raise ckpt.CheckpointError(f"resume checkpoint {resume} belongs to another job")
+        model.load_state_dict(weights)
+        if opt_state is not None:
+            optimizer.load_state_dict(opt_state["optimizer"])
+            scheduler.load_state_dict(opt_state["scheduler"])
+        start_epoch = int(meta["epoch"]) + 1
+        log.info("resuming %s seed %d from %s (epoch %d)", job.kind, job.seed, resume,
+                 start_epoch)
+    model = ctx.prepare(model.to(ctx.device))
+    metrics: dict[str, float] = {}
+    for epoch in range(start_epoch, tc.epochs):
+        model.train()
+        t0 = time.perf_counter()
+        parts, seen = [], 0
+        for batch in ctx.train_batches(epoch, per_worker):
+            loss, comp = compute_loss(model, batch, job.kind, cfg, ctx.device)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if tc.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            parts.append(comp)
+            seen += len(batch["label"])
+        if epoch == fault_epoch and resume is None:
+            raise RuntimeError(f"injected training fault ({FAULT_ENV}={fault_epoch})")
+        elapsed = time.perf_counter() - t0
+        model.eval()
+        with torch.no_grad():
+            val = _mean([compute_loss(model, b, job.kind, cfg, ctx.device)[1]
+                         for b in ctx.val_batches(per_worker)])
+        metrics = {f"train_{k}": v for k, v in _mean(parts).items()}
+        metrics |= {f"val_{k}": v for k, v in val.items()}
+        metrics |= {"epoch": float(epoch), "samples_per_s": seen * ctx.world_size / elapsed,
+                    "lr": float(scheduler.get_last_lr()[0])}
+        last = epoch == tc.epochs - 1
+        ckpt_dir = None
+        if ctx.rank == 0 and (last or (epoch + 1) % tc.checkpoint_every == 0):
+            ckpt_dir = ctx.scratch_dir() / f"epoch-{epoch:04d}"
+            ckpt.save_checkpoint(
+                ckpt_dir, unwrap(model), cfg, job.dataset_hash, epoch, metrics,
+                optimizer_state={"optimizer": optimizer.state_dict(),
+                                 "scheduler": scheduler.state_dict()},
+                extra={"identity": job.identity(), "seed": job.seed})
+        ctx.report(metrics, ckpt_dir)
+        log.info("%s seed %d epoch %d/%d loss %.4f val %.4f %.0f samples/s", job.kind,
+                 job.seed, epoch + 1, tc.epochs, metrics.get("train_loss", float("nan")),
+                 metrics.get("val_loss", float("nan")), metrics["samples_per_s"])
+    return metrics | {"start_epoch": float(start_epoch)}, unwrap(model)
+
+
+def fault_epoch_from_env() -> int:
+    """The fault-injection switch (``SPICE_RAY_FAULT_TRAIN_EPOCH``), -1 when unset."""
+    return int(os.environ.get(FAULT_ENV, "-1"))
+
+
+class LocalContext:
+    """Plain single-process loop (no Ray): for debugging and ``train.num_workers = 0``."""
+
+    world_size = 1
+    rank = 0
+
+    def __init__(self, job: TrainJob, run_dir: Path, device: str = "cpu") -> None:
+        self.job = job
+        self.run_dir = Path(run_dir)
+        self.device = torch.device(device)
+        self.history: list[dict[str, float]] = []
+
+    def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
+        rng = np.random.default_rng([self.job.seed, epoch])
+        return store.iter_batches(self.job.dataset_dir, "train", batch_size, rng=rng,
+                                  drop_last=True)
+
+    def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
+        return store.iter_batches(self.job.dataset_dir, "validation", batch_size)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def scratch_dir(self) -> Path:
+        return self.run_dir / "local"
+
+    def resume_dir(self) -> Path | None:
+        root = self.scratch_dir()
+        for path in sorted(root.glob("epoch-*"), reverse=True):
+            try:
+                ckpt.load_training_state(path)
+                return path
+            except ckpt.CheckpointError as exc:
+                log.warning("skipping unusable checkpoint %s: %s", path, exc)
+        return None
+
+    def report(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
+        self.history.append(metrics)
+
+
+def publish_final(src: Path, final_dir: Path) -> Path:
+    """Copy the last checkpoint to the run's ``final`` directory (atomically)."""
+    tmp = final_dir.with_name(f".{final_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if final_dir.exists():
+        shutil.rmtree(final_dir)
+    os.replace(tmp, final_dir)
+    return final_dir

@@ -1,0 +1,227 @@
+"""Ray Train driver: a TorchTrainer over the Parquet train split, one worker per GPU (or CPU).
+
+The loop itself is :func:`spice_ray.train.loop.fit`; this module only supplies the Ray side of
+:class:`~spice_ray.train.loop.LoopContext` (dataset shards, DDP wrapping, ``ray.train.report``
+with checkpoints, ``ray.train.get_checkpoint`` for resume) and the pretraining stage that picks
+Ray or the plain in-process loop and publishes the final checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from spice_ray.config import RunConfig
+from spice_ray.data import store
+from spice_ray.model.tokens import make_tokens
+from spice_ray.train import checkpoint as ckpt
+from spice_ray.train.loop import (
+    LocalContext,
+    TrainJob,
+    fault_epoch_from_env,
+    fit,
+    publish_final,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RayContext:
+    """LoopContext inside a Ray Train worker."""
+
+    def __init__(self, job: TrainJob) -> None:
+        import ray.train
+        import ray.train.torch
+
+        tctx = ray.train.get_context()
+        self.job = job
+        self.world_size = tctx.get_world_size()
+        self.rank = tctx.get_world_rank()
+        self.device = ray.train.torch.get_device()
+        self._scratch = Path(tempfile.mkdtemp(prefix="spice_ckpt_"))
+
+    def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
+        import ray.train
+
+        shard = ray.train.get_dataset_shard("train")
+        return shard.iter_torch_batches(batch_size=batch_size, drop_last=True,
+                                        local_shuffle_buffer_size=4 * batch_size,
+                                        local_shuffle_seed=self.job.seed * 100_003 + epoch)
+
+    def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
+        import ray.train
+
+        return ray.train.get_dataset_shard("validation").iter_torch_batches(
+            batch_size=batch_size)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        import ray.train.torch
+
+        return ray.train.torch.prepare_model(model)
+
+    def scratch_dir(self) -> Path:
+        return self._scratch
+
+    def resume_dir(self) -> Path | None:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return None
+        local = self._scratch / "resume"
+        with checkpoint.as_directory() as d:
+            shutil.copytree(d, local, dirs_exist_ok=True)
+        return local
+
+    def report(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
+        import ray.train
+
+        if checkpoint_dir is None:
+            ray.train.report(metrics)
+        else:
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(
+                str(checkpoint_dir)))
+
+
+def probe_outputs(model: nn.Module, job: TrainJob, num_tasks: int = 4) -> list[float]:
+    """Flattened policy logits (and prior means for SPICE) on the first validation tasks: a
+    fingerprint to compare an in-memory model with its reloaded checkpoint."""
+    cfg = job.cfg
+    batch = store.load_split(job.dataset_dir, "validation", limit=num_tasks)
+    tokens = make_tokens(batch, cfg.env.name, cfg.env.num_actions)
+    model = model.cpu().float().eval()
+    with torch.no_grad():
+        out = model(tokens)
+    parts = [out.logits] + ([out.prior_mean] if hasattr(out, "prior_mean") else [])
+    return torch.cat([p.reshape(-1) for p in parts]).tolist()
+
+
+def train_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """``train_loop_per_worker`` of the TorchTrainer; rank 0 returns metrics and a probe."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    torch.set_num_threads(int(config["threads"]))
+    job = TrainJob(**config["job"])
+    ctx = RayContext(job)
+    metrics, model = fit(job, ctx, fault_epoch=int(config.get("fault_epoch", -1)))
+    if ctx.rank != 0:
+        return {}
+    return {"metrics": metrics, "probe": probe_outputs(model, job)}
+
+
+def _threads_per_worker(cfg: RunConfig) -> int:
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    return max(1, min(math.floor(cpus / max(1, cfg.train.num_workers)), 8))
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """The published final checkpoint and what rank 0 returned (metrics, probe outputs)."""
+
+    final: Path
+    worker_return: dict[str, Any] | None = None
+
+
+def train_with_ray(job: TrainJob, run_dir: Path) -> TrainResult:
+    """Fit ``job`` on a TorchTrainer and publish ``run_dir/final``.
+
+    A re-run with the same ``run_dir`` resumes from the last checkpoint Ray Train kept there;
+    a worker failure is retried ``train.max_failures`` times from the last checkpoint.
+    """
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    cfg = job.cfg
+    tc = cfg.train
+    resources = {"CPU": tc.worker_cpus} | ({"GPU": 1.0} if tc.use_gpu else {})
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={"job": dataclasses.asdict(job), "threads": _threads_per_worker(cfg),
+                           "fault_epoch": fault_epoch_from_env()},
+        scaling_config=ray.train.ScalingConfig(num_workers=tc.num_workers, use_gpu=tc.use_gpu,
+                                               resources_per_worker=resources),
+        datasets={"train": store.ray_dataset(job.dataset_dir, "train"),
+                  "validation": store.ray_dataset(job.dataset_dir, "validation")},
+        run_config=ray.train.RunConfig(
+            name="ray",
+            storage_path=str(run_dir.resolve()),
+            failure_config=ray.train.FailureConfig(max_failures=tc.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+        ),
+    )
+    result = trainer.fit()
+    if result.checkpoint is None:
+        raise ckpt.CheckpointError(f"training {run_dir} finished without a checkpoint")
+    with result.checkpoint.as_directory() as d:
+        final = publish_final(Path(d), run_dir / "final")
+    return TrainResult(final, result.return_value)
+
+
+def train_local(job: TrainJob, run_dir: Path) -> TrainResult:
+    """Fit ``job`` in this process (no Ray); resumes from ``run_dir/local``."""
+    ctx = LocalContext(job, run_dir)
+    metrics, model = fit(job, ctx, fault_epoch=fault_epoch_from_env())
+    last = ctx.resume_dir()
+    if last is None:
+        raise ckpt.CheckpointError(f"training {run_dir} finished without a checkpoint")
+    final = publish_final(last, run_dir / "final")
+    return TrainResult(final, {"metrics": metrics, "probe": probe_outputs(model, job),
+                               "history": ctx.history})
+
+
+def final_is_current(final_dir: Path, job: TrainJob) -> bool:
+    """Whether ``final_dir`` holds the finished model of exactly this job."""
+    try:
+        meta = ckpt.read_meta(final_dir)
+    except ckpt.CheckpointError:
+        return False
+    return (meta.get("identity") == job.identity()
+            and int(meta.get("epoch", -1)) == job.cfg.train.epochs - 1)
+
+
+def plan_job(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
+             checkpoints_root: str | Path | None = None) -> tuple[TrainJob, Path]:
+    """The job for one model and its run directory ``<root>/<dataset>/<kind>-<id>-seed<k>``.
+
+    Raises:
+        CheckpointError: if the dataset's environment does not match ``cfg.env``.
+    """
+    dataset_dir = Path(dataset_dir)
+    man = store.load_manifest(dataset_dir)
+    ckpt.check_env({"spec": {"num_actions": man.env.num_actions, "state_dim": man.env.state_dim,
+                             "max_len": man.env.horizon + 1}}, cfg.env, str(dataset_dir))
+    job = TrainJob(cfg.to_dict(), kind, str(dataset_dir),
+                   man.split("train")["content_hash"], seed)
+    root = Path(checkpoints_root or Path(cfg.out_dir) / "checkpoints")
+    return job, root / dataset_dir.name / f"{kind}-{job.identity()[:8]}-seed{seed}"
+
+
+def pretrain(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
+             checkpoints_root: str | Path | None = None) -> Path:
+    """Pretrain one model (skipped when its final checkpoint is current); returns ``final``.
+
+    ``train.num_workers = 0`` runs the loop in this process without Ray; otherwise a
+    TorchTrainer with that many workers (one GPU each with ``train.use_gpu``). An interrupted
+    run resumes from its directory's last checkpoint.
+    """
+    job, run_dir = plan_job(cfg, kind, seed, dataset_dir, checkpoints_root)
+    final = run_dir / "final"
+    if final_is_current(final, job):
+        log.info("%s: final checkpoint is current, skipped", final)
+        return final
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.write(run_dir)
+    if cfg.train.num_workers == 0:
+        return train_local(job, run_dir).final
+    return train_with_ray(job, run_dir).final

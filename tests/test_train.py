@@ -1,0 +1,125 @@
+"""Pretraining: losses fall on the smoke dataset; checkpoints reload exactly; runs resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spice_ray.config import make_config
+from spice_ray.data.generate import generate_dataset
+from spice_ray.model import DptModel, SpiceModel
+from spice_ray.train import checkpoint as ckpt
+from spice_ray.train.loop import FAULT_ENV
+from spice_ray.train.ray_train import (
+    plan_job,
+    pretrain,
+    probe_outputs,
+    train_local,
+    train_with_ray,
+)
+
+
+@pytest.fixture(scope="module")
+def smoke_bandit(ray_local, tmp_path_factory):
+    cfg = make_config("smoke", "bandit", overrides=["train.num_workers=0"])
+    root = tmp_path_factory.mktemp("train")
+    rep = generate_dataset(cfg, root / "ds")
+    return cfg.replace(out_dir=str(root)), rep.dataset_dir
+
+
+def test_local_training_reduces_td_and_policy_loss(smoke_bandit, tmp_path) -> None:
+    cfg, ds = smoke_bandit
+    cfg = make_config("smoke", "bandit", overrides=[
+        "train.num_workers=0", "train.epochs=6", "train.lr=3e-3", f"out_dir={tmp_path}"])
+    job, run_dir = plan_job(cfg, "spice", 0, ds)
+    res = train_local(job, run_dir)
+    hist = res.worker_return["history"]
+    assert len(hist) == 6
+    assert hist[-1]["train_td"] < 0.8 * hist[0]["train_td"]  # noise floor is sigma^2 = 0.09
+    assert hist[-1]["train_policy"] < hist[0]["train_policy"]
+    # the reloaded checkpoint reproduces the in-memory model exactly
+    model = SpiceModel.from_checkpoint(res.final)
+    np.testing.assert_allclose(probe_outputs(model, job), res.worker_return["probe"],
+                               rtol=0, atol=1e-6)
+    meta = ckpt.read_meta(res.final)
+    assert meta["epoch"] == 5 and meta["dataset_hash"] == job.dataset_hash
+    # same seed, same weights: a second identical run gives identical outputs
+    again = train_local(job, tmp_path / "again")
+    np.testing.assert_array_equal(again.worker_return["probe"], res.worker_return["probe"])
+
+
+def test_local_run_killed_after_first_checkpoint_resumes(smoke_bandit, tmp_path, monkeypatch
+                                                        ) -> None:
+    _, ds = smoke_bandit
+    cfg = make_config("smoke", "bandit", overrides=[
+        "train.num_workers=0", "train.epochs=3", "train.checkpoint_every=1",
+        f"out_dir={tmp_path}"])
+    monkeypatch.setenv(FAULT_ENV, "1")
+    with pytest.raises(RuntimeError, match="injected training fault"):
+        pretrain(cfg, "dpt", 0, ds)
+    job, run_dir = plan_job(cfg, "dpt", 0, ds)
+    assert [p.name for p in (run_dir / "local").glob("epoch-*")] == ["epoch-0000"]
+    final = pretrain(cfg, "dpt", 0, ds)  # the re-run resumes from epoch 0's checkpoint
+    assert ckpt.read_meta(final)["epoch"] == 2
+    assert isinstance(DptModel.from_checkpoint(final), DptModel)
+    assert pretrain(cfg, "dpt", 0, ds) == final  # a finished run is skipped
+
+
+@pytest.mark.ray
+def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path) -> None:
+    _, ds = smoke_bandit
+    cfg = make_config("smoke", "bandit", overrides=[
+        "train.num_workers=2", "train.worker_cpus=0.5", f"out_dir={tmp_path}"])
+    job, run_dir = plan_job(cfg, "spice", 0, ds)
+    res = train_with_ray(job, run_dir)
+    model = SpiceModel.from_checkpoint(res.final, expect_env=cfg.env)
+    np.testing.assert_allclose(probe_outputs(model, job), res.worker_return["probe"],
+                               rtol=0, atol=1e-6)
+    assert res.worker_return["metrics"]["epoch"] == cfg.train.epochs - 1
+
+
+@pytest.mark.ray
+def test_ray_worker_failure_resumes_from_checkpoint(smoke_bandit, tmp_path, monkeypatch) -> None:
+    _, ds = smoke_bandit
+    cfg = make_config("smoke", "bandit", overrides=[
+        "train.num_workers=1", "train.epochs=3", "train.checkpoint_every=1",
+        "train.max_failures=1", f"out_dir={tmp_path}"])
+    monkeypatch.setenv(FAULT_ENV, "1")  # the first attempt dies in epoch 1, after ckpt 0
+    job, run_dir = plan_job(cfg, "dpt", 0, ds)
+    res = train_with_ray(job, run_dir)
+    assert res.worker_return["metrics"]["start_epoch"] == 1.0  # resumed, not restarted
+    assert ckpt.read_meta(res.final)["epoch"] == 2
+    assert isinstance(DptModel.from_checkpoint(res.final), DptModel)
+
+
+def test_checkpoint_refuses_wrong_env_and_corruption(smoke_bandit, tmp_path) -> None:
+    cfg, ds = smoke_bandit
+    model = ckpt.build_model("spice", cfg, generator=torch.Generator().manual_seed(0))
+    path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "hash", epoch=0)
+    wide = make_config("smoke", "bandit", overrides=["env.num_arms=20"]).env
+    with pytest.raises(ckpt.CheckpointError, match="A=5 actions.*has A=20"):
+        SpiceModel.from_checkpoint(path, expect_env=wide)
+    with pytest.raises(ckpt.CheckpointError, match="holds a 'spice' model"):
+        DptModel.from_checkpoint(path)
+    weights = path / ckpt.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(ckpt.CheckpointError, match="weights.pt fails its SHA-256"):
+        SpiceModel.from_checkpoint(path)
+    with pytest.raises(ckpt.CheckpointError, match="is not a checkpoint"):
+        SpiceModel.from_checkpoint(tmp_path / "nothing")
+
+
+def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
+    cfg, _ = smoke_bandit
+    model = ckpt.build_model("dpt", cfg)
+    path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "hash", epoch=0)
+    # a pickled arbitrary object with a valid checksum is still refused by weights_only
+    torch.save({"evil": ckpt.CheckpointError("x")}, path / ckpt.WEIGHTS)
+    import json
+
+    meta = json.loads((path / ckpt.META).read_text())
+    meta["files"][ckpt.WEIGHTS] = ckpt._sha256(path / ckpt.WEIGHTS)
+    (path / ckpt.META).write_text(json.dumps(meta))
+    with pytest.raises(Exception, match="Weights only load failed|Unsupported global"):
+        DptModel.from_checkpoint(path)
