@@ -555,7 +555,7 @@ _ENV_DEFAULTS: dict[str, dict[str, Any]] = {
         "data": {"label": "weak-last", "num_eval_tasks": 100},
         "train": {"td_n": 5, "gamma": 0.95, "epochs": 50},
         "fusion": {"kernel": "rbf", "tau": 0.5, "target": "nstep", "td_n": 5, "gamma": 0.95},
-        "eval": {"num_tasks": 100, "online_horizon": 100},
+        "eval": {"num_tasks": 100, "online_horizon": 100, "dpt_sample": False},
     },
 }
 

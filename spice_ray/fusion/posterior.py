@@ -210,6 +210,12 @@ def nstep_targets(
 # ---- posterior ---------------------------------------------------------------------------
 
 
+def prior_variance(prior_std: Tensor, v_min: float) -> Tensor:
+    """v_pri = max(sigma_Q^2, v_min) from the ensemble's std (the floor of
+    :func:`gaussian_posterior`)."""
+    return prior_std.square().clamp_min(v_min)
+
+
 def gaussian_posterior(
     prior_mean: Tensor | float,
     prior_var: Tensor | float,
@@ -243,7 +249,7 @@ def gaussian_posterior(
     dtype = counts.dtype if counts.is_floating_point() else torch.get_default_dtype()
     device = counts.device
     prior_mean = torch.as_tensor(prior_mean, dtype=dtype, device=device)
-    v_pri = torch.as_tensor(prior_var, dtype=dtype, device=device).clamp_min(v_min)
+    v_pri = torch.as_tensor(prior_var, dtype=dtype, device=device).clamp_min(v_min)  # v_pri
     noise_var = torch.as_tensor(noise_var, dtype=dtype, device=device).clamp_min(NOISE_VAR_FLOOR)
     counts = counts.to(dtype)
     precision = 1.0 / v_pri + counts / noise_var

@@ -1,0 +1,303 @@
+"""Evaluation over tasks: one shard in-process (:func:`evaluate_tasks`), or fanned out over Ray
+actors (:func:`evaluate_parallel`) with shard retries when an actor dies.
+
+Each :class:`EvalActor` loads the checkpoint once (a path read by
+``spice_ray.train.checkpoint.load_model``, or an in-memory payload from :func:`model_payload`)
+and evaluates whole shards of tasks for a list of :class:`ControllerSpec`. The driver splits the
+N tasks into one shard per actor; if an actor dies (``ray.exceptions.RayActorError``) its shard
+is rerun on a fresh actor, and the gathered table is checked: every key once, every task in
+every (method, controller, config, metric) group, the same x values for every task.
+
+Actors reserve ``EvalConfig.actor_cpus`` (fractional, RAY_NOTES.md) and
+``EvalConfig.actor_gpus`` and run torch on one thread. Ray is imported lazily, so the in-process
+path works without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from spice_ray.config import EnvConfig, EvalConfig, FusionConfig
+from spice_ray.evaluate.calibration import calibration_rows
+from spice_ray.evaluate.controllers import ControllerSpec
+from spice_ray.evaluate.rollout import (
+    KEY_COLUMNS,
+    bandit_offline_rows,
+    bandit_online_rows,
+    concat_rows,
+    darkroom_online_rows,
+    duplicate_keys,
+    offline_context_lengths,
+)
+from spice_ray.model.dpt import DptModel
+from spice_ray.model.spice import SpiceModel
+from spice_ray.model.trunk import TrunkModel
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("offline", "online", "robustness", "calibration")
+"""offline / robustness / calibration are bandit-only; darkroom has online only."""
+MODEL_CLASSES: dict[str, type[TrunkModel]] = {"spice": SpiceModel, "dpt": DptModel}
+ModelSource = str | os.PathLike | Mapping[str, Any]
+"""A checkpoint directory/path, or a payload {"spec": model.spec(), "state_dict": ...}."""
+
+
+# ---- models ------------------------------------------------------------------------------
+
+
+def model_payload(model: TrunkModel) -> dict[str, Any]:
+    """An in-memory checkpoint: the architecture spec and CPU weights (buffers included)."""
+    return {"spec": model.spec(),
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+
+
+def build_model(source: ModelSource, expect_env: EnvConfig | None = None) -> TrunkModel:
+    """Rebuild a model from a payload, or load a checkpoint path (``train.checkpoint``).
+
+    Raises:
+        ValueError: the payload's kind is unknown or its action / state sizes differ from
+            ``expect_env``'s.
+    """
+    if not isinstance(source, Mapping):
+        from spice_ray.train.checkpoint import load_model  # written alongside; import late
+
+        return load_model(Path(source), expect_env=expect_env)
+    spec = source["spec"]
+    cls = MODEL_CLASSES.get(spec.get("kind", ""))
+    if cls is None:
+        raise ValueError(f"model kind {spec.get('kind')!r} is invalid: one of "
+                         f"{', '.join(MODEL_CLASSES)}")
+    if expect_env is not None and (spec["num_actions"], spec["state_dim"]) != (
+            expect_env.num_actions, expect_env.state_dim):
+        raise ValueError(f"model has {spec['num_actions']} actions and state dim "
+                         f"{spec['state_dim']}; env {expect_env.name} needs "
+                         f"{expect_env.num_actions} and {expect_env.state_dim}")
+    model = cls.from_spec(spec)
+    model.load_state_dict(source["state_dict"])
+    return model.eval()
+
+
+# ---- one shard ---------------------------------------------------------------------------
+
+
+def evaluate_tasks(
+    env: EnvConfig,
+    eval_cfg: EvalConfig,
+    data: Mapping[str, np.ndarray],
+    specs: Sequence[ControllerSpec],
+    model: TrunkModel | None = None,
+    protocols: Sequence[str] = ("offline", "online"),
+    seed: int = 0,
+    calibration_fusion: FusionConfig | None = None,
+) -> pd.DataFrame:
+    """Run the requested protocols on B tasks in this process; tidy rows.
+
+    Args:
+        env: environment config.
+        eval_cfg: evaluation protocol settings.
+        data: eval-split columns of the B tasks (task_id and the env's columns).
+        specs: controllers to evaluate (those without a rule for a protocol are skipped there).
+        model: the checkpoint the learned specs use.
+        protocols: subset of :data:`PROTOCOLS`. "online": cumulative-regret curves at
+            ``env.sigma``; "robustness": final regret at each ``eval_cfg.robustness_sigmas``
+            (a sigma in both runs once).
+        seed: the checkpoint's training seed, written to every row.
+        calibration_fusion: noise_var / v_min of the calibration rows (default: the first
+            spice spec's fusion config, else FusionConfig()).
+    """
+    unknown = set(protocols) - set(PROTOCOLS)
+    if unknown:
+        raise ValueError(f"protocols {sorted(unknown)} are invalid: from {', '.join(PROTOCOLS)}")
+    if env.name == "darkroom":
+        if set(protocols) - {"online"}:
+            raise ValueError(f"darkroom has only the online protocol, got {list(protocols)}")
+        return darkroom_online_rows(env, eval_cfg, data, specs, model, seed)
+    frames = []
+    if "offline" in protocols:
+        frames.append(bandit_offline_rows(env, eval_cfg, data, specs, model, seed))
+    curves = [env.sigma] if "online" in protocols else []
+    finals = list(eval_cfg.robustness_sigmas) if "robustness" in protocols else []
+    if curves or finals:
+        frames.append(bandit_online_rows(env, eval_cfg, data, specs, model, seed, curves,
+                                         finals))
+    if "calibration" in protocols:
+        if model is None:
+            raise ValueError("the calibration protocol needs a SpiceModel")
+        fusion = calibration_fusion or next(
+            (s.fusion for s in specs if s.method == "spice"), FusionConfig())
+        hs = offline_context_lengths(np.asarray(data["actions"]).shape[1],
+                                     eval_cfg.offline_points)
+        frames.append(calibration_rows(model, data, fusion, hs, seed=seed, env=env.name))
+    return concat_rows(frames)
+
+
+def check_rows(df: pd.DataFrame, task_ids: np.ndarray) -> None:
+    """Refuse a result table with lost or duplicated rows.
+
+    Checks: no key (:data:`KEY_COLUMNS`) twice; every (env, method, controller, config, seed,
+    metric) group holds exactly ``task_ids``, each with the same number of x values.
+
+    Raises:
+        RuntimeError: naming the first problem found.
+    """
+    dups = duplicate_keys(df)
+    if len(dups):
+        raise RuntimeError(f"{len(dups)} duplicated result rows, e.g.\n{dups.head()}")
+    expected = np.unique(np.asarray(task_ids, dtype=np.int64))
+    group_cols = [c for c in KEY_COLUMNS if c not in ("task_id", "x")]
+    per_task = df.groupby(group_cols + ["task_id"], sort=True).size()  # rows per task
+    for key, counts in per_task.groupby(level=list(range(len(group_cols)))):
+        tasks = counts.index.get_level_values("task_id").to_numpy()
+        if len(tasks) != len(expected) or not np.array_equal(np.sort(tasks), expected):
+            missing = np.setdiff1d(expected, tasks)
+            raise RuntimeError(f"group {key}: tasks {missing[:10]} missing "
+                               f"({len(tasks)} of {len(expected)} present)")
+        if counts.nunique() != 1:
+            raise RuntimeError(f"group {key}: tasks have different numbers of rows "
+                               f"({counts.min()}..{counts.max()})")
+
+
+# ---- Ray actors --------------------------------------------------------------------------
+
+
+class EvalActor:
+    """Loads a checkpoint once and evaluates shards of tasks (wrap with ``ray.remote``).
+
+    Args:
+        model_source: checkpoint path or :func:`model_payload` dict (an ObjectRef to one is
+            resolved by Ray); None for baselines only.
+        env: environment config (checked against the checkpoint).
+        eval_cfg: evaluation settings; ``actor_gpus`` > 0 puts the model on CUDA if present.
+        fail_once_marker: fault injection for tests: the first actor to create this file
+            (atomically) exits the process at the start of its first shard; later actors see
+            the file and run normally.
+    """
+
+    def __init__(self, model_source: ModelSource | None, env: EnvConfig, eval_cfg: EvalConfig,
+                 fail_once_marker: str | None = None) -> None:
+        torch.set_num_threads(1)  # fractional CPUs: one thread per actor (RAY_NOTES.md)
+        self.env = env
+        self.eval_cfg = eval_cfg
+        self.fail_once_marker = fail_once_marker
+        use_cuda = eval_cfg.actor_gpus > 0 and torch.cuda.is_available()
+        self.device = torch.device("cuda" if use_cuda else "cpu")
+        self.model = None
+        if model_source is not None:
+            self.model = build_model(model_source, env).to(self.device)
+
+    def _maybe_fail(self) -> None:
+        if self.fail_once_marker is None:
+            return
+        try:
+            fd = os.open(self.fail_once_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        os._exit(1)  # simulate a crashed worker: no exception, no cleanup
+
+    def evaluate(self, data: Mapping[str, np.ndarray], specs: Sequence[ControllerSpec],
+                 protocols: Sequence[str], seed: int) -> pd.DataFrame:
+        """:func:`evaluate_tasks` on one shard; tidy rows."""
+        self._maybe_fail()
+        return evaluate_tasks(self.env, self.eval_cfg, data, specs, self.model, protocols, seed)
+
+    def pid(self) -> int:
+        """The actor's process id (for tests)."""
+        return os.getpid()
+
+
+def evaluate_parallel(
+    model_source: ModelSource | None,
+    env: EnvConfig,
+    eval_cfg: EvalConfig,
+    data: Mapping[str, np.ndarray],
+    specs: Sequence[ControllerSpec],
+    protocols: Sequence[str] = ("offline", "online"),
+    seed: int = 0,
+    num_actors: int | None = None,
+    max_retries: int = 2,
+    fail_once_marker: str | None = None,
+) -> pd.DataFrame:
+    """Split the tasks over M actors, gather their rows, rerun shards whose actor died.
+
+    Needs a running Ray (``ray.init``). Each actor reserves ``eval_cfg.actor_cpus`` CPUs and
+    ``eval_cfg.actor_gpus`` GPUs.
+
+    Args:
+        model_source: checkpoint path or :func:`model_payload` dict (put in the object store
+            once), or None for baselines only.
+        env: environment config.
+        eval_cfg: evaluation settings (num_actors, actor_cpus, actor_gpus, ...).
+        data: eval-split columns of all N tasks (each array [N, ...], with task_id).
+        specs: controllers.
+        protocols: see :func:`evaluate_tasks`.
+        seed: the checkpoint's training seed, written to every row.
+        num_actors: M (default ``eval_cfg.num_actors``), at most N.
+        max_retries: reruns allowed per shard after its actor died.
+        fail_once_marker: fault injection, see :class:`EvalActor`.
+
+    Returns:
+        The rows of all shards, checked by :func:`check_rows`.
+
+    Raises:
+        RuntimeError: a shard's actor died more than ``max_retries`` times, or rows were lost
+            or duplicated.
+    """
+    import ray
+    from ray.exceptions import RayActorError
+
+    task_ids = np.asarray(data["task_id"])
+    n = len(task_ids)
+    m = max(1, min(num_actors or eval_cfg.num_actors, n))
+    shards = [idx for idx in np.array_split(np.arange(n), m) if len(idx)]
+    shard_data = [{k: np.asarray(v)[idx] for k, v in data.items()} for idx in shards]
+    source = ray.put(dict(model_source)) if isinstance(model_source, Mapping) else model_source
+    options: dict[str, Any] = {"num_cpus": eval_cfg.actor_cpus, "max_restarts": 0,
+                               "max_task_retries": 0}
+    if eval_cfg.actor_gpus > 0:
+        options["num_gpus"] = eval_cfg.actor_gpus
+    actor_cls = ray.remote(EvalActor).options(**options)
+
+    def submit(i: int) -> tuple[Any, Any]:
+        actor = actor_cls.remote(source, env, eval_cfg, fail_once_marker)
+        return actor.evaluate.remote(shard_data[i], list(specs), list(protocols), seed), actor
+
+    pending: dict[Any, tuple[int, Any]] = {}
+    for i in range(len(shards)):
+        ref, actor = submit(i)
+        pending[ref] = (i, actor)
+    results: dict[int, pd.DataFrame] = {}
+    retries = [0] * len(shards)
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            i, actor = pending.pop(done[0])
+            try:
+                results[i] = ray.get(done[0])
+            except RayActorError as exc:
+                retries[i] += 1
+                if retries[i] > max_retries:
+                    raise RuntimeError(f"shard {i} ({len(shards[i])} tasks): its actor died "
+                                       f"{retries[i]} times") from exc
+                log.warning("actor of shard %d died (%s); rerunning it on a fresh actor "
+                            "(retry %d of %d)", i, type(exc).__name__, retries[i], max_retries)
+                ray.kill(actor, no_restart=True)
+                ref, actor = submit(i)
+                pending[ref] = (i, actor)
+                continue
+            ray.kill(actor, no_restart=True)  # one shard per actor: free its CPUs now
+    finally:
+        for _, actor in pending.values():
+            ray.kill(actor, no_restart=True)
+    df = concat_rows(results[i] for i in range(len(shards)))
+    check_rows(df, task_ids)
+    return df

@@ -1,0 +1,60 @@
+"""Query result tables from the shell.
+
+    python -m spice_ray.results RUN_DIR                         # list experiments
+    python -m spice_ray.results RUN_DIR bandit_online --by method \
+        --where "metric == 'cumulative_regret' and x == 499"
+    python -m spice_ray.results RUN_DIR bandit_offline --by method,x --format csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pandas as pd
+
+from spice_ray.results.tables import EXPERIMENTS, ResultsError, list_experiments, load, summarise
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m spice_ray.results", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir")
+    p.add_argument("experiment", nargs="?")
+    p.add_argument("--by", default=None,
+                   help="comma-separated grouping columns (default: all but seed and task_id)")
+    p.add_argument("--where", default=None, help="pandas query expression to filter rows")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--raw", action="store_true", help="print rows instead of summaries")
+    args = p.parse_args(argv)
+    try:
+        if args.experiment is None:
+            for name in list_experiments(args.run_dir):
+                print(f"{name:22s} {EXPERIMENTS.get(name, '')}")
+            return 0
+        df = load(args.run_dir, args.experiment)
+        if args.where:
+            try:
+                df = df.query(args.where, engine="python")
+            except Exception as exc:  # pandas raises many types for a bad expression
+                raise ResultsError(f"--where {args.where!r}: {exc}") from exc
+        if df.empty:
+            print("no rows match", file=sys.stderr)
+            return 1
+        out = df if args.raw else summarise(df, args.by.split(",") if args.by else None)
+    except ResultsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "csv":
+        print(out.to_csv(index=False), end="")
+    elif args.format == "json":
+        print(out.to_json(orient="records", indent=1))
+    else:
+        with pd.option_context("display.max_rows", 500, "display.width", 200,
+                               "display.max_columns", 20):
+            print(out.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""report.md: every figure, the headline numbers (final regret and offline suboptimality,
+mean +- SEM over tasks after averaging seeds per task) and the config that produced them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from spice_ray.results.tables import EXPERIMENTS, list_experiments, load, summarise
+
+
+def _fmt(mean: float, sem: float) -> str:
+    return f"{mean:.3g} +- {sem:.2g}" if pd.notna(sem) else f"{mean:.3g}"
+
+
+def _label(row: pd.Series) -> str:
+    label = row["method"]
+    if row.get("variant"):
+        label += f" [{row['variant']}]"
+    cfg = json.loads(row["config"]) if row.get("config") else {}
+    extra = {k: cfg[k] for k in ("beta", "beta_schedule") if k in cfg}
+    if extra:
+        label += " (" + ", ".join(f"{k}={v}" for k, v in extra.items()) + ")"
+    return label
+
+
+def final_regret_table(df: pd.DataFrame, metric: str = "cumulative_regret") -> pd.DataFrame:
+    """Mean +- SEM of the last step's value per method/controller/config/variant."""
+    sub = df[df["metric"] == metric]
+    last = sub[sub["x"] == sub["x"].max()]
+    summ = summarise(last, ["method", "variant", "controller", "config"])
+    summ["label"] = summ.apply(_label, axis=1)
+    return summ.sort_values("mean")
+
+
+def offline_table(df: pd.DataFrame, hs: tuple[int, ...]) -> pd.DataFrame:
+    """Suboptimality mean +- SEM at the requested context lengths (nearest measured h)."""
+    sub = df[df["metric"] == "suboptimality"]
+    measured = sorted(sub["x"].unique())
+    picked = {h: min(measured, key=lambda m, h=h: abs(m - h)) for h in hs}
+    rows = []
+    summ = summarise(sub[sub["x"].isin(set(picked.values()))],
+                     ["method", "variant", "controller", "config", "x"])
+    summ["label"] = summ.apply(_label, axis=1)
+    for label, g in summ.groupby("label", sort=False):
+        row = {"method": label}
+        for m in picked.values():
+            r = g[g["x"] == m]
+            row[f"h={m}"] = _fmt(float(r["mean"].iloc[0]), float(r["sem"].iloc[0])) \
+                if len(r) else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: dict[str, str],
+                 notes: list[str] | None = None, horizon_points: tuple[int, ...] = (10, 50, 500)
+                 ) -> Path:
+    """Write ``<run_dir>/report.md`` and return its path."""
+    run_dir = Path(run_dir)
+    out = ["# spice-ray study report", ""]
+    out += [f"Run directory: `{run_dir.resolve()}`. Every number is mean +- SEM over evaluation "
+            "tasks after averaging training seeds per task; per-seed rows are in `results/`.",
+            ""]
+    for note in notes or []:
+        out += [f"- {note}"]
+    out += [""]
+    have = list_experiments(run_dir)
+    for exp in have:
+        df = load(run_dir, exp)
+        out += [f"## {exp}", "", EXPERIMENTS.get(exp, ""), ""]
+        metrics = set(df["metric"].unique())
+        if "suboptimality" in metrics:
+            out += ["Offline suboptimality (lower is better):", "",
+                    _md_table(offline_table(df, horizon_points)), ""]
+        for metric in ("cumulative_regret", "cumulative_return", "final_regret"):
+            if metric in metrics and exp != "calibration":
+                t = final_regret_table(df, metric)
+                if metric == "final_regret":
+                    t = t.assign(sigma=t["config"].map(lambda c: json.loads(c).get("sigma")))
+                    t = t.sort_values(["sigma", "mean"])
+                    shown = t[["label", "sigma", "mean", "sem", "n", "seeds"]]
+                else:
+                    shown = t[["label", "mean", "sem", "n", "seeds"]]
+                out += [f"Final {metric.replace('_', ' ')}:", "",
+                        _md_table(shown.round(4)), ""]
+        if exp == "calibration":
+            summ = summarise(df, ["metric", "x"])
+            wide = summ.pivot(index="x", columns="metric", values="mean").round(3)
+            out += ["Calibration by context length h (means over tasks):", "",
+                    _md_table(wide.reset_index()), ""]
+        for fig in figures.get(exp, []):
+            out += [f"![{exp}]({fig.relative_to(run_dir).as_posix()})", ""]
+    out += ["## Configs", ""]
+    for name, text in configs.items():
+        out += [f"### {name}", "", "```yaml", text.rstrip(), "```", ""]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(out))
+    return path

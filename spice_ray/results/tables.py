@@ -1,0 +1,142 @@
+"""The result-table schema, storage under ``<run_dir>/results/<experiment>.parquet``, and
+summaries (seeds averaged per task first, then mean +- SEM over tasks, the paper's way).
+
+Schema: one row per measured value (tidy).
+
+| column     | dtype   | meaning                                                            |
+|------------|---------|--------------------------------------------------------------------|
+| experiment | string  | named experiment (see EXPERIMENTS)                                 |
+| env        | string  | bandit or darkroom                                                 |
+| method     | string  | SPICE, DPT, AD-BC, Emp, UCB, LCB, TS, PPO, ...                     |
+| controller | string  | action rule (ucb, greedy, thompson, sample, ...)                   |
+| config     | string  | compact JSON of the settings that change the result (sigma, beta)  |
+| variant    | string  | model variant (e.g. the weight ablation "iw"), "" for the default   |
+| seed       | int64   | training seed of the checkpoint (baselines: paired with the seed)  |
+| task_id    | int64   | eval task                                                          |
+| metric     | string  | suboptimality, cumulative_regret, cumulative_return, coverage_90...|
+| x          | int64   | context length h (offline) or step t (online); -1 when unused      |
+| value      | float64 | the measurement                                                    |
+
+Each (experiment, env, method, controller, config, variant, seed, task_id, metric, x) key
+appears at most once; :func:`write` refuses duplicates.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ("experiment", "env", "method", "controller", "config", "variant", "seed", "task_id",
+           "metric", "x", "value")
+KEY = COLUMNS[:-1]
+DTYPES = {"experiment": "string", "env": "string", "method": "string", "controller": "string",
+          "config": "string", "variant": "string", "seed": "int64", "task_id": "int64",
+          "metric": "string", "x": "int64", "value": "float64"}
+
+EXPERIMENTS = {
+    "bandit_offline": "bandit A=5 weak labels: offline suboptimality vs context length h",
+    "bandit_online": "bandit A=5 weak labels: online cumulative regret",
+    "bandit_robustness": "bandit A=5: final online regret vs test-time sigma",
+    "bandit20_offline": "bandit A=20 weakmix80: offline suboptimality vs h",
+    "bandit20_online": "bandit A=20 weakmix80: online cumulative regret",
+    "bandit20_robustness": "bandit A=20 weakmix80: final online regret vs sigma",
+    "darkroom_online": "darkroom weak-last: online cumulative regret and return",
+    "darkroom_weights": "darkroom: SPICE weight ablation (none / iw / adv / epi / all)",
+    "calibration": "bandit A=5: ensemble prior coverage, pseudo-counts, warm-start term",
+}
+
+
+class ResultsError(ValueError):
+    """A result table is missing or malformed."""
+
+
+def results_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "results"
+
+
+def table_path(run_dir: str | Path, experiment: str) -> Path:
+    return results_dir(run_dir) / f"{experiment}.parquet"
+
+
+def conform(df: pd.DataFrame, experiment: str | None = None) -> pd.DataFrame:
+    """Add defaults for optional columns, order and type them, and check the key is unique."""
+    df = df.copy()
+    if experiment is not None:
+        df["experiment"] = experiment
+    defaults = {"variant": "", "config": "{}", "controller": "", "x": -1, "seed": -1}
+    for col, default in defaults.items():
+        if col not in df.columns:
+            df[col] = default
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ResultsError(f"result rows lack columns {missing}")
+    df = df[list(COLUMNS)].astype(DTYPES)
+    dup = df.duplicated(list(KEY), keep=False)
+    if dup.any():
+        example = df[dup].head(3).to_dict("records")
+        raise ResultsError(f"{int(dup.sum())} result rows share a key, e.g. {example}")
+    return df.reset_index(drop=True)
+
+
+def write(run_dir: str | Path, experiment: str, df: pd.DataFrame) -> Path:
+    """Write one experiment's table atomically; returns its path."""
+    path = table_path(run_dir, experiment)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    conform(df, experiment).to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+def list_experiments(run_dir: str | Path) -> list[str]:
+    """Experiments with a table in ``run_dir``."""
+    return sorted(p.stem for p in results_dir(run_dir).glob("*.parquet"))
+
+
+def load(run_dir: str | Path, experiment: str | None = None) -> pd.DataFrame:
+    """One experiment's table (or all of them concatenated when ``experiment`` is None)."""
+    names = [experiment] if experiment else list_experiments(run_dir)
+    if not names:
+        raise ResultsError(f"no result tables under {results_dir(run_dir)}")
+    frames = []
+    for name in names:
+        path = table_path(run_dir, name)
+        if not path.exists():
+            have = ", ".join(list_experiments(run_dir)) or "none"
+            raise ResultsError(f"{path} does not exist; experiments in {run_dir}: {have}")
+        frames.append(pd.read_parquet(path))
+    return pd.concat(frames, ignore_index=True).astype(DTYPES)
+
+
+def task_means(df: pd.DataFrame) -> pd.DataFrame:
+    """Average over training seeds per task (the paper's first step)."""
+    keys = [c for c in KEY if c != "seed"]
+    return df.groupby(keys, dropna=False, observed=True)["value"].mean().reset_index()
+
+
+def summarise(df: pd.DataFrame, by: list[str] | tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Mean, SEM and n over tasks, after averaging seeds per task.
+
+    Args:
+        by: grouping columns (default: every key column except seed and task_id).
+
+    Returns:
+        One row per group with columns ``mean``, ``sem``, ``n`` (tasks) and ``seeds``.
+    """
+    seeds = df.groupby([c for c in KEY if c not in ("seed",)], dropna=False,
+                       observed=True)["seed"].nunique().rename("seeds").reset_index()
+    per_task = task_means(df).merge(seeds, how="left")
+    if by is None:
+        by = [c for c in KEY if c not in ("seed", "task_id")]
+    by = list(by)
+    unknown = [c for c in by if c not in per_task.columns]
+    if unknown:
+        raise ResultsError(f"cannot group by {unknown}; columns are {list(per_task.columns)}")
+    g = per_task.groupby(by, dropna=False, observed=True)
+    out = g["value"].agg(mean="mean", std="std", n="count").reset_index()
+    out["sem"] = out["std"] / np.sqrt(out["n"].clip(lower=1))
+    out["seeds"] = g["seeds"].max().to_numpy()
+    return out.drop(columns="std")[[*by, "mean", "sem", "n", "seeds"]]

@@ -1,0 +1,349 @@
+"""Evaluation: controllers, cached == uncached rollouts, protocols, calibration (no Ray)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from spice_ray.baselines import UCB, EmpiricalMean, cumulative_regret, run_online_bandit
+from spice_ray.config import EvalConfig, FusionConfig, make_config
+from spice_ray.data.behaviour import generate_tasks
+from spice_ray.envs import darkroom
+from spice_ray.evaluate import (
+    ROW_COLUMNS,
+    ContextRunner,
+    ControllerSpec,
+    DarkroomOracle,
+    PolicyController,
+    SpiceController,
+    bandit_offline_rows,
+    bandit_online_rows,
+    calibration_rows,
+    calibration_stats,
+    darkroom_online_rows,
+    offline_context_lengths,
+    online_noise,
+    run_online_darkroom,
+    write_rows,
+)
+from spice_ray.evaluate.actors import check_rows, evaluate_tasks
+from spice_ray.evaluate.rollout import (
+    KEY_COLUMNS,
+    bandit_tasks,
+    darkroom_tasks,
+    sequence_outputs,
+    spice_offline_picks,
+)
+from spice_ray.model import DptModel, SpiceModel, make_tokens
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny ops run fastest on one thread, and do not stall when the 2 CPUs are shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+BANDIT = make_config("smoke", "bandit")
+DARK = make_config("smoke", "darkroom")
+
+
+def _data(cfg, n: int = 8) -> dict[str, np.ndarray]:
+    return generate_tasks(cfg.env, cfg.data, "eval", np.arange(n))
+
+
+def _model(cfg, cls=SpiceModel, seed: int = 0, max_len: int | None = None,
+           dtype: torch.dtype = torch.float32):
+    env = cfg.env
+    m = cls(cfg.model, env.num_actions, env.state_dim, max_len or env.horizon + 1,
+            generator=torch.Generator().manual_seed(seed))
+    return m.to(dtype).eval()
+
+
+def _bandit_run(controller, data, sigma: float = 0.3, horizon: int = 24, seed: int = 0):
+    noise = online_noise(1234, data["task_id"], horizon)
+    return run_online_bandit(controller, np.asarray(data["means"], np.float64), sigma, noise,
+                             torch.Generator().manual_seed(seed))
+
+
+# ---- inputs and rows ---------------------------------------------------------------------
+
+
+def test_offline_context_lengths() -> None:
+    hs = offline_context_lengths(500, 25)
+    assert len(hs) >= 20 and np.all(np.diff(hs) > 0)
+    assert {1, 10, 50, 500} <= set(hs.tolist())
+    small = offline_context_lengths(24, 20)
+    assert len(small) >= 20 and small[0] == 1 and small[-1] == 24 and {10} <= set(small)
+    assert offline_context_lengths(5, 20).tolist() == [1, 2, 3, 4, 5]
+
+
+def test_online_noise_is_per_task_and_step() -> None:
+    ids = np.arange(10, 20)
+    full = online_noise(7, ids, 30)
+    np.testing.assert_array_equal(online_noise(7, ids[3:6], 30), full[3:6])  # any sharding
+    np.testing.assert_array_equal(online_noise(7, ids, 12), full[:, :12])  # any horizon
+    assert not np.allclose(online_noise(8, ids, 30), full)
+
+
+def test_rows_schema_and_parquet_round_trip(tmp_path) -> None:
+    data = _data(BANDIT)
+    df = bandit_online_rows(BANDIT.env, BANDIT.eval, data, [ControllerSpec("ucb")])
+    assert tuple(df.columns) == ROW_COLUMNS
+    assert len(df) == 8 * BANDIT.eval.online_horizon
+    assert df[["seed", "task_id", "x"]].dtypes.eq(np.int64).all()
+    assert json.loads(df["config"].iloc[0]) == {"c": 1.0, "sigma": 0.3}
+    back = pd.read_parquet(write_rows(df, tmp_path / "r" / "rows.parquet"))
+    pd.testing.assert_frame_equal(back, df)
+    check_rows(df, data["task_id"])
+    with pytest.raises(RuntimeError, match="duplicated"):
+        check_rows(pd.concat([df, df.iloc[:1]]), data["task_id"])
+    with pytest.raises(RuntimeError, match="missing"):
+        check_rows(df[df.task_id != 3], data["task_id"])
+
+
+# ---- cached == uncached ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_dpt_cached_rollout_equals_uncached(sample: bool) -> None:
+    data = _data(BANDIT)
+    model = _model(BANDIT, DptModel, dtype=torch.float64)  # float64: no rounding near ties
+    runs = [_bandit_run(PolicyController(model, "bandit", sample, use_cache=c), data)
+            for c in (True, False)]
+    np.testing.assert_array_equal(runs[0][0].numpy(), runs[1][0].numpy())
+    np.testing.assert_array_equal(runs[0][1].numpy(), runs[1][1].numpy())
+    assert len(np.unique(runs[0][0].numpy())) > 1
+
+
+@pytest.mark.parametrize("fusion", [
+    FusionConfig(),
+    FusionConfig(kernel="rbf", tau=0.5, target="nstep", td_n=3, gamma=0.9),
+    FusionConfig(controller="thompson", beta_schedule="sqrt2logt"),
+])
+def test_spice_cached_rollout_equals_uncached(fusion: FusionConfig) -> None:
+    data = _data(BANDIT)
+    model = _model(BANDIT, dtype=torch.float64)
+    runs = [_bandit_run(SpiceController(model, fusion, "bandit", use_cache=c), data)[0]
+            for c in (True, False)]
+    np.testing.assert_array_equal(runs[0].numpy(), runs[1].numpy())
+
+
+def test_darkroom_runner_matches_full_forward() -> None:
+    """Each step's outputs == the model's forward on [current state; context so far]."""
+    data = _data(DARK, 4)
+    model = _model(DARK, dtype=torch.float64)
+    tasks = darkroom_tasks(data, DARK.env.grid_size)
+    runner = ContextRunner(model, "darkroom", keep_latents=True, keep_prior_means=True)
+    runner.reset(4)
+    rng = np.random.default_rng(0)
+    states = darkroom.reset(tasks)
+    hist_s, hist_a, hist_r = [], [], []
+    for _ in range(6):
+        view = runner.view(torch.from_numpy(states))
+        T = len(hist_a)
+        batch = {"states": np.stack(hist_s + [states], 1), "query_state": states,
+                 "actions": np.array(hist_a, np.int64).reshape(T, 4).T,
+                 "rewards": np.array(hist_r).reshape(T, 4).T, "label": np.zeros(4, np.int64)}
+        ref = model(make_tokens(batch, "darkroom", 5, dtype=torch.float64))
+        torch.testing.assert_close(view.head.prior_mean, ref.prior_mean[:, -1])
+        torch.testing.assert_close(view.latents, ref.latent)
+        torch.testing.assert_close(view.prior_means, ref.prior_mean[:, 1:])
+        a = rng.integers(0, 5, 4)
+        nxt, r = darkroom.step(tasks, states, a)
+        runner.append(torch.from_numpy(states), torch.from_numpy(a), torch.from_numpy(r),
+                      torch.from_numpy(nxt))
+        hist_s.append(states)
+        hist_a.append(a)
+        hist_r.append(r)
+        states = nxt
+
+
+# ---- controllers and protocols -----------------------------------------------------------
+
+
+def test_common_random_numbers() -> None:
+    data = _data(BANDIT)
+    model = _model(BANDIT, DptModel)
+    a1, r1 = _bandit_run(PolicyController(model, "bandit", False, use_cache=True), data)
+    a2, r2 = _bandit_run(PolicyController(model, "bandit", False, use_cache=False), data)
+    np.testing.assert_array_equal(a1, a2)
+    np.testing.assert_array_equal(r1, r2)  # same actions, same rewards
+    a3, r3 = _bandit_run(UCB(1.0), data)
+    a4, r4 = _bandit_run(EmpiricalMean(), data)
+    same = (a3 == a4).numpy()
+    assert same.any() and not same.all()
+    np.testing.assert_array_equal(r3.numpy()[same], r4.numpy()[same])  # per (task, step)
+
+
+def test_spice_with_flat_prior_is_ucb() -> None:
+    """A constant prior with huge variance (N_pri -> 0) and beta = c / sigma gives UCB(c)."""
+    data = _data(BANDIT, 16)
+    model = _model(BANDIT)
+    with torch.no_grad():  # every head outputs 0: prior mean 0, std 0, floored at v_min
+        model.ensemble.prior_scale = 0.0
+        w, b = model.ensemble.f.layer(model.ensemble.f.num_layers - 1)
+        w.zero_()
+        b.zero_()
+    fusion = FusionConfig(v_min=1e12, noise_var=0.09, beta=1.0 / 0.3)
+    spice, _ = _bandit_run(SpiceController(model, fusion, "bandit"), data)
+    ucb, _ = _bandit_run(UCB(1.0), data)
+    np.testing.assert_array_equal(spice.numpy(), ucb.numpy())
+
+
+def test_no_nan_at_sigma_zero() -> None:
+    data = _data(BANDIT)
+    model = _model(BANDIT)
+    specs = [ControllerSpec("spice", FusionConfig()),
+             ControllerSpec("spice", FusionConfig(noise_var=0.0, controller="thompson")),
+             ControllerSpec("dpt"), ControllerSpec("ts"), ControllerSpec("ucb"),
+             ControllerSpec("emp")]
+    df = bandit_online_rows(BANDIT.env, BANDIT.eval, data, specs, model, sigmas=[0.0])
+    assert len(df) == len(specs) * 8 * 24
+    assert np.isfinite(df["value"]).all() and (df["value"] >= -1e-12).all()
+
+
+def test_darkroom_oracle_has_zero_regret() -> None:
+    data = _data(DARK, 16)
+    tasks = darkroom_tasks(data, DARK.env.grid_size)
+    for episodes in (1, 2):
+        cfg = EvalConfig(num_tasks=16, online_horizon=20, episodes=episodes)
+        df = darkroom_online_rows(DARK.env, cfg, data, [ControllerSpec("optimal")])
+        regret = df[df.metric == "cumulative_regret"]
+        assert len(regret) == 16 * 20 * episodes and (regret["value"] == 0).all()
+        ret = df[(df.metric == "cumulative_return") & (df.x == 20 * episodes)]
+        ret = ret.sort_values("task_id")
+        best = darkroom.optimal_rewards(tasks, 20).sum(1) * episodes
+        np.testing.assert_array_equal(ret["value"].to_numpy(), best)
+    _, rewards = run_online_darkroom(DarkroomOracle(tasks), tasks, 20)
+    np.testing.assert_array_equal(rewards, darkroom.optimal_rewards(tasks, 20))
+
+
+def test_darkroom_learned_controllers_run_and_add_up() -> None:
+    """cumulative regret + return == the optimal cumulative return, also past the model's window."""
+    data = _data(DARK, 6)
+    model = _model(DARK)
+    cfg = EvalConfig(num_tasks=6, online_horizon=20, episodes=2)  # 40 steps > max_len - 1
+    specs = [ControllerSpec("spice", DARK.fusion),
+             ControllerSpec("spice", FusionConfig(kernel="cosine", kernel_space="state")),
+             ControllerSpec("dpt", sample=False), ControllerSpec("ad-bc", sample=True)]
+    df = darkroom_online_rows(DARK.env, cfg, data, specs, model, seed=3)
+    check_rows(df, data["task_id"])
+    assert np.isfinite(df["value"]).all() and (df.seed == 3).all()
+    wide = df.pivot_table(index=["method", "controller", "config", "task_id", "x"],
+                          columns="metric", values="value")
+    best = np.cumsum(np.tile(darkroom.optimal_rewards(darkroom_tasks(data, 10), 20), 2), 1)
+    total = (wide["cumulative_regret"] + wide["cumulative_return"]).to_numpy().reshape(4, 6, 40)
+    np.testing.assert_allclose(total, np.broadcast_to(best, (4, 6, 40)))
+
+
+def test_offline_curve_has_at_least_20_points() -> None:
+    data = _data(BANDIT)
+    model = _model(BANDIT)
+    specs = [ControllerSpec("spice"), ControllerSpec("spice", FusionConfig(beta=2.0)),
+             ControllerSpec("dpt"), ControllerSpec("emp"), ControllerSpec("lcb"),
+             ControllerSpec("ts"), ControllerSpec("ucb")]
+    df = bandit_offline_rows(BANDIT.env, BANDIT.eval, data, specs, model)
+    assert set(df.method) == {"SPICE", "DPT", "Emp", "LCB", "TS"}  # ucb has no offline pick
+    assert (df.groupby(["method", "task_id"])["x"].nunique() >= 20).all()
+    assert df["value"].between(0, 1).all()
+    assert df[["method", "controller"]].drop_duplicates().shape[0] == 5  # beta: one curve
+
+
+@pytest.mark.parametrize("fusion", [
+    FusionConfig(),
+    FusionConfig(target="nstep", td_n=3, gamma=0.9),
+    FusionConfig(kernel="rbf", tau=1.0),
+])
+def test_offline_picks_equal_online_posterior_on_the_same_context(fusion) -> None:
+    """The vectorised offline posterior at h == the online controller's after h transitions."""
+    data = _data(BANDIT, 6)
+    model = _model(BANDIT, dtype=torch.float64)
+    actions = torch.as_tensor(data["actions"].astype(np.int64))
+    rewards = torch.as_tensor(data["rewards"].astype(np.float64))
+    hs = np.array([0, 1, 5, 17, 24])
+    out = sequence_outputs(model, make_tokens(data, "bandit", 5, dtype=torch.float64), hs,
+                           keep_latents=True, keep_prior_means=True, batch_size=4)
+    offline = spice_offline_picks(ControllerSpec("spice", fusion), out, actions, rewards, hs, 5)
+    ctrl = SpiceController(model, fusion, "bandit")
+    ctrl.reset(6, 5)
+    for t in range(25):
+        if t in hs:
+            online = ctrl.posterior().mean.argmax(-1)
+            np.testing.assert_array_equal(online.numpy(), offline[:, list(hs).index(t)].numpy())
+        if t < 24:
+            ctrl.observe(actions[:, t], rewards[:, t])
+
+
+def test_general_fusion_path_matches_incremental() -> None:
+    """An RBF kernel with a huge bandwidth (all weights ~1) acts like the running counts."""
+    data = _data(BANDIT)
+    model = _model(BANDIT, dtype=torch.float64)
+    fast = SpiceController(model, FusionConfig(), "bandit")
+    slow = SpiceController(model, FusionConfig(kernel="rbf", tau=1e8), "bandit")
+    assert fast.incremental and not slow.incremental
+    np.testing.assert_array_equal(_bandit_run(fast, data)[0], _bandit_run(slow, data)[0])
+
+
+def test_evaluate_tasks_protocols_and_keys() -> None:
+    data = _data(BANDIT)
+    model = _model(BANDIT)
+    specs = [ControllerSpec("spice"), ControllerSpec("spice", use_cache=False),
+             ControllerSpec("ucb")]
+    df = evaluate_tasks(BANDIT.env, BANDIT.eval, data, specs, model,
+                        ("offline", "online", "robustness", "calibration"))
+    assert not df.duplicated(list(KEY_COLUMNS)).any()  # sigma 0.3 once; cached == uncached key
+    check_rows(df, data["task_id"])
+    def sigmas(metric: str) -> set[float]:
+        return {json.loads(c).get("sigma") for c in df[df.metric == metric].config}
+
+    assert sigmas("cumulative_regret") == {0.3} and sigmas("final_regret") == {0.0, 0.3, 0.5}
+    final = df[df.metric == "final_regret"]
+    assert (final.x == BANDIT.eval.online_horizon).all() and len(final) == 3 * 2 * 8
+    curve_end = df[(df.metric == "cumulative_regret") & (df.x == 24)]
+    np.testing.assert_array_equal(  # the sigma = 0.3 run is shared by curve and final rows
+        curve_end.sort_values(["method", "task_id"])["value"].to_numpy(),
+        final[final.config.str.contains('"sigma":0.3')].sort_values(["method", "task_id"])[
+            "value"].to_numpy())
+    with pytest.raises(ValueError, match="darkroom has only"):
+        evaluate_tasks(DARK.env, DARK.eval, _data(DARK), specs, None, ("offline",))
+
+
+def test_final_regret_of_baselines_matches_cumulative_regret() -> None:
+    data = _data(BANDIT)
+    df = bandit_online_rows(BANDIT.env, BANDIT.eval, data, [ControllerSpec("ucb")])
+    actions, _ = _bandit_run(UCB(1.0), data)
+    final = df[df.x == 24].sort_values("task_id")["value"].to_numpy()
+    np.testing.assert_allclose(final, cumulative_regret(bandit_tasks(data, 0.3).means,
+                                                        actions)[:, -1])
+
+
+# ---- calibration -------------------------------------------------------------------------
+
+
+def test_calibration_rows() -> None:
+    data = _data(BANDIT)
+    model = _model(BANDIT)
+    fusion = FusionConfig(v_min=1e-2, noise_var=0.09)
+    hs = offline_context_lengths(24, 20)
+    df = calibration_rows(model, data, fusion, hs, seed=1)
+    check_rows(df, data["task_id"])
+    cov = df[df.metric.str.startswith("coverage")]
+    assert cov["value"].between(0, 1).all()
+    wide = cov.pivot_table(index=["task_id", "x"], columns="metric", values="value")
+    assert (wide["coverage_50"] <= wide["coverage_90"]).all()
+    assert (wide["coverage_90"] <= wide["coverage_95"]).all()
+    # N_pri = sigma^2 / v_pri exactly, from an independent forward.
+    std = model(make_tokens(data, "bandit", 5)).prior_std.detach().double()[:, hs]  # (B, P, A)
+    expected = (0.09 / torch.clamp(std**2, min=1e-2)).numpy()
+    stats = calibration_stats(model, data, fusion, hs)
+    np.testing.assert_array_equal(stats.n_pri, expected)
+    got = df[df.metric == "n_pri_mean"].sort_values(["task_id", "x"])["value"].to_numpy()
+    np.testing.assert_array_equal(got, expected.mean(-1).reshape(-1))
+    assert (stats.warm_start >= 0).all() and (stats.warm_start_bound >= 0).all()
