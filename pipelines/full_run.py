@@ -1,14 +1,15 @@
 """The whole study, end to end, on an embedded local Ray (or a cluster with --address auto).
 
-    python pipelines/full_run.py                    # the `small` preset, a few minutes
-    python pipelines/full_run.py --preset paper --address auto
+    python pipelines/full_run.py                                # the `small` laptop preset
+    python pipelines/full_run.py --preset smoke --out /tmp/smoke
+    python pipelines/full_run.py --preset paper --address auto   # on `ray up cluster.yaml`
+    python pipelines/full_run.py --preset paper --dry-run        # print the plan only
 
-Stages: datasets (bandit A=5 weak labels, bandit A=20 weakmix80, darkroom weak-last). Each stage
-is skipped when its output directory already holds a complete, matching result, so an
-interrupted run resumes where it stopped.
-
-Status: only the dataset stage exists so far; pretraining, evaluation, tables, figures and the
-report are added by later stages of the project and will be chained here.
+Stages: datasets (Ray Data) -> pretraining SPICE and DPT per seed, plus the darkroom weight
+ablation (Ray Train) -> evaluation of every controller and baseline (Ray actors) -> result
+tables (results/*.parquet) -> figures (figures/*.png) -> report.md. Each stage is skipped when
+its output is complete and matches the config, so an interrupted run resumes where it stopped
+and a re-run does no work.
 """
 
 from __future__ import annotations
@@ -16,63 +17,40 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
-from pathlib import Path
 
-from spice_ray.cli import add_config_args, human_bytes, init_ray, setup_logging
-from spice_ray.config import ConfigError, RunConfig, make_config
-from spice_ray.stages import generate_stage
+from spice_ray.cli import add_config_args, init_ray, setup_logging
+from spice_ray.config import ConfigError
+from spice_ray.study import describe_plan, plan_study, run_study
 
 log = logging.getLogger("spice_ray.full_run")
-
-
-def experiment_configs(base_args: argparse.Namespace) -> dict[str, RunConfig]:
-    """The study's experiments, each a validated RunConfig (all built before any work)."""
-    out = {"out_dir": str(base_args.out or Path("runs") / base_args.preset)}
-    specs = {
-        "bandit": ("bandit", []),
-        "bandit20": ("bandit", ["env.num_arms=20", "data.label=weakmix80"]),
-        "darkroom": ("darkroom", []),
-    }
-    cfgs = {}
-    for name, (env, extra_sets) in specs.items():
-        try:
-            cfgs[name] = make_config(base_args.preset, env, yaml_path=base_args.config,
-                                     overrides=[*extra_sets, *base_args.overrides], extra=out)
-        except ConfigError as exc:
-            print(f"error: bad config for experiment {name}: {exc}", file=sys.stderr)
-            raise SystemExit(2) from exc
-    return cfgs
-
-
-def main(cfgs: dict[str, RunConfig]) -> Path:
-    """Run every stage that exists; returns the run directory."""
-    run_dir = Path(next(iter(cfgs.values())).out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for name, cfg in cfgs.items():
-        cfg.write(run_dir / "configs", f"{name}.yaml")
-    t0 = time.perf_counter()
-    for name, cfg in cfgs.items():
-        log.info("stage 1/1 datasets: %s", name)
-        report = generate_stage(cfg)
-        print(f"[datasets] {name}: {report.dataset_dir} "
-              f"({human_bytes(report.bytes_on_disk)}, {report.seconds:.1f} s)")
-    log.info("done in %.1f s", time.perf_counter() - t0)
-    return run_dir
 
 
 def cli(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser, env=False)
+    parser.add_argument("--experiments", default="bandit,bandit20,darkroom",
+                        help="comma-separated subset of bandit, bandit20, darkroom")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan (stages, resources, sizes, times) and exit")
     args = parser.parse_args(argv)
-    cfgs = experiment_configs(args)  # every config is valid before Ray starts
+    try:  # every experiment's config is valid before Ray starts
+        plan = plan_study(args.preset, args.out, args.config, args.overrides,
+                          tuple(e for e in args.experiments.split(",") if e))
+    except ConfigError as exc:
+        print(f"error: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    if args.dry_run:
+        print(describe_plan(plan))
+        return
     setup_logging()
     init_ray(args.address)
-    run_dir = main(cfgs)
-    print(f"run directory: {run_dir.resolve()}")
-    print("note: this version runs the dataset stage only; training, evaluation and figures "
-          "come in later releases")
+    report = run_study(plan)
+    figures = sorted((plan.run_dir / "figures").glob("*.png"))
+    print(f"\nreport:  {report.resolve()}")
+    print(f"figures: {(plan.run_dir / 'figures').resolve()} ({len(figures)} PNG files)")
+    print(f"tables:  {(plan.run_dir / 'results').resolve()} "
+          f"(query: python -m spice_ray.results {plan.run_dir})")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,10 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
                     shown = t[["label", "sigma", "mean", "sem", "n", "seeds"]]
                 else:
                     shown = t[["label", "mean", "sem", "n", "seeds"]]
-                out += [f"Final {metric.replace('_', ' ')}:", "",
+                title = {"cumulative_regret": "Final cumulative regret",
+                         "cumulative_return": "Final cumulative return",
+                         "final_regret": "Final regret by test-time sigma"}[metric]
+                out += [f"{title}:", "",
                         _md_table(shown.round(4)), ""]
         if exp == "calibration":
             summ = summarise(df, ["metric", "x"])

@@ -68,8 +68,7 @@ def conform(df: pd.DataFrame, experiment: str | None = None) -> pd.DataFrame:
         df["experiment"] = experiment
     defaults = {"variant": "", "config": "{}", "controller": "", "x": -1, "seed": -1}
     for col, default in defaults.items():
-        if col not in df.columns:
-            df[col] = default
+        df[col] = df[col].fillna(default) if col in df.columns else default
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ResultsError(f"result rows lack columns {missing}")
@@ -111,9 +110,14 @@ def load(run_dir: str | Path, experiment: str | None = None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).astype(DTYPES)
 
 
+def _keys(df: pd.DataFrame) -> list[str]:
+    """Key columns of ``df``: the schema's key plus any derived column (e.g. sigma)."""
+    return [c for c in df.columns if c not in ("value", "seed")]
+
+
 def task_means(df: pd.DataFrame) -> pd.DataFrame:
     """Average over training seeds per task (the paper's first step)."""
-    keys = [c for c in KEY if c != "seed"]
+    keys = _keys(df)
     return df.groupby(keys, dropna=False, observed=True)["value"].mean().reset_index()
 
 
@@ -126,7 +130,7 @@ def summarise(df: pd.DataFrame, by: list[str] | tuple[str, ...] | None = None) -
     Returns:
         One row per group with columns ``mean``, ``sem``, ``n`` (tasks) and ``seeds``.
     """
-    seeds = df.groupby([c for c in KEY if c not in ("seed",)], dropna=False,
+    seeds = df.groupby(_keys(df), dropna=False,
                        observed=True)["seed"].nunique().rename("seeds").reset_index()
     per_task = task_means(df).merge(seeds, how="left")
     if by is None:
