@@ -18,7 +18,7 @@ import argparse
 import logging
 import sys
 
-from spice_ray.cli import add_config_args, init_ray, setup_logging
+from spice_ray.cli import add_config_args, check_writable, init_ray, run_main, setup_logging
 from spice_ray.config import ConfigError
 from spice_ray.study import describe_plan, plan_study, run_study
 
@@ -43,9 +43,10 @@ def cli(argv: list[str] | None = None) -> None:
     if args.dry_run:
         print(describe_plan(plan))
         return
+    check_writable(plan.run_dir)
     setup_logging()
     init_ray(args.address)
-    report = run_study(plan)
+    report = run_main(run_study, plan)
     figures = sorted((plan.run_dir / "figures").glob("*.png"))
     print(f"\nreport:  {report.resolve()}")
     print(f"figures: {(plan.run_dir / 'figures').resolve()} ({len(figures)} PNG files)")

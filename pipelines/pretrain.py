@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import argparse
 
-from spice_ray.cli import add_config_args, config_from_args, init_ray, setup_logging
+from spice_ray.cli import (
+    add_config_args,
+    check_writable,
+    config_from_args,
+    init_ray,
+    run_main,
+    setup_logging,
+)
 from spice_ray.stages import generate_stage
 from spice_ray.train.checkpoint import read_meta
 from spice_ray.train.ray_train import pretrain
@@ -27,11 +34,12 @@ def cli(argv: list[str] | None = None) -> None:
                         help="training seed (default: every seed of the config)")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
+    check_writable(cfg.out_dir)
     setup_logging()
     init_ray(args.address)
-    ds_dir = generate_stage(cfg).dataset_dir
+    ds_dir = run_main(generate_stage, cfg).dataset_dir
     for seed in [args.seed] if args.seed is not None else cfg.seeds:
-        final = pretrain(cfg, args.model, seed, ds_dir)
+        final = run_main(pretrain, cfg, args.model, seed, ds_dir)
         metrics = read_meta(final)["metrics"]
         print(f"checkpoint: {final}")
         print(f"  epoch {int(metrics['epoch']) + 1}: train loss {metrics['train_loss']:.4f}, "

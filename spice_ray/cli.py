@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from spice_ray.config import ENV_NAMES, PRESET_NAMES, ConfigError, RunConfig, make_config
 
@@ -74,3 +78,47 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def check_writable(directory: str | Path) -> Path:
+    """Create ``directory`` and prove a file can be written there, before any work starts.
+
+    Raises:
+        SystemExit(2): with a message naming the directory, if it cannot be written.
+    """
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        print(f"error: output directory {directory} is not writable: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    return directory
+
+
+# Errors that mean bad input or a broken environment: shown as one clear line, not a traceback.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.ENOTDIR,
+                 errno.EPERM}
+
+
+def run_main(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a pipeline's main; known failures exit with status 1 and a one-line message."""
+    from spice_ray.config import ConfigError
+    from spice_ray.data.store import DatasetError
+    from spice_ray.results.tables import ResultsError
+    from spice_ray.train.checkpoint import CheckpointError
+
+    try:
+        return fn(*args)
+    except (ConfigError, DatasetError, CheckpointError, ResultsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+    except OSError as exc:
+        if exc.errno not in _WRITE_ERRNOS:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: cannot write{where}: {exc.strerror}. Free space or choose another "
+              "--out; completed stages are kept and a re-run resumes.", file=sys.stderr)
+        raise SystemExit(1) from exc

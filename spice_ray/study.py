@@ -46,6 +46,10 @@ EXPERIMENT_ENVS = {
     "bandit20": ("bandit", ["env.num_arms=20", "data.label=weakmix80"]),
     "darkroom": ("darkroom", []),
 }
+PRESET_EXPERIMENT_OVERRIDES = {  # per preset and experiment, applied before the user's --set
+    "small": {"bandit20": ["env.horizon=200", "eval.online_horizon=200"]},
+    "paper": {"bandit20": ["train.epochs=100"]},  # PROTOCOL.md: the 20-arm ablation, 100 epochs
+}
 DARKROOM_BETAS = (0.5, 1.0, 2.0)
 WEIGHT_VARIANTS = {  # name -> (use_iw, use_adv, use_epi); "all" is the main SPICE model
     "none": (False, False, False),
@@ -81,6 +85,7 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
         if name not in EXPERIMENT_ENVS:
             raise ConfigError(f"experiment {name!r} is invalid: one of {list(EXPERIMENT_ENVS)}")
         env, sets = EXPERIMENT_ENVS[name]
+        sets = [*sets, *PRESET_EXPERIMENT_OVERRIDES.get(preset, {}).get(name, [])]
         try:
             cfgs[name] = make_config(preset, env, yaml_path=yaml_path,
                                      overrides=[*sets, *overrides],

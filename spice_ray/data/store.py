@@ -17,6 +17,7 @@ half shard under a final name; a truncated or corrupted shard fails its checksum
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -94,9 +95,15 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# Fault injection for tests: every shard write fails as if the disk were full.
+DISK_FULL_ENV = "SPICE_RAY_FAULT_DISK_FULL"
+
+
 def write_shard(path: Path, table: pa.Table, compression: str) -> dict[str, Any]:
     """Write one shard atomically and its checksum sidecar; return the sidecar record."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if os.environ.get(DISK_FULL_ENV):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     pq.write_table(table, tmp, compression=None if compression == "none" else compression,
                    row_group_size=1024, write_statistics=["task_id"])

@@ -1,0 +1,75 @@
+"""Scaling on this machine: Ray Data generation and Ray evaluation actors with 1 vs 2 workers.
+
+    python benchmarks/bench_scale.py [--tasks 40000] [--eval-tasks 200] [--horizon 300]
+
+Prints tasks/s of dataset generation (bandit A=5, H=500) through the Ray Data actor pool with
+1 and with 2 actors, and env-steps/s of online SPICE evaluation (a random-weight model at the
+paper's size, N tasks x H steps) split over 1 and 2 evaluation actors, with both ratios. On a
+2-core machine the ideal ratio is 2; Ray's own tasks and the driver share the same cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+
+import torch
+
+from spice_ray.cli import init_ray
+from spice_ray.config import make_config
+from spice_ray.data.generate import generate_dataset
+from spice_ray.evaluate.actors import evaluate_parallel, model_payload
+from spice_ray.evaluate.controllers import ControllerSpec
+from spice_ray.evaluate.rollout import load_eval_tasks
+from spice_ray.train.checkpoint import build_model
+
+
+def generation(tasks: int, actors: int, root: str) -> float:
+    cfg = make_config("paper", "bandit", overrides=[
+        f"data.num_train_tasks={tasks}", "data.num_val_tasks=1", "data.num_eval_tasks=1",
+        "eval.num_tasks=1", f"data.num_actors={actors}", "data.actor_cpus=0.5",
+        "data.shard_size=5000", "data.batch_size=1000"])
+    t0 = time.perf_counter()
+    generate_dataset(cfg, f"{root}/gen-{actors}")
+    return tasks / (time.perf_counter() - t0)
+
+
+def evaluation(n: int, horizon: int, actors: int, root: str) -> float:
+    cfg = make_config("paper", "bandit", overrides=[
+        f"env.horizon={horizon}", f"eval.online_horizon={horizon}", f"eval.num_tasks={n}",
+        f"data.num_eval_tasks={n}", "data.num_train_tasks=1", "data.num_val_tasks=1",
+        "eval.offline_points=20", f"eval.num_actors={actors}", "eval.actor_cpus=0.5"])
+    ds = generate_dataset(cfg, f"{root}/eval-data").dataset_dir
+    data = load_eval_tasks(ds, cfg.eval)
+    model = build_model("spice", cfg, torch.Generator().manual_seed(0))
+    spec = ControllerSpec("spice", fusion=cfg.fusion)
+    t0 = time.perf_counter()
+    evaluate_parallel(model_payload(model), cfg.env, cfg.eval, data, [spec], ("online",),
+                      num_actors=actors)
+    return n * horizon / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", type=int, default=40_000)
+    p.add_argument("--eval-tasks", type=int, default=200)
+    p.add_argument("--horizon", type=int, default=300)
+    args = p.parse_args()
+    init_ray()
+    root = tempfile.mkdtemp(prefix="bench_scale_")
+    try:
+        gen = {k: generation(args.tasks, k, root) for k in (1, 2)}
+        ev = {k: evaluation(args.eval_tasks, args.horizon, k, root) for k in (1, 2)}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"generation ({args.tasks} bandit tasks, H=500): 1 actor {gen[1]:.0f} tasks/s, "
+          f"2 actors {gen[2]:.0f} tasks/s -> ratio {gen[2] / gen[1]:.2f}x")
+    print(f"evaluation (SPICE online, {args.eval_tasks} tasks x H={args.horizon}): 1 actor "
+          f"{ev[1]:.0f} steps/s, 2 actors {ev[2]:.0f} steps/s -> ratio {ev[2] / ev[1]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

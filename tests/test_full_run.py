@@ -1,0 +1,159 @@
+"""The study end to end on the smoke preset; stage skipping; bad input; the results CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spice_ray.results import EXPERIMENTS, load, summarise, write
+from spice_ray.results.__main__ import main as results_main
+from spice_ray.study import plan_study, run_study
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _mtimes(run_dir: Path) -> dict[str, float]:
+    files = [*run_dir.glob("results/*.parquet"), *run_dir.glob("checkpoints/**/final/*"),
+             *run_dir.glob("datasets/*/manifest.json")]
+    return {str(p): p.stat().st_mtime_ns for p in files}
+
+
+@pytest.mark.ray
+def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
+    plan = plan_study("smoke", tmp_path / "run")
+    report = run_study(plan)
+    run_dir = plan.run_dir
+    assert sorted(p.stem for p in (run_dir / "results").glob("*.parquet")) == sorted(EXPERIMENTS)
+    figures = sorted(p.name for p in (run_dir / "figures").glob("*.png"))
+    assert len(figures) == 9 and all((run_dir / "figures" / f).stat().st_size > 5_000
+                                     for f in figures)
+    text = report.read_text()
+    for name in EXPERIMENTS:
+        assert f"## {name}" in text
+    assert (run_dir / "config.yaml").exists() and "```yaml" in text
+    cfg = plan.configs["bandit"]
+    online = load(run_dir, "bandit_online")
+    assert set(online["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS"}
+    per = online.groupby("method")["task_id"].nunique()
+    assert (per == cfg.eval.num_tasks).all()
+    assert online["x"].max() == cfg.eval.online_horizon - 1
+    regret = online[online["x"] == online["x"].max()]
+    assert (regret["value"] >= 0).all()  # pseudo-regret never negative
+    offline = load(run_dir, "bandit_offline")
+    assert set(offline["method"]) == {"SPICE", "DPT", "Emp", "LCB", "TS"}
+    assert offline["x"].nunique() >= 20
+    robust = load(run_dir, "bandit_robustness")
+    assert {'"sigma":0.0', '"sigma":0.3', '"sigma":0.5'} <= {
+        part for c in robust["config"] for part in c.strip("{}").split(",")
+        if part.startswith('"sigma"')}
+    weights = load(run_dir, "darkroom_weights")
+    assert set(weights["variant"]) == {"none", "iw", "adv", "epi", "all", ""}
+    # a second run with the same config does no work
+    before = _mtimes(run_dir)
+    plan2 = plan_study("smoke", tmp_path / "run")
+    run_study(plan2)
+    assert _mtimes(run_dir) == before
+    assert plan2.timings["pretrain"] < 5 and plan2.timings["evaluate"] < 5
+
+
+def test_bad_set_fails_before_any_work(tmp_path) -> None:
+    out = tmp_path / "never"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "smoke",
+         "--out", str(out), "--set", "fusion.tau=-1"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "fusion.tau=-1" in proc.stderr and "a float > 0" in proc.stderr
+    assert not out.exists()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "smoke",
+         "--out", str(out), "--set", "data.num_taks=3"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown key 'data.num_taks'" in proc.stderr
+    assert not out.exists()
+
+
+def test_dry_run_prints_the_plan(tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "paper",
+         "--out", str(tmp_path / "p"), "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "101200 tasks" in proc.stdout and "stage 2 pretraining" in proc.stdout
+    assert "3 seeds" in proc.stdout and not (tmp_path / "p").exists()
+
+
+def _fixture_table(run_dir: Path) -> pd.DataFrame:
+    rows = []
+    for method, base in (("A", 1.0), ("B", 3.0)):
+        for seed in (0, 1):
+            for task in range(4):
+                rows.append({"env": "bandit", "method": method, "controller": "c",
+                             "config": "{}", "seed": seed, "task_id": task,
+                             "metric": "cumulative_regret", "x": 9,
+                             "value": base + task + 0.5 * seed})
+    df = pd.DataFrame(rows)
+    write(run_dir, "bandit_online", df)
+    return df
+
+
+def test_summaries_average_seeds_per_task_first(tmp_path) -> None:
+    _fixture_table(tmp_path)
+    s = summarise(load(tmp_path, "bandit_online"), ["method"]).set_index("method")
+    # per-task means for A: 1.25, 2.25, 3.25, 4.25 -> mean 2.75, SEM = std/sqrt(4)
+    per_task = np.array([1.25, 2.25, 3.25, 4.25])
+    assert s.loc["A", "mean"] == pytest.approx(per_task.mean())
+    assert s.loc["A", "sem"] == pytest.approx(per_task.std(ddof=1) / 2)
+    assert s.loc["A", "n"] == 4 and s.loc["A", "seeds"] == 2
+    assert s.loc["B", "mean"] == pytest.approx(4.75)
+
+
+def test_results_cli(tmp_path, capsys) -> None:
+    _fixture_table(tmp_path)
+    assert results_main([str(tmp_path)]) == 0
+    assert "bandit_online" in capsys.readouterr().out
+    assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--format",
+                         "csv"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == "method,mean,sem,n,seeds"
+    assert out[1].startswith("A,2.75,") and out[2].startswith("B,4.75,")
+    assert results_main([str(tmp_path), "bandit_online", "--where", "method == 'B'",
+                         "--by", "method", "--format", "json"]) == 0
+    assert '"mean":4.75' in capsys.readouterr().out.replace(" ", "")
+    assert results_main([str(tmp_path), "nope"]) == 2
+    assert "experiments in" in capsys.readouterr().err
+    assert results_main([str(tmp_path), "bandit_online", "--where", "bogus ==="]) == 2
+
+
+def test_unwritable_out_dir_fails_clearly(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / "generate_data.py"), "--preset", "smoke",
+         "--out", str(blocker / "run")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert f"output directory {blocker / 'run'} is not writable" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.ray
+def test_disk_full_fails_clearly_and_resumes(tmp_path) -> None:
+    import os
+
+    from spice_ray.data.store import DISK_FULL_ENV
+
+    cmd = [sys.executable, str(ROOT / "pipelines" / "generate_data.py"), "--preset", "smoke",
+           "--out", str(tmp_path / "run")]
+    env = dict(os.environ, **{DISK_FULL_ENV: "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "No space left on device" in proc.stderr and "a re-run resumes" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    env.pop(DISK_FULL_ENV)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "dataset:" in proc.stdout
