@@ -16,8 +16,10 @@ takes 0.001, so up to 1000 tasks/actors can hold it at once; CPU/GPU still bound
 Also here: :func:`validate_cluster_config` (Ray's own schema, offline),
 :func:`check_cluster_policy` (this project's rules for its launcher file),
 :func:`simulate_aws_bootstrap` (Ray's AWS bootstrap against moto's in-memory AWS),
-:func:`node_usage` (which nodes ran labelled work) and :func:`local_multinode_cluster`
-(``ray start`` head + worker processes on one machine, torn down without ``ray stop``).
+:func:`node_usage` (which nodes ran labelled work), :func:`local_multinode_cluster`
+(``ray start`` head + worker processes on one machine, torn down without ``ray stop``) and
+:func:`local_autoscaling_cluster` (a head whose autoscaler adds nodes from
+``cluster.local.yaml``). Guide: ``docs/cluster.md``.
 
 Command line: ``python -m spice_ray.cluster {validate,aws-dry-run,node-usage,local} ...``.
 """
@@ -67,6 +69,16 @@ yet, and unlabelled CPU work could scale up GPU nodes instead).
 """
 
 _READY_LINE = "Ray runtime started"
+# Runs `ray start` with PR_SET_PDEATHSIG=SIGTERM (Linux): if the process (strictly: the
+# thread) that started the cluster dies without tearing it down (a killed pytest), each
+# `ray start` gets SIGTERM and stops its node instead of running on forever.
+_PDEATHSIG_SHIM = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('parent already gone')\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 _AWS_KEY_RE = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
 
 
@@ -315,9 +327,9 @@ def simulate_aws_bootstrap(path: str | Path) -> dict[str, Any]:
         path: the launcher YAML (validated first with :func:`validate_cluster_config`).
 
     Returns:
-        ``{"security_group": {name, ingress}, "node_types": {name: {resources, instance_type,
-        security_group_ids}}}`` where ``ingress`` is the group's inbound rules as AWS reports
-        them.
+        ``{"security_group": [{name, id, ingress}], "node_types": {name: {resources,
+        instance_type, security_group_ids}}}``: every group the node types use, with its
+        inbound rules as AWS reports them, and each node type's resources after detection.
     """
     from unittest import mock
 
@@ -328,6 +340,8 @@ def simulate_aws_bootstrap(path: str | Path) -> dict[str, Any]:
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true",
         "AWS_DEFAULT_REGION": prepared["provider"]["region"],
     }):
+        for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL"):
+            os.environ.pop(var, None)  # restored with the rest when the patch ends
         from moto import mock_aws
 
         with mock_aws(), mock.patch("time.sleep"):
@@ -423,8 +437,10 @@ def node_usage(
         refs = {label: [task.options(resources={label: LABEL_REQUEST}).remote()
                         for _ in range(tasks_per_label)] for label in labels}
         every = [r for rs in refs.values() for r in rs]
-        done, pending = ray.wait(every, num_returns=len(every), timeout=timeout_s)
+        _, pending = ray.wait(every, num_returns=len(every), timeout=timeout_s)
         if pending:
+            for ref in pending:  # do not leave demand behind for an autoscaler to chase
+                ray.cancel(ref)
             late = sorted({label for label, rs in refs.items() if set(rs) & set(pending)})
             raise TimeoutError(f"tasks requiring {late} did not finish in {timeout_s} s: "
                                "does an alive node advertise those labels?")
@@ -586,8 +602,8 @@ class _Launcher:
         logfile = Path(self.cluster.temp_dir) / f"ray-start-{name}.log"
         with open(logfile, "wb") as out:
             proc = subprocess.Popen(
-                [self.ray_exe, "start", *args, *self.common,
-                 f"--dashboard-agent-listen-port={_free_port()}"],
+                [sys.executable, "-c", _PDEATHSIG_SHIM, str(os.getpid()), self.ray_exe,
+                 "start", *args, *self.common, f"--dashboard-agent-listen-port={_free_port()}"],
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=self.cluster.temp_dir)
         self.cluster.processes.append(proc)
@@ -616,7 +632,8 @@ def local_multinode_cluster(
 ) -> Iterator[LocalCluster]:
     """A Ray cluster of one head and ``num_workers`` worker nodes as ``ray start`` processes.
 
-    Each node is a ``ray start --block`` subprocess in its own session (process group), all on
+    Linux only (it reads ``/proc``). Each node is a ``ray start --block`` subprocess in its own
+    session (process group), bound to this process by ``PR_SET_PDEATHSIG``, all on
     127.0.0.1 with a private ``--temp-dir`` and free ports (GCS, client server, dashboard,
     dashboard agent), with ``RAY_AUTH_MODE=disabled``. The ``with`` body gets a
     :class:`LocalCluster`; join it from a *child process* (``cluster.env()`` sets
@@ -631,7 +648,10 @@ def local_multinode_cluster(
 
     Args:
         num_workers: worker nodes besides the head.
-        head_cpus / worker_cpus: ``--num-cpus`` of the head / of each worker.
+        head_cpus / worker_cpus: ``--num-cpus`` (whole, logical) of the head / of each
+            worker. Use 2 for ``pipelines/full_run.py``: with 1 per node, its 0.5-CPU
+            generation actors leave half a CPU free on each node and Ray Data's 1-CPU
+            read/write tasks can never be placed (seen: the smoke run stalls).
         head_resources: custom resources of the head; default ``{"datagen": 1}``.
         worker_resources: one mapping for every worker, or one per worker; default
             ``{"trainer": 1}``. A ``"GPU"`` entry becomes ``--num-gpus`` (advertised only).
@@ -783,6 +803,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1, help="fixed worker nodes (default 1)")
     p.add_argument("--autoscaling", type=Path, default=None, metavar="YAML",
                    help="instead: a head that autoscales from a fake_multinode file")
+    p.add_argument("--cpus", type=int, default=1,
+                   help="logical CPUs per fixed node (default 1; full_run needs 2)")
     p.add_argument("--dashboard", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -823,7 +845,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.autoscaling:
         context = local_autoscaling_cluster(args.autoscaling, include_dashboard=args.dashboard)
     else:
-        context = local_multinode_cluster(args.workers, include_dashboard=args.dashboard)
+        context = local_multinode_cluster(args.workers, head_cpus=args.cpus,
+                                          worker_cpus=args.cpus,
+                                          include_dashboard=args.dashboard)
     with context as cluster:
         exports = " ".join(f"{k}={v}" for k, v in cluster.env({}).items())
         print(f"address: {cluster.address}   (export {exports})")

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from spice_ray.cluster import DATAGEN, placement_resources
 from spice_ray.config import DataConfig, EnvConfig, RunConfig
 from spice_ray.data import schema, store
 from spice_ray.data.behaviour import generate_tasks
@@ -145,6 +146,8 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]]) 
     shutil.rmtree(staging, ignore_errors=True)  # leftovers of an interrupted run
     log.info("%s: generating %d shards with %d actors", ds_dir.name, len(parts), data.num_actors)
     blocks = max(2 * data.num_actors, min(len(parts) * 4, -(-total_rows // data.batch_size)))
+    label = placement_resources(DATAGEN)  # the CPU nodes of cluster.yaml, when present
+    label_args = {"resources": label} if label else {}
     ds = ray.data.range(total_rows, override_num_blocks=blocks)
     ds = ds.map_batches(
         TaskBatchGenerator,
@@ -154,6 +157,7 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]]) 
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=data.num_actors),
         num_cpus=data.actor_cpus,
+        **label_args,
     )
     ds.write_parquet(str(staging), partition_cols=["part"], compression="none")
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from spice_ray.cluster import TRAINER, placement_resources
 from spice_ray.config import EnvConfig, EvalConfig, FusionConfig
 from spice_ray.evaluate.calibration import calibration_rows
 from spice_ray.evaluate.controllers import ControllerSpec
@@ -265,6 +266,8 @@ def evaluate_parallel(
                                "max_task_retries": 0}
     if eval_cfg.actor_gpus > 0:
         options["num_gpus"] = eval_cfg.actor_gpus
+        if label := placement_resources(TRAINER):  # the GPU nodes of cluster.yaml
+            options["resources"] = label
     actor_cls = ray.remote(EvalActor).options(**options)
 
     def submit(i: int) -> tuple[Any, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from spice_ray.cluster import TRAINER, placement_resources
 from spice_ray.config import RunConfig
 from spice_ray.data import store
 from spice_ray.model.tokens import make_tokens
@@ -144,7 +145,8 @@ def train_with_ray(job: TrainJob, run_dir: Path) -> TrainResult:
 
     cfg = job.cfg
     tc = cfg.train
-    resources = {"CPU": tc.worker_cpus} | ({"GPU": 1.0} if tc.use_gpu else {})
+    resources = ({"CPU": tc.worker_cpus} | ({"GPU": 1.0} if tc.use_gpu else {})
+                 | placement_resources(TRAINER))  # GPU nodes of cluster.yaml, when present
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"job": dataclasses.asdict(job), "threads": _threads_per_worker(cfg),
