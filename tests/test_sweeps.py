@@ -1,0 +1,172 @@
+"""Tune sweeps (spice_ray.sweep): tables, resume after a failed trial, restore of a finished
+sweep, trial resources and concurrency. One smoke bandit dataset and checkpoint per module."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from spice_ray.config import make_config
+from spice_ray.sweep import (
+    SweepError,
+    SweepResult,
+    apply_params,
+    auto_max_concurrent,
+    bundles_total,
+    concurrency_was_set,
+    curve_steps,
+    expand_grid,
+    flatten_params,
+    run_sweep,
+    trial_bundles,
+)
+
+BETAS = (0.5, 2.0)
+NAME = "betas"
+
+
+def _space() -> dict[str, Any]:
+    from ray import tune
+
+    return {"fusion": {"beta": tune.grid_search(list(BETAS))}}
+
+
+@pytest.fixture(scope="module")
+def models(ray_local, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Smoke bandit config, dataset and one SPICE checkpoint (seed 0)."""
+    from spice_ray.sweep import ensure_models
+
+    out = tmp_path_factory.mktemp("sweep_run")
+    cfg = make_config("smoke", "bandit", extra={"out_dir": str(out)})
+    ds_dir, ckpts = ensure_models(cfg)
+    return {"cfg": cfg, "ds": ds_dir, "ckpts": ckpts, "out": out}
+
+
+@pytest.fixture(scope="module")
+def resumed(models: dict[str, Any]) -> dict[str, Any]:
+    """Run 1 makes the beta=2.0 trial fail; run 2 resumes the sweep."""
+    args = (NAME, models["cfg"], _space(), models["ckpts"], models["ds"], models["out"])
+    with pytest.raises(SweepError, match="1 of 2 trials errored"):
+        run_sweep(*args, fail_if={"fusion.beta": 2.0}, verbose=0)
+    first_failed = not (Path(models["out"]) / "sweeps" / f"{NAME}.parquet").exists()
+    t0 = time.time()
+    result = run_sweep(*args, verbose=0)
+    return {"result": result, "first_failed": first_failed, "t0": t0}
+
+
+@pytest.mark.ray
+def test_failed_trial_is_resumed_alone(resumed: dict[str, Any]) -> None:
+    result: SweepResult = resumed["result"]
+    assert resumed["first_failed"]  # no table is written while a trial has errored
+    assert result.restored
+    assert result.new_trials == 1  # the beta=0.5 trial finished in run 1 and was kept
+    kept = result.trials[result.trials["fusion.beta"] == 0.5]["finished_at"].item()
+    assert kept < resumed["t0"]
+    assert sorted(result.trials["fusion.beta"]) == list(BETAS)  # each config once
+
+
+@pytest.mark.ray
+def test_table_and_summary(resumed: dict[str, Any], models: dict[str, Any]) -> None:
+    result: SweepResult = resumed["result"]
+    cfg = models["cfg"]
+    table = pd.read_parquet(result.table_path)
+    n_tasks, horizon = cfg.eval.num_tasks, cfg.eval.online_horizon
+    assert set(table["fusion.beta"]) == set(BETAS)
+    assert set(table["metric"]) == {"cumulative_regret"}
+    steps = curve_steps(horizon, 50)
+    for _, group in table.groupby("fusion.beta"):
+        assert group["task_id"].nunique() == n_tasks
+        assert len(group) == n_tasks * len(steps) * len(cfg.seeds)
+    summary = pd.read_parquet(result.summary_path)
+    assert len(summary) == 2 and list(summary["rank"]) == [1, 2]
+    assert (summary["n"] == n_tasks).all() and (summary["horizon"] == horizon).all()
+    assert summary["mean"].is_monotonic_increasing and (summary["sem"] >= 0).all()
+    final = table[table["x"] == horizon].groupby("params")["value"].mean()
+    assert dict(zip(summary["params"], summary["mean"], strict=True)) == pytest.approx(
+        final.to_dict())
+    # actors ran inside each trial's placement group (Tune captures child tasks)
+    assert result.trials["captures_actors"].all()
+    assert result.trials["placement_group"].str.len().gt(0).all()
+
+
+@pytest.mark.ray
+def test_rerun_of_finished_sweep_runs_nothing(resumed: dict[str, Any],
+                                              models: dict[str, Any]) -> None:
+    before = pd.read_parquet(resumed["result"].table_path)
+    t0 = time.perf_counter()
+    again = run_sweep(NAME, models["cfg"], _space(), models["ckpts"], models["ds"],
+                      models["out"], verbose=0)
+    assert again.restored and again.new_trials == 0
+    assert len(again.trials) == 2
+    assert time.perf_counter() - t0 < 30
+    pd.testing.assert_frame_equal(pd.read_parquet(again.table_path), before)
+
+
+@pytest.mark.ray
+def test_changed_search_space_is_refused(resumed: dict[str, Any],
+                                         models: dict[str, Any]) -> None:
+    from ray import tune
+
+    space = {"fusion": {"beta": tune.grid_search([0.5, 1.0])}}
+    with pytest.raises(SweepError, match="other inputs"):
+        run_sweep(NAME, models["cfg"], space, models["ckpts"], models["ds"], models["out"],
+                  verbose=0)
+
+
+def test_resources_fit_two_cpus_and_fill_a_cluster() -> None:
+    cfg = make_config("smoke", "bandit")
+    bundles = trial_bundles(cfg)
+    assert bundles[0] == {"CPU": 0.0} and len(bundles) == 1 + cfg.sweep.actors_per_trial
+    assert bundles_total(bundles) == {"CPU": 1.0}  # 2 actors x 0.5 CPU
+    assert auto_max_concurrent(bundles, {"CPU": 2.0}) == 1
+    assert auto_max_concurrent(bundles, {"CPU": 16.0}) == 15
+    assert auto_max_concurrent(bundles, {"CPU": 16.0}, num_trials=4) == 4
+    assert auto_max_concurrent(bundles, {"CPU": 1.0}) == 1  # never 0
+    gpu = make_config("smoke", "bandit", overrides=["eval.actor_gpus=0.5"])
+    gpu_cluster = {"CPU": 64.0, "GPU": 2.0, "trainer": 2.0}
+    gpu_bundles = trial_bundles(gpu, cluster=gpu_cluster)
+    assert gpu_bundles[1] == {"CPU": 0.5, "GPU": 0.5, "trainer": 0.001}  # as evaluate_parallel
+    assert auto_max_concurrent(gpu_bundles, gpu_cluster) == 2
+    assert trial_bundles(cfg, train_in_trial=True)[0] == {"CPU": cfg.train.worker_cpus}
+    assert concurrency_was_set(["sweep.max_concurrent_trials=3"], None)
+    assert not concurrency_was_set(["sweep.actors_per_trial=3"], None)
+
+
+def test_params_and_grids() -> None:
+    from ray import tune
+
+    cfg = make_config("smoke", "darkroom")
+    space = {"fusion": tune.grid_search([{"kernel": "rbf", "tau": 0.25},
+                                         {"kernel": "uniform"}]),
+             "model": {"ensemble_size": tune.grid_search([2, 4])}}
+    grid = expand_grid(space)
+    assert len(grid) == 4 and grid[0] == {"fusion": {"kernel": "rbf", "tau": 0.25},
+                                          "model": {"ensemble_size": 2}}
+    c = apply_params(cfg, grid[0])
+    assert (c.fusion.kernel, c.fusion.tau, c.model.ensemble_size) == ("rbf", 0.25, 2)
+    assert c.fusion.target == cfg.fusion.target  # untouched fields keep the base values
+    assert flatten_params(grid[0]) == {"fusion.kernel": "rbf", "fusion.tau": 0.25,
+                                       "model.ensemble_size": 2}
+    none = apply_params(cfg, {"variant": "none"})
+    assert (none.train.use_iw, none.train.use_adv, none.train.use_epi) == (False, False, False)
+    assert apply_params(none, {"variant": "all"}).train.use_epi
+    with pytest.raises(SweepError):
+        apply_params(cfg, {"kernel": "rbf"})
+    assert list(curve_steps(24, 50)) == list(range(1, 25))
+    assert curve_steps(500, 50)[[0, -1]].tolist() == [1, 500]
+
+
+@pytest.mark.ray
+def test_retraining_trials_find_pretrained_checkpoints(models: dict[str, Any]) -> None:
+    from spice_ray.sweep import resolve_checkpoint
+
+    cfg, ds = models["cfg"], models["ds"]
+    same = apply_params(cfg, {"variant": "all"})  # the base model: all weights are on
+    assert resolve_checkpoint(same, 0, ds) == Path(models["ckpts"][0])
+    other = apply_params(cfg, {"model": {"ensemble_size": 2}})
+    with pytest.raises(SweepError, match="pretrain before the sweep"):
+        resolve_checkpoint(other, 0, ds)
