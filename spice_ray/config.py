@@ -358,8 +358,9 @@ class EvalConfig:
 class SweepConfig:
     """Ray Tune sweep settings (the search spaces themselves live in sweeps/*.py)."""
 
-    max_concurrent_trials: int = 1
-    """Trials running at once (>= 1); keep trials x actors x actor_cpus <= CPUs."""
+    max_concurrent_trials: int = 0
+    """Trials running at once; 0 derives it from the cluster's CPUs (keeping one CPU for Ray's
+    own tasks), >= 1 fixes it. Keep trials x actors x actor_cpus <= CPUs."""
     actors_per_trial: int = 2
     """Evaluation actors each trial dispatches (>= 1)."""
     actor_cpus: float = 0.5
@@ -368,9 +369,11 @@ class SweepConfig:
     """Repeats of the grid (>= 1)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrent_trials", "actors_per_trial", "num_samples"):
+        for name in ("actors_per_trial", "num_samples"):
             value = getattr(self, name)
             _check(value >= 1, f"sweep.{name}", value, "an integer >= 1")
+        _check(self.max_concurrent_trials >= 0, "sweep.max_concurrent_trials",
+               self.max_concurrent_trials, "an integer >= 0 (0: derive from the cluster)")
         _check(self.actor_cpus > 0, "sweep.actor_cpus", self.actor_cpus, "a float > 0")
 
 

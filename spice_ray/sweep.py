@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from spice_ray.config import RunConfig, config_hash, from_dict, load_yaml
+from spice_ray.config import RunConfig, config_hash, from_dict
 
 if TYPE_CHECKING:
     import argparse
@@ -269,20 +269,6 @@ def auto_max_concurrent(
         limits.append(math.floor(have / amount + 1e-9))
     n = max(1, min(limits)) if limits else max(1, num_trials or 1)
     return min(n, num_trials) if num_trials else n
-
-
-def concurrency_was_set(overrides: Sequence[str], yaml_path: str | os.PathLike | None) -> bool:
-    """Whether ``sweep.max_concurrent_trials`` was given explicitly (``--set`` or YAML).
-
-    ``SweepConfig.max_concurrent_trials`` has a default of 1 that cannot be told apart from an
-    explicit 1, so the CLI asks where the value came from.
-    """
-    if any(o.split("=", 1)[0].strip() == "sweep.max_concurrent_trials" for o in overrides):
-        return True
-    if yaml_path is not None:
-        sweep = load_yaml(yaml_path).get("sweep") or {}
-        return isinstance(sweep, Mapping) and "max_concurrent_trials" in sweep
-    return False
 
 
 # ---- one trial ---------------------------------------------------------------------------
@@ -756,10 +742,8 @@ def sweep_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def explicit_concurrency(args: argparse.Namespace, cfg: RunConfig) -> int | None:
-    """``cfg.sweep.max_concurrent_trials`` if the user set it, else None (derive it)."""
-    if concurrency_was_set(args.overrides, args.config):
-        return cfg.sweep.max_concurrent_trials
-    return None
+    """``cfg.sweep.max_concurrent_trials`` if set (>= 1), else None (derive from the cluster)."""
+    return cfg.sweep.max_concurrent_trials or None
 
 
 def print_result(result: SweepResult, top: int = 5) -> None:

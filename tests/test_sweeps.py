@@ -17,7 +17,6 @@ from spice_ray.sweep import (
     apply_params,
     auto_max_concurrent,
     bundles_total,
-    concurrency_was_set,
     curve_steps,
     expand_grid,
     flatten_params,
@@ -132,8 +131,9 @@ def test_resources_fit_two_cpus_and_fill_a_cluster() -> None:
     assert gpu_bundles[1] == {"CPU": 0.5, "GPU": 0.5, "trainer": 0.001}  # as evaluate_parallel
     assert auto_max_concurrent(gpu_bundles, gpu_cluster) == 2
     assert trial_bundles(cfg, train_in_trial=True)[0] == {"CPU": cfg.train.worker_cpus}
-    assert concurrency_was_set(["sweep.max_concurrent_trials=3"], None)
-    assert not concurrency_was_set(["sweep.actors_per_trial=3"], None)
+    assert make_config("smoke", "bandit").sweep.max_concurrent_trials == 0  # 0: derive it
+    assert make_config("smoke", "bandit", overrides=[
+        "sweep.max_concurrent_trials=3"]).sweep.max_concurrent_trials == 3
 
 
 def test_params_and_grids() -> None:

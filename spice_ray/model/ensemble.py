@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 HEAD_DEPTH = 1
@@ -81,11 +80,16 @@ class EnsembleMLP(nn.Module):
         K, A = self.ensemble_size, num_actions
         w, b = self.layer(0)  # (K, D + A, H0), (K, 1, H0)
         x = torch.matmul(h, w[:, :D])  # (K, N, H0): broadcast (N, D) @ (K, D, H0)
-        x = x.unsqueeze(2) + w[:, D:].unsqueeze(1) + b.unsqueeze(1)  # (K, N, A, H0)
-        x = x.reshape(K, N * A, -1)  # (K, N*A, H0)
+        action_rows = w[:, D:] + b  # (K, A, H0): onehot(a) @ W[D:] plus the bias, small
+        # The (K, N, A, H0) activations are the ensemble's largest tensors: one add and an
+        # in-place ReLU keep it to two passes over them (add's backward needs no output).
+        x = torch.add(x.unsqueeze(2), action_rows.unsqueeze(1)).relu_()  # (K, N, A, H0)
+        x = x.view(K, N * A, -1)  # (K, N*A, H0); ReLU above, not on this view (no CopySlices)
         for i in range(1, self.num_layers):
             w, b = self.layer(i)
-            x = torch.baddbmm(b, F.relu(x), w)  # (K, N*A, H_i)
+            x = torch.baddbmm(b, x, w)  # (K, N*A, H_i)
+            if i < self.num_layers - 1:
+                x.relu_()
         return x.view(K, N, A)  # (K, N, A): last width is 1
 
 
