@@ -47,7 +47,8 @@ EXPERIMENT_ENVS = {
     "darkroom": ("darkroom", []),
 }
 PRESET_EXPERIMENT_OVERRIDES = {  # per preset and experiment, applied before the user's --set
-    "small": {"bandit20": ["env.horizon=200", "eval.online_horizon=200"]},
+    "small": {"bandit20": ["env.horizon=200", "eval.online_horizon=200",
+                           "data.num_train_tasks=1000"]},
     "paper": {"bandit20": ["train.epochs=100"]},  # PROTOCOL.md: the 20-arm ablation, 100 epochs
 }
 DARKROOM_BETAS = (0.5, 1.0, 2.0)
