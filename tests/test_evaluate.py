@@ -270,7 +270,8 @@ def test_offline_picks_equal_online_posterior_on_the_same_context(fusion) -> Non
     hs = np.array([0, 1, 5, 17, 24])
     out = sequence_outputs(model, make_tokens(data, "bandit", 5, dtype=torch.float64), hs,
                            keep_latents=True, keep_prior_means=True, batch_size=4)
-    offline = spice_offline_picks(ControllerSpec("spice", fusion), out, actions, rewards, hs, 5)
+    offline = spice_offline_picks(ControllerSpec("spice", fusion), out, actions, rewards, hs, 5,
+                                  model)
     ctrl = SpiceController(model, fusion, "bandit")
     ctrl.reset(6, 5)
     for t in range(25):
@@ -347,3 +348,24 @@ def test_calibration_rows() -> None:
     got = df[df.metric == "n_pri_mean"].sort_values(["task_id", "x"])["value"].to_numpy()
     np.testing.assert_array_equal(got, expected.mean(-1).reshape(-1))
     assert (stats.warm_start >= 0).all() and (stats.warm_start_bound >= 0).all()
+
+
+def test_latent_kernel_features_describe_states_only() -> None:
+    """h(s) is the trunk's output for the query token [s, 0, 0, 0]: equal states give equal
+    features (RBF weight 1), other states smaller weights, whatever the context."""
+    from spice_ray.evaluate.controllers import state_features
+    from spice_ray.fusion import kernel_weights
+
+    model = _model(DARK, dtype=torch.float64)
+    states = torch.tensor([[[1.0, 2.0], [1.0, 2.0], [7.0, 0.0], [1.0, 3.0]]])  # (1, 4, 2)
+    feats = state_features(model, states)  # (1, 4, D)
+    assert feats.shape == (1, 4, model.trunk.n_embd)
+    torch.testing.assert_close(feats[:, 0], feats[:, 1])
+    w = kernel_weights(feats[:, 0], feats, "rbf", tau=0.5)  # (1, 4)
+    assert w[0, 0] == pytest.approx(1.0) and w[0, 1] == pytest.approx(1.0)
+    assert w[0, 2] < 1.0 and w[0, 3] < 1.0
+    # the query position's output does not depend on anything but the state
+    tokens = make_tokens({"states": np.array([[[1, 2], [3, 3]]]), "query_state": np.array([[1, 2]]),
+                          "actions": np.array([[0]]), "rewards": np.array([[1.0]]),
+                          "label": np.array([0])}, "darkroom", 5, dtype=torch.float64)
+    torch.testing.assert_close(model(tokens).latent[:, 0], feats[:, 0])

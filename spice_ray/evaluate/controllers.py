@@ -372,6 +372,27 @@ def needs_latents(fusion: FusionConfig) -> bool:
     return fusion.kernel != "uniform" and fusion.kernel_space == "latent"
 
 
+@torch.no_grad()
+def state_features(model: TrunkModel, states: Tensor) -> Tensor:
+    """The trunk's latent of a state alone: the output of the query token [s, 0, 0, 0].
+
+    The kernel's h_qry and h_t (paper sec. 3.3) must describe the query state and the context
+    state s_t. The query position's output is a learned function of the state only (a
+    length-1 sequence, no context), so it serves both, at the cost of one token per state.
+
+    Args:
+        states: [..., S].
+
+    Returns:
+        [..., D] in the model's dtype.
+    """
+    lead = states.shape[:-1]
+    dtype = model.trunk.embed.weight.dtype
+    x = query_features(states.reshape(-1, states.shape[-1]).to(dtype), model.num_actions)
+    h = model.trunk(x[:, None, :])[:, 0]  # (N, D): position 0 of a 1-token sequence
+    return h.reshape(*lead, h.shape[-1])
+
+
 def context_evidence(
     fusion: FusionConfig,
     actions: Tensor,
@@ -482,7 +503,7 @@ class SpiceController(_ModelController):
 
     def __init__(self, model: TrunkModel, fusion: FusionConfig, env_name: EnvName = "bandit",
                  use_cache: bool = True, name: str = "spice") -> None:
-        super().__init__(model, env_name, use_cache, keep_latents=needs_latents(fusion),
+        super().__init__(model, env_name, use_cache, keep_latents=False,
                          keep_prior_means=needs_bootstrap(fusion))
         self.fusion = fusion
         self.name = name
@@ -505,10 +526,8 @@ class SpiceController(_ModelController):
     def evidence(self, view: ContextView, query_states: Tensor | None) -> tuple[Tensor, Tensor]:
         """(counts [B, A], weighted mean [B, A]) from the context of ``view``.
 
-        Latent kernel: the query feature is the latent of the current position T, transition
-        t's the latent of position t-1, the one its Q(s_t, .) is read from (the model's
-        leakage-free convention). Position 0 is the query token alone, so transition 1's
-        feature describes the query rather than s_1 -- a property of that convention.
+        Latent kernel: h_qry and h_t are :func:`state_features` of the query state and of each
+        context state s_t; state kernel: the raw states.
         """
         if self.incremental:
             assert self._stats is not None
@@ -516,16 +535,13 @@ class SpiceController(_ModelController):
         f = self.fusion
         query = context = None
         if f.kernel != "uniform":
+            B, _, S = view.states.shape
+            query = (view.states.new_zeros(B, S) if query_states is None
+                     else query_states.to(view.states))
+            context = view.states
             if f.kernel_space == "latent":
-                assert view.latents is not None
-                # Q(s_t, .) is read from position t-1, so that latent stands for state s_t;
-                # the current position T stands for the query state.
-                query, context = view.latents[:, -1], view.latents[:, :-1]
-            else:
-                B, _, S = view.states.shape
-                query = (view.states.new_zeros(B, S) if query_states is None
-                         else query_states.to(view.states))
-                context = view.states
+                query = state_features(self.model, query)  # (B, D)
+                context = state_features(self.model, context)  # (B, T, D)
         next_values = None
         if needs_bootstrap(f):
             assert view.prior_means is not None

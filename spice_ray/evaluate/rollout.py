@@ -59,6 +59,7 @@ from spice_ray.evaluate.controllers import (
     make_controller,
     needs_bootstrap,
     needs_latents,
+    state_features,
 )
 from spice_ray.fusion import argmax_lowest, greedy_action
 from spice_ray.model.tokens import Tokens, make_tokens
@@ -271,6 +272,7 @@ def spice_offline_picks(
     rewards: Tensor,
     hs: np.ndarray,
     num_actions: int,
+    model: TrunkModel | None = None,
 ) -> Tensor:
     """SPICE's greedy offline pick argmax_a m_post after the first h transitions, every h.
 
@@ -282,6 +284,7 @@ def spice_offline_picks(
         rewards: [B, T] context rewards.
         hs: int [P] context lengths.
         num_actions: A.
+        model: the SpiceModel; needed by latent-space kernels (:func:`state_features`).
 
     Returns:
         long [B, P] picks.
@@ -303,10 +306,11 @@ def spice_offline_picks(
     else:  # the weights depend on the query latent at h: one vectorised step per h
         stats = []
         for h in (int(v) for v in hs):
+            query, context = torch.zeros(B, 1), torch.zeros(B, h, 1)  # bandit states: zero
             if f.kernel_space == "latent":
-                query, context = outputs["latent"][:, h], outputs["latent"][:, :h]
-            else:  # bandits' states are the constant zero
-                query, context = torch.zeros(B, 1), torch.zeros(B, h, 1)
+                if model is None:
+                    raise ValueError("a latent-space kernel needs the model")
+                query, context = state_features(model, query), state_features(model, context)
             stats.append(context_evidence(
                 f, actions[:, :h], rewards[:, :h], num_actions, query, context,
                 None if next_values is None else next_values[:, :h]))
@@ -367,7 +371,7 @@ def bandit_offline_rows(
             assert outputs is not None
             if "prior_mean" not in outputs:
                 raise ValueError("method 'spice' needs a SpiceModel (a value ensemble)")
-            picks = spice_offline_picks(spec, outputs, actions, rewards, hs, A)
+            picks = spice_offline_picks(spec, outputs, actions, rewards, hs, A, model)
         elif spec.uses_model:
             assert outputs is not None
             picks = argmax_lowest(outputs["logits"])  # (B, P): greedy at position h
