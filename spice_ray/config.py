@@ -597,7 +597,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "data": {"num_train_tasks": 2_000, "num_val_tasks": 200, "shard_size": 1_000,
                      "batch_size": 500},
             "model": {"n_layer": 3, "n_embd": 32, "head_hidden": 32},
-            "train": {"epochs": 10, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 5},
+            "train": {"epochs": 5, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 5},
         },
     },
     "paper": {
