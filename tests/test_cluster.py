@@ -16,6 +16,7 @@ import copy
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -361,8 +362,9 @@ def test_autoscaler_launches_the_node_type_a_label_asks_for():
     assert len(nodes[HEAD]) == len(nodes[DATAGEN]) == len(nodes[TRAINER]) == 1, nodes
     assert usage[DATAGEN] == nodes[DATAGEN] and usage[TRAINER] == nodes[TRAINER]
     assert len({nodes[HEAD][0], nodes[DATAGEN][0], nodes[TRAINER][0]}) == 3
-    assert "Adding 1 node(s) of type ray.worker.datagen" in monitor_log
-    assert "Adding 1 node(s) of type ray.worker.trainer" in monitor_log
+    for node_type in ("ray.worker.datagen", "ray.worker.trainer"):  # either log wording
+        assert re.search(rf"(Adding 1 node\(s\) of type|Launching 1 nodes, type) "
+                         rf"{re.escape(node_type)}", monitor_log), node_type
     # With only the head up, placement_resources() already asked for the worker labels,
     # because the cluster declares them (LABELS_ENV): what lets the autoscaler pick the type.
     assert report["placement"] == {HEAD: {HEAD: LABEL_REQUEST},

@@ -22,7 +22,8 @@ ray.init(address="auto", logging_level="ERROR")
 nodes = {n.node_id: n.resources_total for n in list_nodes(detail=True)}
 out = {}
 for a in list_actors(detail=True, limit=10_000):
-    out.setdefault(a.class_name, set()).add(a.node_id)
+    if a.node_id:  # actors that never got a node have none
+        out.setdefault(a.class_name, set()).add(a.node_id)
 print(json.dumps({"actors": {k: sorted(v) for k, v in out.items()},
                   "labels": {nid: [k for k in r if k in ("datagen", "trainer")]
                              for nid, r in nodes.items()}}))

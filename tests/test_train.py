@@ -8,6 +8,7 @@ import torch
 
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
+from spice_ray.data.store import iter_batches
 from spice_ray.model import DptModel, SpiceModel
 from spice_ray.train import checkpoint as ckpt
 from spice_ray.train.loop import FAULT_ENV
@@ -31,19 +32,24 @@ def smoke_bandit(ray_local, tmp_path_factory):
 def test_local_training_reduces_td_and_policy_loss(smoke_bandit, tmp_path) -> None:
     cfg, ds = smoke_bandit
     cfg = make_config("smoke", "bandit", overrides=[
-        "train.num_workers=0", "train.epochs=6", "train.lr=3e-3", f"out_dir={tmp_path}"])
+        "train.num_workers=0", "train.epochs=10", "train.lr=3e-3", f"out_dir={tmp_path}"])
     job, run_dir = plan_job(cfg, "spice", 0, ds)
     res = train_local(job, run_dir)
     hist = res.worker_return["history"]
-    assert len(hist) == 6
-    assert hist[-1]["train_td"] < 0.8 * hist[0]["train_td"]  # noise floor is sigma^2 = 0.09
+    assert len(hist) == 10
+    # The TD loss falls, and below the best constant predictor (the variance of all rewards,
+    # 0.172 here): Q uses the context. Its floor is sigma^2 = 0.09 plus what a short prefix
+    # cannot tell about the arm means.
+    rewards = np.concatenate([b["rewards"] for b in iter_batches(ds, "train", 32)])
+    assert hist[-1]["train_td"] < 0.9 * hist[0]["train_td"]
+    assert hist[-1]["train_td"] < rewards.var()
     assert hist[-1]["train_policy"] < hist[0]["train_policy"]
     # the reloaded checkpoint reproduces the in-memory model exactly
     model = SpiceModel.from_checkpoint(res.final)
     np.testing.assert_allclose(probe_outputs(model, job), res.worker_return["probe"],
                                rtol=0, atol=1e-6)
     meta = ckpt.read_meta(res.final)
-    assert meta["epoch"] == 5 and meta["dataset_hash"] == job.dataset_hash
+    assert meta["epoch"] == 9 and meta["dataset_hash"] == job.dataset_hash
     # same seed, same weights: a second identical run gives identical outputs
     again = train_local(job, tmp_path / "again")
     np.testing.assert_array_equal(again.worker_return["probe"], res.worker_return["probe"])

@@ -2,7 +2,7 @@
 
     python -m spice_ray.results RUN_DIR                         # list experiments
     python -m spice_ray.results RUN_DIR bandit_online --by method \
-        --where "metric == 'cumulative_regret' and x == 499"
+        --where "metric == 'cumulative_regret' and x == 500"
     python -m spice_ray.results RUN_DIR bandit_offline --by method,x --format csv
 """
 
