@@ -337,8 +337,12 @@ class EvalConfig:
     """Thompson sampling Gaussian prior mean."""
     ts_prior_var: float = 1.0 / 12.0
     """Thompson sampling Gaussian prior variance (> 0)."""
+    ppo_episodes: int = 0
+    """Darkroom single-task PPO reference: training budget in episodes per task (0: off;
+    needs the `ppo` extra, stable-baselines3 with its defaults)."""
 
     def __post_init__(self) -> None:
+        _check(self.ppo_episodes >= 0, "eval.ppo_episodes", self.ppo_episodes, "an integer >= 0")
         for name in ("num_tasks", "online_horizon", "episodes", "num_actors"):
             value = getattr(self, name)
             _check(value >= 1, f"eval.{name}", value, "an integer >= 1")

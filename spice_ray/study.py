@@ -220,6 +220,14 @@ def evaluate_darkroom(plan: StudyPlan, datasets: dict[str, Path], finals: dict) 
             rows = _eval(str(finals[("darkroom", "spice", variant, seed)]), cfg, data,
                          [ControllerSpec("spice", fusion=cfg.fusion)], ("online",), seed)
             weights.append(rows.assign(variant=variant))
+    if cfg.eval.ppo_episodes > 0:
+        from spice_ray.baselines.ppo import ppo_darkroom_rows
+
+        log.info("[evaluate] darkroom: single-task PPO, %d episodes per task",
+                 cfg.eval.ppo_episodes)
+        ppo = ppo_darkroom_rows(data, cfg.env, cfg.eval, cfg.eval.ppo_episodes, seed=0)
+        episode = ppo["config"].map(lambda c: f"episode {json.loads(c)['episode']}")
+        online.append(ppo.assign(seed=BASELINE_SEED, variant=episode))
     _write_table(plan.run_dir, "darkroom_online", pd.concat(online, ignore_index=True), inputs)
     weights_df = pd.concat(weights, ignore_index=True)
     _write_table(plan.run_dir, "darkroom_weights",
