@@ -388,9 +388,13 @@ def state_features(model: TrunkModel, states: Tensor) -> Tensor:
     """
     lead = states.shape[:-1]
     dtype = model.trunk.embed.weight.dtype
-    x = query_features(states.reshape(-1, states.shape[-1]).to(dtype), model.num_actions)
-    h = model.trunk(x[:, None, :])[:, 0]  # (N, D): position 0 of a 1-token sequence
-    return h.reshape(*lead, h.shape[-1])
+    flat = states.reshape(-1, states.shape[-1]).to(dtype)  # (N, S)
+    # Contexts repeat states (bandits: one; darkroom: at most 100 cells), so run the trunk on
+    # the distinct states only: an online step then costs O(#states), not O(B * T) tokens.
+    uniq, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (U, S), (N,)
+    x = query_features(uniq, model.num_actions)  # (U, F)
+    h = model.trunk(x[:, None, :])[:, 0]  # (U, D): position 0 of a 1-token sequence
+    return h[inverse].reshape(*lead, h.shape[-1])
 
 
 def context_evidence(
