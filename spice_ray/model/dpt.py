@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from spice_ray.config import ModelConfig
 from spice_ray.model.trunk import TrunkModel
 
 
@@ -36,20 +34,6 @@ class DptModel(TrunkModel):
     """
 
     KIND = "dpt"
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        num_actions: int,
-        state_dim: int,
-        max_len: int,
-        generator: torch.Generator | None = None,
-    ) -> None:
-        super().__init__(config, num_actions, state_dim, max_len, generator)
-        self.policy_head = nn.Linear(config.n_embd, num_actions)
-        with torch.no_grad():
-            nn.init.normal_(self.policy_head.weight, 0.0, 0.02, generator=generator)
-            nn.init.zeros_(self.policy_head.bias)
 
     def heads(self, latent: Tensor) -> DptOutput:
         """Policy logits from latents [..., D]."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from spice_ray.config import ModelConfig
 from spice_ray.model.ensemble import ValueEnsemble
@@ -86,10 +86,6 @@ class SpiceModel(TrunkModel):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__(config, num_actions, state_dim, max_len, generator)
-        self.policy_head = nn.Linear(config.n_embd, num_actions)
-        with torch.no_grad():
-            nn.init.normal_(self.policy_head.weight, 0.0, 0.02, generator=generator)
-            nn.init.zeros_(self.policy_head.bias)
         self.ensemble = ValueEnsemble(config.n_embd, num_actions, config.ensemble_size,
                                       config.head_hidden, config.prior_scale,
                                       depth=config.head_depth, generator=generator)

@@ -279,6 +279,11 @@ class TrunkModel(nn.Module):
         self.max_len = max_len
         self.trunk = Trunk(state_dim, num_actions, config.n_layer, config.n_embd, config.n_head,
                            config.dropout, max_len, generator=generator)
+        # Both SPICE and DPT have a policy head (D -> A); SPICE adds its value ensemble.
+        self.policy_head = nn.Linear(config.n_embd, num_actions)
+        with torch.no_grad():
+            nn.init.normal_(self.policy_head.weight, 0.0, 0.02, generator=generator)
+            nn.init.zeros_(self.policy_head.bias)
 
     def heads(self, latent: Tensor) -> Any:
         """Outputs of every head from latents [..., D]."""

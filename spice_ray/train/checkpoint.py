@@ -15,7 +15,6 @@ file is named instead of half-loaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from spice_ray.config import EnvConfig, RunConfig
+from spice_ray.data.store import file_sha256
 from spice_ray.model.dpt import DptModel
 from spice_ray.model.spice import SpiceModel
 from spice_ray.model.trunk import TrunkModel
@@ -39,12 +39,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupted, or does not fit the environment."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+_sha256 = file_sha256  # one checksum helper for shards and checkpoints
 
 
 def build_model(kind: str, cfg: RunConfig, generator: torch.Generator | None = None
