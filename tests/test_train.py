@@ -129,3 +129,13 @@ def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
     (path / ckpt.META).write_text(json.dumps(meta))
     with pytest.raises(Exception, match="Weights only load failed|Unsupported global"):
         DptModel.from_checkpoint(path)
+
+
+def test_gpu_request_falls_back_to_cpu_without_gpus() -> None:
+    from spice_ray.cluster import LABELS_ENV
+    from spice_ray.train.ray_train import gpus_available
+
+    assert not gpus_available(False, {"GPU": 4.0})
+    assert gpus_available(True, {"CPU": 8.0, "GPU": 1.0}, environ={})
+    assert not gpus_available(True, {"CPU": 2.0}, environ={})  # laptop: train on CPU
+    assert gpus_available(True, {"CPU": 8.0}, environ={LABELS_ENV: "datagen,trainer"})
