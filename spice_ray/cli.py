@@ -37,7 +37,9 @@ def add_config_args(parser: argparse.ArgumentParser, env: bool = True) -> None:
 
 def config_from_args(args: argparse.Namespace, env: str | None = None) -> RunConfig:
     """Resolve the config from parsed flags; exits with status 2 and the field's name if bad."""
-    extra = {"out_dir": str(args.out)} if args.out else {"out_dir": f"runs/{args.preset}"}
+    # Absolute: Ray workers and actors run in other working directories.
+    out = Path(args.out) if args.out else Path("runs") / args.preset
+    extra = {"out_dir": str(out.resolve())}
     try:
         return make_config(args.preset, env or args.env, yaml_path=args.config,
                            overrides=args.overrides, extra=extra)

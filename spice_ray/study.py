@@ -80,7 +80,8 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
     Raises:
         ConfigError: naming the experiment and the field, before any work.
     """
-    run_dir = Path(out or Path("runs") / preset)
+    # Absolute: Ray workers and actors run in other working directories.
+    run_dir = Path(out or Path("runs") / preset).resolve()
     cfgs = {}
     for name in experiments:
         if name not in EXPERIMENT_ENVS:

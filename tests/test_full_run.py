@@ -157,3 +157,21 @@ def test_disk_full_fails_clearly_and_resumes(tmp_path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "dataset:" in proc.stdout
+
+
+def test_relative_out_dirs_become_absolute(tmp_path, monkeypatch) -> None:
+    """Ray workers and actors run in other working directories, so every path the stages ship
+    to them must be absolute even when --out (or the default runs/<preset>) is relative."""
+    import argparse
+
+    from spice_ray.cli import add_config_args, config_from_args
+
+    monkeypatch.chdir(tmp_path)
+    plan = plan_study("smoke", "rel/run")
+    assert plan.run_dir == tmp_path / "rel" / "run"
+    assert all(Path(c.out_dir).is_absolute() for c in plan.configs.values())
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    for argv in ([], ["--out", "x"]):
+        cfg = config_from_args(parser.parse_args(["--preset", "smoke", *argv]))
+        assert Path(cfg.out_dir).is_absolute() and cfg.out_dir.startswith(str(tmp_path))

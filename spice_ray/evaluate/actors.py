@@ -261,7 +261,12 @@ def evaluate_parallel(
     m = max(1, min(num_actors or eval_cfg.num_actors, n))
     shards = [idx for idx in np.array_split(np.arange(n), m) if len(idx)]
     shard_data = [{k: np.asarray(v)[idx] for k, v in data.items()} for idx in shards]
-    source = ray.put(dict(model_source)) if isinstance(model_source, Mapping) else model_source
+    if isinstance(model_source, Mapping):
+        source: Any = ray.put(dict(model_source))
+    elif model_source is not None:
+        source = str(Path(model_source).resolve())  # actors run in another working directory
+    else:
+        source = None
     options: dict[str, Any] = {"num_cpus": eval_cfg.actor_cpus, "max_restarts": 0,
                                "max_task_retries": 0}
     if eval_cfg.actor_gpus > 0:

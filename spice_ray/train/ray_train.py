@@ -233,13 +233,13 @@ def plan_job(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
     Raises:
         CheckpointError: if the dataset's environment does not match ``cfg.env``.
     """
-    dataset_dir = Path(dataset_dir)
+    dataset_dir = Path(dataset_dir).resolve()  # shipped to Train workers: must be absolute
     man = store.load_manifest(dataset_dir)
     ckpt.check_env({"spec": {"num_actions": man.env.num_actions, "state_dim": man.env.state_dim,
                              "max_len": man.env.horizon + 1}}, cfg.env, str(dataset_dir))
     job = TrainJob(cfg.to_dict(), kind, str(dataset_dir),
                    man.split("train")["content_hash"], seed)
-    root = Path(checkpoints_root or Path(cfg.out_dir) / "checkpoints")
+    root = Path(checkpoints_root or Path(cfg.out_dir) / "checkpoints").resolve()
     return job, root / dataset_dir.name / f"{kind}-{job.identity()[:8]}-seed{seed}"
 
 
