@@ -47,6 +47,8 @@ from typing import Any
 
 import yaml
 
+from spice_ray.config import load_yaml
+
 log = logging.getLogger(__name__)
 
 HEAD = "head"
@@ -136,16 +138,7 @@ class ClusterConfigError(ValueError):
 
 
 def _load_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError as exc:
-        raise ClusterConfigError(f"{path}: no such file") from exc
-    except yaml.YAMLError as exc:
-        raise ClusterConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ClusterConfigError(f"{path}: must hold a mapping, got {type(data).__name__}")
-    return data
+    return load_yaml(path, error=ClusterConfigError, allow_empty=False)
 
 
 def ray_schema() -> dict[str, Any]:

@@ -642,19 +642,25 @@ def make_config(
     return _build(RunConfig, values)
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping of config values, with a clear error naming the file."""
+def load_yaml(path: str | Path, error: type[Exception] = ConfigError,
+              allow_empty: bool = True) -> dict[str, Any]:
+    """Read a YAML mapping, with a clear error naming the file.
+
+    Args:
+        error: exception class raised for a missing, unparsable or non-mapping file.
+        allow_empty: an empty file is ``{}`` (config overrides) rather than an error.
+    """
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError as exc:
-        raise ConfigError(f"config file {path} does not exist") from exc
+        raise error(f"config file {path} does not exist") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-    if data is None:
+        raise error(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None and allow_empty:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping, got {type(data).__name__}")
+        raise error(f"config file {path} must hold a mapping, got {type(data).__name__}")
     return data
 
 

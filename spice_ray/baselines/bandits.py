@@ -157,7 +157,17 @@ class EmpiricalMean(CountingBandit):
         return _seen_only(counts, mean)
 
 
-class UCB(CountingBandit):
+class _ConfidenceBound(CountingBandit):
+    """Shared by UCB and LCB: the scale c (>= 0) of the sqrt(1/n) term."""
+
+    def __init__(self, c: float = 1.0) -> None:
+        super().__init__()
+        if c < 0:
+            raise ValueError(f"c={c!r} is invalid: >= 0")
+        self.c = float(c)
+
+
+class UCB(_ConfidenceBound):
     """UCB: argmax mu_hat + c sqrt(1/n), unpulled arms first.
 
     Offline it picks the arm its index prefers after the context (the action it would take
@@ -169,12 +179,6 @@ class UCB(CountingBandit):
 
     name = "ucb"
 
-    def __init__(self, c: float = 1.0) -> None:
-        super().__init__()
-        if c < 0:
-            raise ValueError(f"c={c!r} is invalid: >= 0")
-        self.c = float(c)
-
     def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
         return _unpulled_first(counts, mean + _bonus(counts, self.c))
 
@@ -182,7 +186,7 @@ class UCB(CountingBandit):
         return self._online(counts, mean, 0)
 
 
-class LCB(CountingBandit):
+class LCB(_ConfidenceBound):
     """LCB (offline only): argmax mu_hat - c sqrt(1/n) over arms seen at least once.
 
     Unseen arms are excluded (their lower bound is -infinity); arm 0 if no arm was seen.
@@ -193,12 +197,6 @@ class LCB(CountingBandit):
     """
 
     name = "lcb"
-
-    def __init__(self, c: float = 1.0) -> None:
-        super().__init__()
-        if c < 0:
-            raise ValueError(f"c={c!r} is invalid: >= 0")
-        self.c = float(c)
 
     def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
         raise NotImplementedError("LCB is an offline baseline; it has no online rule")
