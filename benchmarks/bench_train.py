@@ -5,8 +5,11 @@
 One optimisation step = forward over the whole [query; context] sequence, the full loss, backward
 and AdamW. Measured in the same run on the same random batch:
   - DPT (trunk + policy head, cross-entropy),
-  - SPICE (vectorised K-head ensemble, the full SPICE loss),
+  - SPICE (vectorised K-head ensemble, the full SPICE loss; heads as model.head_kernel="auto"
+    runs them: the fused kernels compiled by torch.compile where that works),
+  - SPICE with the same fused heads run eagerly (head_kernel="eager": no compiler needed),
   - SPICE with a naive ensemble that loops over heads and actions (the authors' reference design).
+Then the ensemble alone (forward + backward on fixed latents), vectorised vs loop.
 Targets (issue 3): SPICE's step <= 1.5x DPT's; the vectorised ensemble >= 3x faster than the loop.
 On a GPU (--device cuda) the steps run under bf16 autocast.
 """
@@ -21,6 +24,7 @@ import torch
 
 from spice_ray.config import make_config
 from spice_ray.model import LoopEnsemble
+from spice_ray.model import ensemble as ensemble_module
 from spice_ray.model.tokens import make_tokens
 from spice_ray.train.checkpoint import build_model
 from spice_ray.train.loop import compute_loss
@@ -35,7 +39,7 @@ def random_batch(batch: int, horizon: int, arms: int, seed: int = 0) -> dict[str
 
 
 def time_steps(model, kind, cfg, batch, steps: int, device: torch.device) -> float:
-    """Median seconds per optimisation step (after one warm-up step)."""
+    """Median seconds per optimisation step (after one warm-up step, which also compiles)."""
     model.to(device).train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     tokens_batch = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
@@ -57,7 +61,7 @@ def time_steps(model, kind, cfg, batch, steps: int, device: torch.device) -> flo
 
 
 def time_ensemble(ens, latent: torch.Tensor, steps: int) -> float:
-    """Median seconds of one forward + backward through the ensemble alone."""
+    """Median seconds of one forward + backward through the ensemble alone (after a warm-up)."""
     times = []
     for i in range(steps + 1):
         h = latent.detach().requires_grad_(True)
@@ -91,29 +95,36 @@ def main() -> None:
                                 device)
     spice = build_model("spice", cfg, torch.Generator().manual_seed(0))
     results["spice"] = time_steps(spice, "spice", cfg, batch, args.steps, device)
+    eager = build_model("spice", cfg, torch.Generator().manual_seed(0))
+    eager.ensemble.kernel = "eager"
+    results["spice_eager"] = time_steps(eager, "spice", cfg, batch, args.steps, device)
     looped = build_model("spice", cfg, torch.Generator().manual_seed(0))
     looped.ensemble = LoopEnsemble.from_vectorised(looped.ensemble)
     results["spice_loop"] = time_steps(looped, "spice", cfg, batch, args.steps, device)
 
-    latent = torch.randn(args.batch, args.horizon + 1, cfg.model.n_embd, device=device,
-                         generator=torch.Generator().manual_seed(1)) if device.type == "cpu" \
-        else torch.randn(args.batch, args.horizon + 1, cfg.model.n_embd, device=device)
+    latent = torch.randn(args.batch, args.horizon + 1, cfg.model.n_embd,
+                         generator=torch.Generator().manual_seed(1)).to(device)
     ens_vec = time_ensemble(spice.ensemble.to(device), latent, args.steps)
+    ens_eager = time_ensemble(eager.ensemble.to(device), latent, args.steps)
     ens_loop = time_ensemble(looped.ensemble.to(device), latent, args.steps)
 
+    heads = ("eager (torch.compile failed: " + ensemble_module._compile_error + ")"
+             if ensemble_module._compile_error else "compiled")
     print(f"device={device} threads={torch.get_num_threads()} B={args.batch} T={args.horizon} "
           f"A={cfg.env.num_arms} K={cfg.model.ensemble_size} layers={cfg.model.n_layer} "
-          f"width={cfg.model.n_embd}")
+          f"width={cfg.model.n_embd} head_hidden={cfg.model.head_hidden}")
+    print(f"head_kernel=auto ran the heads {heads}")
     for name, sec in results.items():
         print(f"  {name:11s} {sec * 1e3:9.1f} ms/step  {args.batch / sec:9.1f} samples/s")
-    r1 = results["spice"] / results["dpt"]
-    r2 = results["spice_loop"] / results["spice"]
-    print(f"SPICE / DPT step time:            {r1:.2f}x (target <= 1.5x; the authors' "
-          f"reference code: ~5x)")
-    print(f"ensemble alone (fwd+bwd on [B, T+1, D] latents): vectorised {ens_vec * 1e3:.1f} ms, "
-          f"loop {ens_loop * 1e3:.1f} ms")
-    print(f"loop / vectorised ensemble:       {ens_loop / ens_vec:.2f}x (target >= 3x)")
-    print(f"loop-ensemble SPICE / SPICE step: {r2:.2f}x (whole step, trunk included)")
+    print(f"SPICE / DPT step time:            {results['spice'] / results['dpt']:.2f}x "
+          f"(target <= 1.5x; the authors' reference code: ~5x); with eager heads "
+          f"{results['spice_eager'] / results['dpt']:.2f}x")
+    print(f"ensemble alone (fwd+bwd on [B, T+1, D] latents): vectorised {ens_vec * 1e3:.1f} ms "
+          f"(eager heads {ens_eager * 1e3:.1f} ms), loop {ens_loop * 1e3:.1f} ms")
+    print(f"loop / vectorised ensemble:       {ens_loop / ens_vec:.2f}x (target >= 3x); "
+          f"with eager heads {ens_loop / ens_eager:.2f}x")
+    print(f"loop-ensemble SPICE / SPICE step: {results['spice_loop'] / results['spice']:.2f}x "
+          "(whole step, trunk included)")
 
 
 if __name__ == "__main__":

@@ -168,6 +168,10 @@ class ModelConfig:
     """Hidden width of each value head's MLP (>= 1)."""
     head_depth: int = 1
     """Hidden layers of each value head's MLP (>= 1)."""
+    head_kernel: Literal["auto", "compiled", "eager"] = "auto"
+    """How depth-1 value heads run: "compiled" (fused torch.compile kernels), "eager" (the layer
+    stack under plain autograd, same math) or "auto" (compiled for >= 1024 rows while
+    torch.compile works in this process, else eager)."""
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_embd", "n_head", "head_hidden", "head_depth"):
@@ -179,6 +183,8 @@ class ModelConfig:
         _check(self.ensemble_size >= 2, "model.ensemble_size", self.ensemble_size,
                "an integer >= 2")
         _check(self.prior_scale >= 0, "model.prior_scale", self.prior_scale, "a float >= 0")
+        _check(self.head_kernel in ("auto", "compiled", "eager"), "model.head_kernel",
+               self.head_kernel, "one of auto, compiled, eager")
 
 
 @dataclass(frozen=True)

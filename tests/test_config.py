@@ -24,6 +24,7 @@ from spice_ray.config import (
         ("fusion.tau=-1", "fusion.tau"),
         ("fusion.v_min=0", "fusion.v_min"),
         ("model.ensemble_size=1", "model.ensemble_size"),
+        ("model.head_kernel=fast", "model.head_kernel"),
         ("data.behaviour_omega=1.5", "data.behaviour_omega"),
         ("data.behaviour_omega=-0.01", "data.behaviour_omega"),
         ("data.label=bogus", "data.label"),

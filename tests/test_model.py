@@ -19,6 +19,7 @@ from spice_ray.model import (
     align_to_transitions,
     make_tokens,
 )
+from spice_ray.model import ensemble as ensemble_module
 from spice_ray.model.tokens import token_dim
 from spice_ray.train.losses import dpt_loss, spice_loss
 
@@ -191,19 +192,92 @@ def test_no_unused_parameters_and_spec_round_trip() -> None:
 # ---- ensemble -------------------------------------------------------------------------------
 
 
-def test_vectorised_ensemble_equals_loop() -> None:
+def _loop_grads(loop: LoopEnsemble) -> list[torch.Tensor]:
+    """The loop ensemble's f gradients in the vectorised layout: weight_i [K, in, out] and
+    bias_i [K, 1, out], in ``ValueEnsemble.f.parameters()`` order."""
+    linears = [[m for m in head if isinstance(m, torch.nn.Linear)] for head in loop.f]
+    grads = []
+    for i in range(len(linears[0])):
+        grads.append(torch.stack([lin[i].weight.grad.T for lin in linears]))
+        grads.append(torch.stack([lin[i].bias.grad[None] for lin in linears]))
+    return grads
+
+
+@pytest.mark.parametrize(("kernel", "depth", "alpha"), [
+    ("eager", 1, 0.7), ("eager", 1, 0.0), ("eager", 2, 0.7),
+    ("compiled", 1, 0.7), ("compiled", 1, 0.0),
+])
+def test_vectorised_ensemble_equals_loop(monkeypatch, kernel, depth, alpha) -> None:
+    """Values and every gradient (latents, f's weights and biases) match the per-head,
+    per-action loop, for the layer stack ("eager") and the fused compiled path, the latter
+    across partial row blocks."""
+    monkeypatch.setattr(ensemble_module, "FUSED_BLOCK", 16)  # 2 x 19 rows: 3 blocks, last partial
     g = torch.Generator().manual_seed(5)
-    ens = ValueEnsemble(6, 3, ensemble_size=4, hidden=5, prior_scale=0.7, generator=g)
+    ens = ValueEnsemble(6, 3, ensemble_size=4, hidden=5, prior_scale=alpha, depth=depth,
+                        generator=g, kernel=kernel).double()
     with torch.no_grad():
         for p in ens.f.parameters():  # move off the anchors so anchor_loss is non-trivial
-            p.add_(0.1 * torch.randn(p.shape, generator=g))
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     loop = LoopEnsemble.from_vectorised(ens)
-    h = torch.randn(2, 7, 6, generator=g)  # (B, T, D)
-    q = ens(h)
-    assert q.shape == (2, 7, 4, 3)
-    torch.testing.assert_close(q, loop(h), atol=1e-6, rtol=1e-5)
+    h = torch.randn(2, 19, 6, generator=g, dtype=torch.float64)  # (B, T, D)
+    h_vec, h_loop = h.clone().requires_grad_(True), h.clone().requires_grad_(True)
+    q = ens(h_vec)
+    assert q.shape == (2, 19, 4, 3)
+    q_loop = loop(h_loop)
+    torch.testing.assert_close(q, q_loop, atol=1e-12, rtol=1e-10)
+    weights = torch.randn(q.shape, generator=g, dtype=q.dtype)  # a generic dL/dq
+    (q * weights).sum().backward()
+    (q_loop * weights).sum().backward()
+    torch.testing.assert_close(h_vec.grad, h_loop.grad, atol=1e-12, rtol=1e-10)
+    for p, p_loop in zip(ens.f.parameters(), _loop_grads(loop), strict=True):
+        torch.testing.assert_close(p.grad, p_loop, atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(ens.anchor_loss(), loop.anchor_loss())
     assert ens.anchor_loss() > 0
+
+
+def test_compiled_heads_match_eager_in_float32() -> None:
+    """The compiled kernels are the eager ones fused: same function at float32 precision,
+    here above COMPILE_MIN_ROWS so ``auto`` compiles too."""
+    g = torch.Generator().manual_seed(8)
+    kw = {"ensemble_size": 3, "hidden": 8, "prior_scale": 1.0}
+    eager = ValueEnsemble(8, 4, **kw, generator=torch.Generator().manual_seed(1), kernel="eager")
+    auto = ValueEnsemble(8, 4, **kw, generator=torch.Generator().manual_seed(1))
+    h = torch.randn(ensemble_module.COMPILE_MIN_ROWS + 5, 8, generator=g)
+    outs = []
+    for ens in (eager, auto):
+        x = h.clone().requires_grad_(True)
+        q = ens(x)
+        q.square().sum().backward()
+        outs.append((q.detach(), x.grad, ens.f.weight_0.grad, ens.f.weight_1.grad))
+    assert ensemble_module._COMPILED, "auto should have compiled at this size"
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_auto_head_kernel_falls_back_when_compile_fails(monkeypatch, caplog) -> None:
+    def no_compiler(fn, **kwargs):
+        def call(*args):
+            raise RuntimeError("no C++ compiler found")
+        return call
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    monkeypatch.setattr(ensemble_module, "_COMPILED", {})
+    monkeypatch.setattr(ensemble_module, "_compile_error", None)
+    monkeypatch.setattr(ensemble_module, "COMPILE_MIN_ROWS", 1)
+    h = torch.randn(5, 6, generator=torch.Generator().manual_seed(2))
+    make = lambda kernel: ValueEnsemble(6, 3, 2, 4, 1.0, kernel=kernel,  # noqa: E731
+                                        generator=torch.Generator().manual_seed(0))
+    with caplog.at_level("WARNING", logger=ensemble_module.__name__):
+        q_first = make("auto")(h)  # fused path; its kernels run eagerly after the failure
+        q_later = make("auto")(h)  # the failure is remembered: the layer stack, no retry
+    assert sum("torch.compile failed" in r.getMessage() for r in caplog.records) == 1
+    q_eager = make("eager")(h)
+    torch.testing.assert_close(q_first, q_eager)
+    torch.testing.assert_close(q_later, q_eager, atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match="model.head_kernel='compiled'.*no C\\+\\+ compiler"):
+        make("compiled")(h)
+    with pytest.raises(ValueError, match="kernel='fast'"):
+        make("fast")
 
 
 def test_priors_and_anchors_are_frozen_buffers() -> None:

@@ -74,9 +74,12 @@ def test_local_run_killed_after_first_checkpoint_resumes(smoke_bandit, tmp_path,
 
 @pytest.mark.ray
 def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path) -> None:
+    """Also runs the compiled value-head kernels inside Ray Train workers (smoke batches are
+    below the size where ``auto`` would compile)."""
     _, ds = smoke_bandit
     cfg = make_config("smoke", "bandit", overrides=[
-        "train.num_workers=2", "train.worker_cpus=0.5", f"out_dir={tmp_path}"])
+        "train.num_workers=2", "train.worker_cpus=0.5", "model.head_kernel=compiled",
+        f"out_dir={tmp_path}"])
     job, run_dir = plan_job(cfg, "spice", 0, ds)
     res = train_with_ray(job, run_dir)
     model = SpiceModel.from_checkpoint(res.final, expect_env=cfg.env)

@@ -9,6 +9,14 @@ All A actions are evaluated at once without building the [h; onehot(a)] inputs: 
 splits as [h; onehot(a)] @ W = h @ W[:D] + W[D + a], i.e. one matmul over the latents plus a
 broadcast add of the action rows.
 
+With one hidden layer (the default) and a working ``torch.compile``, large inputs take a fused
+path (:class:`_DepthOneHeads`): per block of rows, one matmul gives the pre-activations of f and
+p for every head, and one compiled loop evaluates relu and the output layer for every action
+without writing the (rows, K, A, hidden) activations to memory; the backward pass is written out
+by hand the same way. The loops are compiled from plain torch functions (:func:`heads_forward`,
+:func:`heads_backward`). Everything else (small inputs, deeper heads, ``head_kernel="eager"``,
+no compiler) runs the layer stack with ordinary autograd. ``ModelConfig.head_kernel`` chooses.
+
 The frozen prior weights and the anchors phi0 (f's initial weights) are registered buffers, so
 they travel with ``state_dict`` and ``.to()`` but are not parameters: no optimizer updates them.
 ``LoopEnsemble`` is the slow obvious reference (K separate ``nn.Sequential`` heads, one call per
@@ -17,10 +25,15 @@ head and action), built from a vectorised ensemble for tests and benchmarks.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+log = logging.getLogger(__name__)
 
 HEAD_DEPTH = 1
 """Default hidden layers of each value head's MLP (f_k and p_k): in -> hidden -> 1
@@ -29,7 +42,147 @@ most of the work: per row, D*H + 2*A*H multiply-adds instead of A*((D + A)*H + H
 
 
 ROW_BLOCK = 2048
-"""Rows of latents per ensemble block (see :meth:`ValueEnsemble.forward`)."""
+"""Rows of latents per block of the generic (depth > 1) path (see :meth:`ValueEnsemble.forward`)."""
+
+FUSED_BLOCK = 1024
+"""Rows per block of the fused depth-1 path. A block's pre-activations (rows x 2K x hidden floats,
+3.7 MB at the paper's size) stay in cache from the matmul that makes them to the kernel that reads
+them; 1024 was the fastest of 256 to 4096 rows in bench_train's setting (2 threads)."""
+
+COMPILE_MIN_ROWS = 1024
+"""``head_kernel="auto"`` takes the compiled path only for inputs of at least this many rows.
+Smaller ones (online rollouts, unit tests) are cheap eagerly and would only pay the compile time
+(seconds, once per process)."""
+
+HEAD_KERNELS = ("auto", "compiled", "eager")
+"""Values of ``ModelConfig.head_kernel``."""
+
+
+def heads_forward(z: Tensor, rows: Tensor, out: Tensor) -> Tensor:
+    """Depth-1 heads on every action from split pre-activations (second-layer bias excluded).
+
+    q[n, k, a] = sum_{p, j} out[p, k, j] * relu(z[n, p, k, j] + rows[p, k, a, j]), where part
+    p = 0 is f and p = 1 the prior (absent when alpha = 0).
+
+    Args:
+        z: [n, P, K, H] latents times the first layer's latent rows, h @ W1[:D].
+        rows: [P, K, A, H] the first layer's action rows plus its bias, W1[D + a] + b1.
+        out: [P, K, H] second-layer weights (the prior's already scaled by alpha).
+
+    Returns:
+        [n, K, A].
+    """
+    hidden = torch.relu(z[:, :, :, None, :] + rows[None])  # (n, P, K, A, H)
+    return (hidden * out[None, :, :, None, :]).sum((1, 4))  # (n, K, A)
+
+
+def heads_backward(z: Tensor, rows: Tensor, out: Tensor, grad: Tensor) -> tuple[Tensor, ...]:
+    """Backward of :func:`heads_forward` given grad = dL/dq [n, K, A].
+
+    With s[n, p, k, a, j] = grad[n, k, a] * 1[z + rows > 0]:
+      dL/dz = out * sum_a s;  dL/drows[0] = out[0] * sum_n s[:, 0];
+      dL/dout[0] = sum_{n, a} grad * relu(z + rows)[:, 0]
+                 = sum_n z[:, 0] * sum_a s[:, 0] + sum_a rows[0] * sum_n s[:, 0],
+    so no reduction needs the relu activations themselves.
+
+    Returns:
+        (dL/dz [n, P, K, H], sum_n s[:, 0] [K, A, H], sum_n z[:, 0] * sum_a s[:, 0] [K, H]).
+    """
+    active = z[:, :, :, None, :] + rows[None] > 0  # (n, P, K, A, H)
+    s = torch.where(active, grad[:, None, :, :, None], 0.0)  # (n, P, K, A, H)
+    s_z = s.sum(3)  # (n, P, K, H)
+    return s_z * out[None], s[:, 0].sum(0), (z[:, 0] * s_z[:, 0]).sum(0)
+
+
+_EAGER: dict[str, Callable[..., Tensor | tuple[Tensor, ...]]] = {
+    "forward": heads_forward, "backward": heads_backward}
+_COMPILED: dict[str, Callable[..., Tensor | tuple[Tensor, ...]]] = {}
+_compile_error: str | None = None
+
+
+def _run_kernel(name: str, mode: str, *args: Tensor):
+    """Run kernel ``name`` ("forward" or "backward") compiled.
+
+    If compiling fails (no C++ compiler on CPU, no Triton on GPU), ``mode="auto"`` warns once,
+    runs this call eagerly and records the failure, so later calls take the layer-stack path;
+    ``mode="compiled"`` raises.
+    """
+    global _compile_error
+    if name not in _COMPILED:  # one symbolic-shape graph serves every block size and batch
+        _COMPILED[name] = torch.compile(_EAGER[name], dynamic=True)
+    try:
+        return _COMPILED[name](*args)
+    except Exception as e:  # torch.compile's failures have no common base class
+        if mode == "compiled":
+            raise RuntimeError(f"model.head_kernel='compiled' but torch.compile failed here "
+                               f"({type(e).__name__}: {e}); use model.head_kernel=auto or "
+                               "eager") from e
+        _compile_error = f"{type(e).__name__}: {e}"
+        log.warning("torch.compile failed (%s); value heads run eagerly (same math, slower). "
+                    "Set model.head_kernel=eager to skip the attempt.", _compile_error)
+        return _EAGER[name](*args)
+
+
+class _DepthOneHeads(torch.autograd.Function):
+    """All K depth-1 heads (f + alpha * p) on all A actions, blocked and fused, by hand.
+
+    Inputs: h [N, D]; for f and then the frozen prior p (whose three may be None when alpha = 0):
+    the first layer's latent rows [K, D, H], its action rows plus bias [K, A, H] and the output
+    weights [K, H] (the prior's times alpha). Output: [N, K, A] without the output bias. Only h
+    and f's tensors get gradients. Nothing of size N x K x A x H is kept for backward: each block's
+    pre-activations are recomputed there (one small matmul) from the saved latents.
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, h: Tensor, first_f: Tensor, rows_f: Tensor, out_f: Tensor,
+                first_p: Tensor | None, rows_p: Tensor | None, out_p: Tensor | None,
+                mode: str) -> Tensor:
+        N, D = h.shape
+        K, _, H = first_f.shape
+        A = rows_f.shape[1]
+        parts = [(first_f, rows_f, out_f)] + ([(first_p, rows_p, out_p)] if first_p is not None
+                                              else [])
+        P = len(parts)
+        weight = torch.stack([w.permute(1, 0, 2) for w, _, _ in parts], 1)  # (D, P, K, H)
+        weight = weight.reshape(D, P * K * H)
+        rows = torch.stack([r for _, r, _ in parts])  # (P, K, A, H)
+        out = torch.stack([o for _, _, o in parts])  # (P, K, H)
+        q = h.new_empty(N, K, A)
+        for i in range(0, N, FUSED_BLOCK):
+            z = (h[i:i + FUSED_BLOCK] @ weight).view(-1, P, K, H)  # (n, P, K, H)
+            q[i:i + FUSED_BLOCK] = _run_kernel("forward", mode, z, rows, out)  # (n, K, A)
+        ctx.save_for_backward(h, weight, rows, out)
+        ctx.mode = mode
+        return q
+
+    @staticmethod
+    @once_differentiable
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad: Tensor):
+        h, weight, rows, out = ctx.saved_tensors
+        N, D = h.shape
+        P, K, A, H = rows.shape
+        grad = grad.contiguous()  # (N, K, A)
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_first = h.new_zeros(D, K * H, dtype=out.dtype)  # f's columns of weight
+        sum_s = h.new_zeros(K, A, H, dtype=out.dtype)  # sum_n s[:, 0]
+        grad_out = h.new_zeros(K, H, dtype=out.dtype)
+        for i in range(0, N, FUSED_BLOCK):
+            hb = h[i:i + FUSED_BLOCK]  # (n, D)
+            z = (hb @ weight).view(-1, P, K, H)  # (n, P, K, H), as in forward
+            grad_z, s_b, out_b = _run_kernel("backward", ctx.mode, z, rows, out,
+                                             grad[i:i + FUSED_BLOCK])
+            grad_z = grad_z.view(-1, P * K * H)  # (n, P*K*H)
+            if grad_h is not None:
+                grad_h[i:i + FUSED_BLOCK] = grad_z @ weight.T  # (n, D)
+            grad_first += hb.T @ grad_z[:, :K * H]  # (D, K*H): f's part only
+            sum_s += s_b
+            grad_out += out_b
+        grad_out += (rows[0] * sum_s).sum(1)  # (K, H)
+        grad_first = grad_first.view(D, K, H).permute(1, 0, 2)  # (K, D, H)
+        return (grad_h, grad_first, sum_s * out[0][:, None, :], grad_out,
+                None, None, None, None)
 
 
 class EnsembleMLP(nn.Module):
@@ -108,6 +261,9 @@ class ValueEnsemble(nn.Module):
         prior_scale: alpha.
         depth: hidden layers per head.
         generator: optional RNG for f's and p's init (default: torch's global RNG).
+        kernel: one of :data:`HEAD_KERNELS` (``ModelConfig.head_kernel``): "compiled" always
+            takes the fused path (depth 1), "eager" never, "auto" for >= COMPILE_MIN_ROWS rows
+            while torch.compile works. An attribute, so it can be switched after loading.
     """
 
     def __init__(
@@ -119,12 +275,16 @@ class ValueEnsemble(nn.Module):
         prior_scale: float,
         depth: int = HEAD_DEPTH,
         generator: torch.Generator | None = None,
+        kernel: str = "auto",
     ) -> None:
         super().__init__()
+        if kernel not in HEAD_KERNELS:
+            raise ValueError(f"kernel={kernel!r} is invalid: one of {', '.join(HEAD_KERNELS)}")
         self.in_dim = in_dim
         self.num_actions = num_actions
         self.ensemble_size = ensemble_size
         self.prior_scale = prior_scale
+        self.kernel = kernel
         dims = (in_dim + num_actions, *([hidden] * depth), 1)
         self.f = EnsembleMLP(ensemble_size, dims, frozen=False, generator=generator)
         self.prior = EnsembleMLP(ensemble_size, dims, frozen=True, generator=generator)
@@ -134,19 +294,42 @@ class ValueEnsemble(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         """Q of every head and action: [..., D] -> [..., K, A].
 
-        Rows are processed in blocks of :data:`ROW_BLOCK`: the (K, rows, A, hidden)
-        activations are the largest tensors of a SPICE step, and at B x T = 32k rows they
-        would be hundreds of MB; cache-sized blocks ran the paper-size ensemble 2.7x faster
-        on CPU (fwd + bwd, 2 threads). Still no loop over heads or actions.
+        Depth-1 heads take the fused path (:class:`_DepthOneHeads`) as ``kernel`` says. The
+        layer stack runs in blocks of :data:`ROW_BLOCK` rows: its (K, rows, A, hidden)
+        activations are the largest tensors of a SPICE step, hundreds of MB at B x T = 32k rows
+        unblocked. Neither path loops over heads or actions.
         """
         lead = h.shape[:-1]
         flat = h.reshape(-1, self.in_dim)  # (N, D)
-        blocks = [self._rows(flat[i:i + ROW_BLOCK]) for i in range(0, flat.shape[0], ROW_BLOCK)]
-        q = blocks[0] if len(blocks) == 1 else torch.cat(blocks, 1)  # (K, N, A)
-        return q.permute(1, 0, 2).reshape(*lead, self.ensemble_size, self.num_actions)
+        fused = self.kernel == "compiled" or (
+            self.kernel == "auto" and flat.shape[0] >= COMPILE_MIN_ROWS and not _compile_error)
+        if fused and self.f.num_layers == 2:
+            q = self._fused(flat)  # (N, K, A)
+        else:
+            blocks = [self._rows(flat[i:i + ROW_BLOCK])
+                      for i in range(0, flat.shape[0], ROW_BLOCK)]
+            q = blocks[0] if len(blocks) == 1 else torch.cat(blocks, 1)  # (K, N, A)
+            q = q.permute(1, 0, 2)  # (N, K, A)
+        return q.reshape(*lead, self.ensemble_size, self.num_actions)
+
+    def _fused(self, flat: Tensor) -> Tensor:
+        """[N, D] -> [N, K, A] for depth-1 heads, f plus the scaled frozen prior."""
+        D = self.in_dim
+        w1, b1 = self.f.layer(0)  # (K, D + A, H), (K, 1, H)
+        w2, b2 = self.f.layer(1)  # (K, H, 1), (K, 1, 1)
+        args: list[Tensor | None] = [w1[:, :D], w1[:, D:] + b1, w2[..., 0]]
+        bias = b2.view(-1, 1)  # (K, 1)
+        if self.prior_scale != 0.0:
+            pw1, pb1 = self.prior.layer(0)
+            pw2, pb2 = self.prior.layer(1)
+            args += [pw1[:, :D], pw1[:, D:] + pb1, self.prior_scale * pw2[..., 0]]
+            bias = bias + self.prior_scale * pb2.view(-1, 1)
+        else:
+            args += [None, None, None]
+        return _DepthOneHeads.apply(flat, *args, self.kernel) + bias  # (N, K, A)
 
     def _rows(self, flat: Tensor) -> Tensor:
-        """[N, D] -> [K, N, A]: f plus the scaled frozen prior."""
+        """[N, D] -> [K, N, A]: f plus the scaled frozen prior (generic path)."""
         q = self.f(flat, self.num_actions)  # (K, N, A)
         if self.prior_scale != 0.0:
             q = q + self.prior_scale * self.prior(flat, self.num_actions)  # (K, N, A)

@@ -88,7 +88,8 @@ class SpiceModel(TrunkModel):
         super().__init__(config, num_actions, state_dim, max_len, generator)
         self.ensemble = ValueEnsemble(config.n_embd, num_actions, config.ensemble_size,
                                       config.head_hidden, config.prior_scale,
-                                      depth=config.head_depth, generator=generator)
+                                      depth=config.head_depth, generator=generator,
+                                      kernel=config.head_kernel)
 
     def heads(self, latent: Tensor) -> SpiceOutput:
         """Policy logits and the ensemble's Q, mean and std from latents [..., D]."""
