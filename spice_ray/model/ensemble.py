@@ -42,7 +42,7 @@ most of the work: per row, D*H + 2*A*H multiply-adds instead of A*((D + A)*H + H
 
 
 ROW_BLOCK = 2048
-"""Rows of latents per block of the generic (depth > 1) path (see :meth:`ValueEnsemble.forward`)."""
+"""Rows of latents per block of the layer-stack path (see :meth:`ValueEnsemble.forward`)."""
 
 FUSED_BLOCK = 1024
 """Rows per block of the fused depth-1 path. A block's pre-activations (rows x 2K x hidden floats,
