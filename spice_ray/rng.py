@@ -124,3 +124,38 @@ class TaskStreams:
             sl = slice(b, b + 4096)
             draws[sl] = (u[sl, :, None] >= cdf[sl, None, :]).sum(-1)
         return np.minimum(draws, probs.shape[-1] - 1)
+
+
+class StepDraws:
+    """Draws for a controller that acts step by step on a batch of tasks.
+
+    The n-th request gives each task draws that are a function of (its key, ``stream``, n) only,
+    so a task's draws do not depend on which other tasks share the batch: an evaluation sharded
+    over any number of actors takes the same random actions. Every task of the batch must take
+    part in every request (controllers act on all their tasks at every step).
+
+    Args:
+        streams: the batch's task keys, e.g. ``TaskStreams.from_seed(seed, "eval", task_ids)``.
+        stream: a name that separates these draws from the task's other streams.
+    """
+
+    def __init__(self, streams: TaskStreams, stream: str) -> None:
+        self.streams = streams
+        self.stream = stream
+        self.requests = 0
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def _next(self) -> str:
+        name = f"{self.stream}/{self.requests}"
+        self.requests += 1
+        return name
+
+    def normal(self, shape: tuple[int, ...] = ()) -> np.ndarray:
+        """Standard normals float64 [B, *shape] for the next request."""
+        return self.streams.normal(self._next(), shape)
+
+    def uniform(self, shape: tuple[int, ...] = ()) -> np.ndarray:
+        """Uniforms float64 in [0, 1), [B, *shape], for the next request."""
+        return self.streams.uniform(self._next(), shape)

@@ -92,6 +92,30 @@ def test_online_noise_is_per_task_and_step() -> None:
     assert not np.allclose(online_noise(8, ids, 30), full)
 
 
+def test_randomised_controllers_do_not_depend_on_sharding() -> None:
+    """A task's TS, DPT-sampling and SPICE-Thompson rows are the same whether it is evaluated
+    with all tasks or in another shard: controller draws are per task, like the reward noise."""
+    data = _data(BANDIT, 8)
+    model = _model(BANDIT, seed=2)
+    specs = [ControllerSpec("ts"), ControllerSpec("dpt"),
+             ControllerSpec("spice", FusionConfig(controller="thompson"))]
+    key = list(KEY_COLUMNS)
+
+    def rows(index: np.ndarray) -> pd.DataFrame:
+        shard = {k: np.asarray(v)[index] for k, v in data.items()}
+        return bandit_online_rows(BANDIT.env, BANDIT.eval, shard, specs, model)
+
+    whole = rows(np.arange(8)).sort_values(key, ignore_index=True)
+    shards = pd.concat([rows(np.array([5, 1])), rows(np.array([0, 2, 3, 4, 6, 7]))])
+    pd.testing.assert_frame_equal(shards.sort_values(key, ignore_index=True), whole)
+    # the controllers did draw: DPT's sampled actions are not its greedy ones
+    greedy = bandit_online_rows(BANDIT.env, BANDIT.eval, data,
+                                [ControllerSpec("dpt", sample=False)], model)
+    assert not np.array_equal(greedy.sort_values(key)["value"].to_numpy(),
+                              whole[whole.controller == "sample"].sort_values(key)["value"]
+                              .to_numpy())
+
+
 def test_rows_schema_and_parquet_round_trip(tmp_path) -> None:
     data = _data(BANDIT)
     df = bandit_online_rows(BANDIT.env, BANDIT.eval, data, [ControllerSpec("ucb")])

@@ -20,6 +20,7 @@ from spice_ray.fusion import (
     kernel_weights,
     nstep_targets,
     rbf_weights,
+    sample_categorical,
     select_action,
     thompson_action,
     ucb_action,
@@ -27,6 +28,7 @@ from spice_ray.fusion import (
     weighted_action_stats,
 )
 from spice_ray.fusion.posterior import Posterior
+from spice_ray.rng import StepDraws, TaskStreams
 
 finite = st.floats(-10.0, 10.0, allow_nan=False)
 positive = st.floats(1e-3, 1e3, allow_nan=False)
@@ -334,3 +336,44 @@ def test_thompson_frequencies_follow_posterior() -> None:
     var = torch.ones(n, 2, dtype=torch.float64)
     actions = thompson_action(mean, var, torch.Generator().manual_seed(0))
     assert actions.double().mean().item() == pytest.approx(0.760, abs=0.02)
+    draws = StepDraws(TaskStreams.from_seed(0, "eval", np.arange(n)), "ts")
+    actions = thompson_action(mean, var, draws)  # per-task draws: the same law
+    assert actions.double().mean().item() == pytest.approx(0.760, abs=0.02)
+
+
+def _draws(ids, seed: int = 4) -> StepDraws:
+    return StepDraws(TaskStreams.from_seed(seed, "eval", np.asarray(ids)), "ctrl")
+
+
+def test_step_draws_depend_on_task_and_request_only() -> None:
+    whole, shard = _draws(np.arange(10)), _draws([7, 2])
+    for _ in range(3):  # request by request, a shard's rows are the whole batch's rows
+        full = whole.normal((4,))
+        assert full.shape == (10, 4)
+        np.testing.assert_array_equal(shard.normal((4,)), full[[7, 2]])
+    np.testing.assert_array_equal(shard.uniform(), whole.uniform()[[7, 2]])
+    fresh = _draws(np.arange(10))
+    first, second = fresh.normal((4,)), fresh.normal((4,))
+    assert not np.allclose(first, second)  # each request is new
+    assert not np.allclose(_draws(np.arange(10), seed=5).normal((4,)), first)  # and seeded
+    big = _draws(np.arange(50_000)).normal()
+    assert abs(big.mean()) < 0.02 and big.std() == pytest.approx(1.0, abs=0.02)
+
+
+def test_sample_categorical_frequencies_and_shard_independence() -> None:
+    n = 40_000
+    probs = torch.tensor([0.2, 0.0, 0.5, 0.3], dtype=torch.float64).expand(n, 4)
+    picks = sample_categorical(probs, _draws(np.arange(n)))
+    freq = torch.bincount(picks, minlength=4).double() / n
+    torch.testing.assert_close(freq, probs[0], atol=0.01, rtol=0)
+    assert freq[1] == 0  # a zero-probability action is never drawn
+    both = sample_categorical(probs[:6], _draws(np.arange(6)))
+    assert torch.equal(sample_categorical(probs[:2], _draws([4, 5])), both[4:])
+    one_hot = torch.tensor([[0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
+    assert sample_categorical(one_hot, _draws([0])).tolist() == [3]
+    torch_picks = sample_categorical(probs[:1000], torch.Generator().manual_seed(0))
+    assert torch_picks.shape == (1000,) and (torch_picks != 1).all()
+    with pytest.raises(ValueError, match="StepDraws for 3 tasks"):
+        sample_categorical(probs[:2], _draws([0, 1, 2]))
+    with pytest.raises(ValueError, match="StepDraws for 3 tasks"):
+        thompson_action(probs[:2], probs[:2], _draws([0, 1, 2]))

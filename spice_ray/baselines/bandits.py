@@ -35,6 +35,7 @@ from spice_ray.fusion.posterior import (
     ActionRule,
     BetaSchedule,
     Posterior,
+    RandomSource,
     RunningStats,
     argmax_lowest,
     beta_at,
@@ -56,7 +57,7 @@ class BanditController(Protocol):
     name: str
 
     def reset(
-        self, num_tasks: int, num_actions: int, generator: torch.Generator | None = None
+        self, num_tasks: int, num_actions: int, generator: RandomSource | None = None
     ) -> None:
         """Start B = ``num_tasks`` fresh runs with an empty context."""
         ...
@@ -108,7 +109,7 @@ class CountingBandit:
 
     def __init__(self) -> None:
         self._stats: RunningStats | None = None
-        self._generator: torch.Generator | None = None
+        self._generator: RandomSource | None = None
 
     @property
     def stats(self) -> RunningStats:
@@ -117,7 +118,7 @@ class CountingBandit:
         return self._stats
 
     def reset(
-        self, num_tasks: int, num_actions: int, generator: torch.Generator | None = None
+        self, num_tasks: int, num_actions: int, generator: RandomSource | None = None
     ) -> None:
         """Empty statistics for ``num_tasks`` tasks and ``num_actions`` arms."""
         self._stats = RunningStats.zeros(num_tasks, num_actions, dtype=STATS_DTYPE)
@@ -311,7 +312,7 @@ def run_online_bandit(
     means: np.ndarray | Tensor,
     sigma: float,
     noise: np.ndarray | Tensor,
-    generator: torch.Generator | None = None,
+    generator: RandomSource | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Run a controller for H steps from an empty context in B bandit tasks.
 

@@ -3,7 +3,7 @@
 Every controller follows one small protocol, :class:`Controller`, which extends the classical
 bandit baselines' (``spice_ray.baselines.bandits.BanditController``) with optional states:
 
-    reset(num_tasks, num_actions, generator)    start B empty contexts
+    reset(num_tasks, num_actions, generator)    start B empty contexts (generator: RandomSource)
     act(t, states=None) -> long [B]             t = transitions observed so far
     observe(actions, rewards, states=None, next_states=None)   append one transition per task
 
@@ -30,9 +30,10 @@ uniform kernel and reward targets (the bandit setting) the evidence is kept in
 :class:`~spice_ray.fusion.RunningStats`, O(A) per step; otherwise it is recomputed from the whole
 context every step, because kernel weights and bootstrap values move with the query.
 
-Randomness (Thompson draws, DPT policy samples) comes from the ``torch.Generator`` handed to
-``reset``; action selection runs on the CPU in float64 so that a generator's draws, and hence
-the actions, do not depend on the model's device.
+Randomness (Thompson draws, DPT policy samples) comes from the source handed to ``reset``: a
+``torch.Generator`` or, in rollouts, per-task :class:`~spice_ray.rng.StepDraws`, so that a task's
+actions do not depend on which tasks share its shard. Action selection runs on the CPU in float64
+so that the draws, and hence the actions, do not depend on the model's device.
 """
 
 from __future__ import annotations
@@ -51,12 +52,14 @@ from spice_ray.config import EvalConfig, FusionConfig
 from spice_ray.envs import bandit, darkroom
 from spice_ray.fusion import (
     Posterior,
+    RandomSource,
     RunningStats,
     argmax_lowest,
     beta_at,
     gaussian_posterior,
     kernel_weights,
     nstep_targets,
+    sample_categorical,
     select_action,
     weighted_action_stats,
 )
@@ -86,7 +89,7 @@ class Controller(Protocol):
     name: str
 
     def reset(
-        self, num_tasks: int, num_actions: int, generator: torch.Generator | None = None
+        self, num_tasks: int, num_actions: int, generator: RandomSource | None = None
     ) -> None:
         """Start B = ``num_tasks`` fresh runs with an empty context."""
         ...
@@ -472,10 +475,10 @@ class _ModelController:
         self.model = model
         self.env_name = env_name
         self.runner = ContextRunner(model, env_name, use_cache, keep_latents, keep_prior_means)
-        self._generator: torch.Generator | None = None
+        self._generator: RandomSource | None = None
 
     def reset(self, num_tasks: int, num_actions: int,
-              generator: torch.Generator | None = None) -> None:
+              generator: RandomSource | None = None) -> None:
         """Empty contexts for B = ``num_tasks`` tasks; ``generator`` drives any sampling."""
         if num_actions != self.model.num_actions:
             raise ValueError(f"num_actions={num_actions} but the model has "
@@ -516,7 +519,7 @@ class SpiceController(_ModelController):
         self._stats: RunningStats | None = None
 
     def reset(self, num_tasks: int, num_actions: int,
-              generator: torch.Generator | None = None) -> None:
+              generator: RandomSource | None = None) -> None:
         super().reset(num_tasks, num_actions, generator)
         self._stats = RunningStats.zeros(num_tasks, num_actions, dtype=STATS_DTYPE)
 
@@ -591,9 +594,9 @@ class PolicyController(_ModelController):
         if not self.sample:
             return argmax_lowest(logits)
         if self._generator is None:
-            raise ValueError("a sampling policy controller needs a torch.Generator in reset()")
-        probs = torch.softmax(logits, dim=-1)  # (B, A)
-        return torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
+            raise ValueError("a sampling policy controller needs a torch.Generator or StepDraws "
+                             "in reset()")
+        return sample_categorical(torch.softmax(logits, dim=-1), self._generator)  # (B,)
 
 
 # ---- oracles -----------------------------------------------------------------------------
@@ -605,7 +608,7 @@ class _Oracle:
     name = "optimal"
 
     def reset(self, num_tasks: int, num_actions: int,
-              generator: torch.Generator | None = None) -> None:
+              generator: RandomSource | None = None) -> None:
         """Nothing to reset."""
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor | None = None,

@@ -22,8 +22,8 @@ cumulative_return. ``seed`` is the training seed of the evaluated checkpoint (ca
 baselines get the same value so that seeds pair up), ``config`` a compact JSON of the settings
 that change a method's results, including the test-time ``sigma`` for bandits and
 ``episodes`` for darkroom. Randomised controllers (TS, DPT sampling, SPICE-Thompson) draw from
-a torch.Generator seeded by (eval seed, first task id, number of tasks), so their draws depend
-on how tasks are sharded; the environment noise does not.
+per-task :class:`~spice_ray.rng.StepDraws` keyed by (eval seed, task id, step), like the
+environment noise: a task's rows do not depend on how tasks are sharded over actors.
 """
 
 from __future__ import annotations
@@ -61,10 +61,10 @@ from spice_ray.evaluate.controllers import (
     needs_latents,
     state_features,
 )
-from spice_ray.fusion import argmax_lowest, greedy_action
+from spice_ray.fusion import RandomSource, argmax_lowest, greedy_action
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
-from spice_ray.rng import TaskStreams
+from spice_ray.rng import StepDraws, TaskStreams
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ KEY_COLUMNS = ROW_COLUMNS[:-1]
 """Columns that identify a row; a result table has each key at most once."""
 NOISE_STREAM = "online/noise"
 """TaskStreams stream of the online reward noise (common random numbers)."""
+CONTROLLER_STREAM = "online/controller"
+"""StepDraws stream of randomised controllers' draws (Thompson noise, policy samples)."""
 
 
 # ---- rows --------------------------------------------------------------------------------
@@ -172,12 +174,14 @@ def online_noise(eval_seed: int, task_ids: np.ndarray, horizon: int) -> np.ndarr
         NOISE_STREAM, (horizon,))
 
 
-def controller_generator(eval_seed: int, task_ids: np.ndarray) -> torch.Generator:
-    """CPU generator for randomised controllers, seeded by (eval seed, shard's tasks)."""
-    ids = np.asarray(task_ids, dtype=np.int64)
-    first = int(ids.min()) if len(ids) else 0
-    state = np.random.SeedSequence([eval_seed, first, len(ids)]).generate_state(1, np.uint64)
-    return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
+def controller_draws(eval_seed: int, task_ids: np.ndarray) -> StepDraws:
+    """Fresh per-task draws for one randomised controller's run over ``task_ids``.
+
+    Every controller gets the same draws (common random numbers), and a task's draws are a
+    function of (eval seed, task id, step) only, whatever shard it is evaluated in.
+    """
+    return StepDraws(TaskStreams.from_seed(eval_seed, "eval", np.asarray(task_ids)),
+                     CONTROLLER_STREAM)
 
 
 def bandit_tasks(data: Mapping[str, np.ndarray], sigma: float) -> bandit.BanditTasks:
@@ -431,7 +435,7 @@ def bandit_online_rows(
         for spec in todo:
             ctrl = make_controller(spec, "bandit", model, eval_cfg, sigma, tasks)
             actions, _ = run_online_bandit(ctrl, tasks.means, sigma, noise,
-                                           controller_generator(eval_cfg.seed, task_ids))
+                                           controller_draws(eval_cfg.seed, task_ids))
             regret = cumulative_regret(tasks.means, actions)  # (B, H)
             config = spec.config_json(eval_cfg, sigma=sigma)
             if sigma in curves:
@@ -451,7 +455,7 @@ def run_online_darkroom(
     tasks: darkroom.DarkroomTasks,
     horizon: int,
     episodes: int = 1,
-    generator: torch.Generator | None = None,
+    generator: RandomSource | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Act ``episodes`` episodes of ``horizon`` steps from each task's start, context kept.
 
@@ -515,7 +519,7 @@ def darkroom_online_rows(
     for spec in _unique_specs(specs, ONLINE_METHODS, eval_cfg, online=True):
         ctrl = make_controller(spec, "darkroom", model, eval_cfg, tasks=tasks)
         _, rewards = run_online_darkroom(ctrl, tasks, H, E,
-                                         controller_generator(eval_cfg.seed, task_ids))
+                                         controller_draws(eval_cfg.seed, task_ids))
         config = spec.config_json(eval_cfg, episodes=E)
         for metric, values in (("cumulative_regret", np.cumsum(best - rewards, axis=1)),
                                ("cumulative_return", np.cumsum(rewards, axis=1))):

@@ -27,6 +27,13 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from spice_ray.rng import StepDraws
+
+RandomSource = torch.Generator | StepDraws
+"""Where sampling rules draw from: a ``torch.Generator`` (draws depend on the whole batch) or a
+:class:`~spice_ray.rng.StepDraws` (each task's draws depend on its own key only; rollouts use
+these so results do not depend on how tasks are sharded)."""
+
 NOISE_VAR_FLOOR = 1e-6
 """Smallest likelihood variance sigma^2 used in the posterior; sigma = 0 is floored to this."""
 
@@ -311,26 +318,54 @@ def ucb_action(mean: Tensor, var: Tensor, beta: float | Tensor) -> Tensor:
     return argmax_lowest(ucb_scores(mean, var, beta))
 
 
-def thompson_action(mean: Tensor, var: Tensor, generator: torch.Generator) -> Tensor:
+def standard_normal(like: Tensor, source: RandomSource) -> Tensor:
+    """Standard normals shaped, typed and placed like ``like`` [B, ...] from ``source``."""
+    if isinstance(source, torch.Generator):
+        return torch.randn(like.shape, generator=source, dtype=like.dtype, device=like.device)
+    if like.dim() == 0 or like.shape[0] != len(source):
+        raise ValueError(f"StepDraws for {len(source)} tasks cannot fill shape "
+                         f"{tuple(like.shape)}: the leading axis must be the tasks")
+    return torch.as_tensor(source.normal(tuple(like.shape[1:])), dtype=like.dtype,
+                           device=like.device)
+
+
+def thompson_action(mean: Tensor, var: Tensor, generator: RandomSource) -> Tensor:
     """Thompson sampling: argmax of one draw from N(m_post, v_post) per action.
 
     Args:
-        mean: [..., A] posterior means.
+        mean: [..., A] posterior means ([B, A] with a StepDraws source).
         var: [..., A] posterior variances.
-        generator: the source of randomness (on ``mean``'s device).
+        generator: the source of randomness (a torch.Generator on ``mean``'s device).
 
     Returns:
         long [...] actions.
     """
-    noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+    noise = standard_normal(mean, generator)
     return argmax_lowest(mean + torch.sqrt(var) * noise)
+
+
+def sample_categorical(probs: Tensor, generator: RandomSource) -> Tensor:
+    """One draw per row from probabilities [B, A] (rows sum to 1) -> long [B].
+
+    A torch.Generator goes through ``torch.multinomial``; StepDraws through the inverse CDF of
+    one uniform per task.
+    """
+    if isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if probs.dim() != 2 or probs.shape[0] != len(generator):
+        raise ValueError(f"StepDraws for {len(generator)} tasks cannot sample probabilities of "
+                         f"shape {tuple(probs.shape)}: expected [{len(generator)}, A]")
+    cdf = probs.cumsum(-1)  # (B, A)
+    u = torch.as_tensor(generator.uniform(), dtype=cdf.dtype, device=cdf.device)  # (B,)
+    u = u[:, None] * cdf[:, -1:]  # (B, 1): scaled so rounding in the cdf cannot overflow A
+    return (u >= cdf).sum(-1).clamp_max(probs.shape[-1] - 1)
 
 
 def select_action(
     posterior: Posterior,
     rule: ActionRule,
     beta: float | Tensor = 1.0,
-    generator: torch.Generator | None = None,
+    generator: RandomSource | None = None,
 ) -> Tensor:
     """Apply one of the action rules to a posterior (``FusionConfig.controller``).
 
@@ -338,7 +373,7 @@ def select_action(
         posterior: Posterior(mean [..., A], var [..., A]).
         rule: "greedy", "ucb" or "thompson".
         beta: UCB coefficient, float or tensor [...] (see :func:`beta_at`).
-        generator: required for "thompson".
+        generator: required for "thompson" (see :data:`RandomSource`).
 
     Returns:
         long [...] actions.
@@ -349,6 +384,6 @@ def select_action(
         return ucb_action(posterior.mean, posterior.var, beta)
     if rule == "thompson":
         if generator is None:
-            raise ValueError("the thompson rule needs a torch.Generator")
+            raise ValueError("the thompson rule needs a torch.Generator or StepDraws")
         return thompson_action(posterior.mean, posterior.var, generator)
     raise ValueError(f"rule={rule!r} is invalid: one of greedy, ucb, thompson")
