@@ -11,7 +11,7 @@ from spice_ray.data.generate import generate_dataset
 from spice_ray.data.store import iter_batches
 from spice_ray.model import DptModel, SpiceModel
 from spice_ray.train import checkpoint as ckpt
-from spice_ray.train.loop import FAULT_ENV
+from spice_ray.train.loop import FAULT_ENV, shuffled_batches
 from spice_ray.train.ray_train import (
     plan_job,
     pretrain,
@@ -72,6 +72,25 @@ def test_local_run_killed_after_first_checkpoint_resumes(smoke_bandit, tmp_path,
     assert pretrain(cfg, "dpt", 0, ds) == final  # a finished run is skipped
 
 
+def test_shuffled_batches_split_an_epoch_reproducibly() -> None:
+    chunks = [{"task_id": torch.arange(lo, hi)} for lo, hi in ((0, 10), (10, 20), (20, 27))]
+
+    def batches(epoch: int, rank: int = 0, world: int = 1) -> list[list[int]]:
+        rng = np.random.default_rng([3, epoch])
+        return [b["task_id"].tolist()
+                for b in shuffled_batches(chunks, 4, rng, 27, rank, world)]
+
+    single = batches(0)
+    assert len(single) == 6 and all(len(b) == 4 for b in single)  # 27 // 4, last rows dropped
+    assert len({i for b in single for i in b}) == 24  # no row twice
+    assert batches(0) == single and batches(1) != single  # seeded per epoch
+    ranks = [batches(0, r, 2) for r in range(2)]
+    assert ranks == [single[0::2], single[1::2]]  # the workers split the same stream
+    thirds = [batches(0, r, 4) for r in range(4)]
+    assert [len(b) for b in thirds] == [1, 1, 1, 1]  # equal step counts: 6 // 4 rounds
+    assert [b[0] for b in thirds] == single[:4]
+
+
 @pytest.mark.ray
 def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path) -> None:
     """Also runs the compiled value-head kernels inside Ray Train workers (smoke batches are
@@ -86,6 +105,9 @@ def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path)
     np.testing.assert_allclose(probe_outputs(model, job), res.worker_return["probe"],
                                rtol=0, atol=1e-6)
     assert res.worker_return["metrics"]["epoch"] == cfg.train.epochs - 1
+    # same seed, same weights, on Ray Train too: the data order does not depend on timing
+    again = train_with_ray(job, tmp_path / "again")
+    np.testing.assert_array_equal(again.worker_return["probe"], res.worker_return["probe"])
 
 
 @pytest.mark.ray

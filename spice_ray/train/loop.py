@@ -15,14 +15,14 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from spice_ray.config import RunConfig, config_hash, from_dict
 from spice_ray.data import store
@@ -193,6 +193,48 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1
 def fault_epoch_from_env() -> int:
     """The fault-injection switch (``SPICE_RAY_FAULT_TRAIN_EPOCH``), -1 when unset."""
     return int(os.environ.get(FAULT_ENV, "-1"))
+
+
+def shuffled_batches(
+    chunks: Iterable[Mapping[str, Tensor]],
+    batch_size: int,
+    rng: np.random.Generator,
+    num_rows: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[dict[str, Tensor]]:
+    """This worker's batches of one epoch from a stream of row chunks, reproducibly.
+
+    Each chunk (plus the rows left over from the previous one) is permuted with ``rng`` and cut
+    into batches of ``batch_size``; batch i goes to worker ``i % world_size``. Every worker sees
+    the same stream and the same ``rng``, so together they split the epoch without talking, and
+    each takes ``num_rows // batch_size // world_size`` batches (DDP needs equal step counts).
+    Unlike a shuffle buffer filled as data arrive, nothing here depends on timing.
+
+    Args:
+        chunks: dicts of tensors [n, ...] in a fixed order (e.g. one Parquet shard each).
+        batch_size: rows per batch (per worker).
+        rng: the epoch's generator, e.g. ``np.random.default_rng([seed, epoch])``.
+        num_rows: rows in the whole stream.
+        rank, world_size: this worker and the number of workers.
+    """
+    rounds = num_rows // batch_size // world_size
+    index = 0
+    carry: dict[str, Tensor] | None = None
+    for chunk in chunks:
+        cols = {k: torch.as_tensor(v) for k, v in chunk.items()}
+        if carry is not None:
+            cols = {k: torch.cat([carry[k], v]) for k, v in cols.items()}
+        n = len(next(iter(cols.values())))
+        perm = torch.from_numpy(rng.permutation(n))
+        full = n - n % batch_size
+        for lo in range(0, full, batch_size):
+            if index >= rounds * world_size:
+                return
+            if index % world_size == rank:
+                yield {k: v[perm[lo:lo + batch_size]] for k, v in cols.items()}
+            index += 1
+        carry = {k: v[perm[full:]] for k, v in cols.items()}
 
 
 class LocalContext:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -31,6 +32,7 @@ from spice_ray.train.loop import (
     fault_epoch_from_env,
     fit,
     publish_final,
+    shuffled_batches,
 )
 
 log = logging.getLogger(__name__)
@@ -51,18 +53,23 @@ class RayContext:
         self._scratch = Path(tempfile.mkdtemp(prefix="spice_ckpt_"))
 
     def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
+        """Every worker streams the whole split in file order (:func:`data_config`) and keeps
+        its share of :func:`shuffled_batches`: the same seed gives the same batches whatever
+        the timing. (Ray Data's split and local shuffle buffer assign rows as blocks arrive.)"""
         import ray.train
 
-        shard = ray.train.get_dataset_shard("train")
-        return shard.iter_torch_batches(batch_size=batch_size, drop_last=True,
-                                        local_shuffle_buffer_size=4 * batch_size,
-                                        local_shuffle_seed=self.job.seed * 100_003 + epoch)
+        cfg = self.job.cfg
+        chunks = ray.train.get_dataset_shard("train").iter_torch_batches(
+            batch_size=max(cfg.data.shard_size, batch_size))
+        num_rows = store.load_manifest(self.job.dataset_dir).split("train")["num_rows"]
+        return shuffled_batches(chunks, batch_size, np.random.default_rng([self.job.seed, epoch]),
+                                num_rows, self.rank, self.world_size)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
         import ray.train
 
         return ray.train.get_dataset_shard("validation").iter_torch_batches(
-            batch_size=batch_size)
+            batch_size=batch_size)  # each worker scores the whole validation split
 
     def prepare(self, model: nn.Module) -> nn.Module:
         import ray.train.torch
@@ -167,6 +174,16 @@ def _train_dataset(dataset_dir: str, split: str):
     return ds
 
 
+def data_config():
+    """Ray Train's DataConfig for our datasets: not split over workers, and read in file order
+    (``preserve_order``), so that :func:`shuffled_batches` sees the same stream every time."""
+    import ray.data
+    import ray.train
+
+    return ray.train.DataConfig(datasets_to_split=[],
+                                execution_options=ray.data.ExecutionOptions(preserve_order=True))
+
+
 def train_with_ray(job: TrainJob, run_dir: Path) -> TrainResult:
     """Fit ``job`` on a TorchTrainer and publish ``run_dir/final``.
 
@@ -189,6 +206,7 @@ def train_with_ray(job: TrainJob, run_dir: Path) -> TrainResult:
                                                resources_per_worker=resources),
         datasets={split: _train_dataset(job.dataset_dir, split)
                   for split in ("train", "validation")},
+        dataset_config=data_config(),
         run_config=ray.train.RunConfig(
             name="ray",
             storage_path=str(run_dir.resolve()),
