@@ -370,11 +370,6 @@ def needs_bootstrap(fusion: FusionConfig) -> bool:
     return fusion.target == "nstep" and fusion.gamma > 0
 
 
-def needs_latents(fusion: FusionConfig) -> bool:
-    """True when the kernel compares trunk latents (not the uniform kernel, not raw states)."""
-    return fusion.kernel != "uniform" and fusion.kernel_space == "latent"
-
-
 @torch.no_grad()
 def state_features(model: TrunkModel, states: Tensor) -> Tensor:
     """The trunk's latent of a state alone: the output of the query token [s, 0, 0, 0].

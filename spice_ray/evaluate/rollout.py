@@ -58,7 +58,6 @@ from spice_ray.evaluate.controllers import (
     fused_posterior,
     make_controller,
     needs_bootstrap,
-    needs_latents,
     state_features,
 )
 from spice_ray.fusion import RandomSource, argmax_lowest, greedy_action
@@ -282,8 +281,8 @@ def spice_offline_picks(
 
     Args:
         spec: a spice spec (its fusion config).
-        outputs: :func:`sequence_outputs` at positions ``hs`` (with "latent" when the kernel
-            reads latents, "prior_mean_all" when the targets bootstrap).
+        outputs: :func:`sequence_outputs` at positions ``hs`` (with "prior_mean_all" when the
+            targets bootstrap).
         actions: long [B, T] context actions.
         rewards: [B, T] context rewards.
         hs: int [P] context lengths.
@@ -366,7 +365,6 @@ def bandit_offline_rows(
         tokens = make_tokens(data, "bandit", A)
         spice = [s for s in model_specs if s.method == "spice"]
         outputs = sequence_outputs(model, tokens, hs,
-                                   keep_latents=any(needs_latents(s.fusion) for s in spice),
                                    keep_prior_means=any(needs_bootstrap(s.fusion) for s in spice),
                                    batch_size=batch_size)
     frames = []
