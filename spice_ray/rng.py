@@ -156,6 +156,7 @@ class StepDraws:
         """Standard normals float64 [B, *shape] for the next request."""
         return self.streams.normal(self._next(), shape)
 
-    def uniform(self, shape: tuple[int, ...] = ()) -> np.ndarray:
-        """Uniforms float64 in [0, 1), [B, *shape], for the next request."""
-        return self.streams.uniform(self._next(), shape)
+    def categorical(self, probs: np.ndarray) -> np.ndarray:
+        """One draw per task from probabilities [B, A] (:meth:`TaskStreams.categorical`), int64
+        [B], for the next request."""
+        return self.streams.categorical(self._next(), probs, 1)[:, 0]

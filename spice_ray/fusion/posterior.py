@@ -348,17 +348,15 @@ def sample_categorical(probs: Tensor, generator: RandomSource) -> Tensor:
     """One draw per row from probabilities [B, A] (rows sum to 1) -> long [B].
 
     A torch.Generator goes through ``torch.multinomial``; StepDraws through the inverse CDF of
-    one uniform per task.
+    one uniform per task (:meth:`~spice_ray.rng.StepDraws.categorical`).
     """
     if isinstance(generator, torch.Generator):
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     if probs.dim() != 2 or probs.shape[0] != len(generator):
         raise ValueError(f"StepDraws for {len(generator)} tasks cannot sample probabilities of "
                          f"shape {tuple(probs.shape)}: expected [{len(generator)}, A]")
-    cdf = probs.cumsum(-1)  # (B, A)
-    u = torch.as_tensor(generator.uniform(), dtype=cdf.dtype, device=cdf.device)  # (B,)
-    u = u[:, None] * cdf[:, -1:]  # (B, 1): scaled so rounding in the cdf cannot overflow A
-    return (u >= cdf).sum(-1).clamp_max(probs.shape[-1] - 1)
+    picks = generator.categorical(probs.detach().cpu().double().numpy())  # (B,)
+    return torch.from_numpy(picks).to(probs.device)
 
 
 def select_action(
