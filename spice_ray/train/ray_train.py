@@ -51,6 +51,8 @@ class RayContext:
         self.rank = tctx.get_world_rank()
         self.device = ray.train.torch.get_device()
         self._scratch = Path(tempfile.mkdtemp(prefix="spice_ckpt_"))
+        self._train_rows = store.load_manifest(job.dataset_dir).split("train")["num_rows"]
+        self._chunk_rows = job.cfg.data.shard_size
 
     def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
         """Every worker streams the whole split in file order (:func:`data_config`) and keeps
@@ -58,12 +60,10 @@ class RayContext:
         the timing. (Ray Data's split and local shuffle buffer assign rows as blocks arrive.)"""
         import ray.train
 
-        cfg = self.job.cfg
         chunks = ray.train.get_dataset_shard("train").iter_torch_batches(
-            batch_size=max(cfg.data.shard_size, batch_size))
-        num_rows = store.load_manifest(self.job.dataset_dir).split("train")["num_rows"]
+            batch_size=max(self._chunk_rows, batch_size))
         return shuffled_batches(chunks, batch_size, np.random.default_rng([self.job.seed, epoch]),
-                                num_rows, self.rank, self.world_size)
+                                self._train_rows, self.rank, self.world_size)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
         import ray.train
