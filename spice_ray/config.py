@@ -25,6 +25,7 @@ import yaml
 ENV_NAMES = ("bandit", "darkroom")
 PRESET_NAMES = ("smoke", "small", "paper")
 LABEL_MODES = ("optimal", "weak", "weakmix80", "weak-last", "mix:q")
+HEAD_KERNELS = ("auto", "compiled", "eager")
 _FLOAT_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 _MIX_RE = re.compile(r"^mix:(?P<q>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)$")
 
@@ -183,8 +184,8 @@ class ModelConfig:
         _check(self.ensemble_size >= 2, "model.ensemble_size", self.ensemble_size,
                "an integer >= 2")
         _check(self.prior_scale >= 0, "model.prior_scale", self.prior_scale, "a float >= 0")
-        _check(self.head_kernel in ("auto", "compiled", "eager"), "model.head_kernel",
-               self.head_kernel, "one of auto, compiled, eager")
+        _check(self.head_kernel in HEAD_KERNELS, "model.head_kernel", self.head_kernel,
+               f"one of {', '.join(HEAD_KERNELS)}")
 
 
 @dataclass(frozen=True)

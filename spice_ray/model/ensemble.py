@@ -33,6 +33,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from spice_ray.config import HEAD_KERNELS
+
 log = logging.getLogger(__name__)
 
 HEAD_DEPTH = 1
@@ -53,9 +55,6 @@ COMPILE_MIN_ROWS = 1024
 """``head_kernel="auto"`` takes the compiled path only for inputs of at least this many rows.
 Smaller ones (online rollouts, unit tests) are cheap eagerly and would only pay the compile time
 (seconds, once per process)."""
-
-HEAD_KERNELS = ("auto", "compiled", "eager")
-"""Values of ``ModelConfig.head_kernel``."""
 
 
 def heads_forward(z: Tensor, rows: Tensor, out: Tensor) -> Tensor:
