@@ -8,7 +8,7 @@ import torch
 
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
-from spice_ray.data.store import iter_batches
+from spice_ray.data.store import file_sha256, iter_batches
 from spice_ray.model import DptModel, SpiceModel
 from spice_ray.train import checkpoint as ckpt
 from spice_ray.train.loop import FAULT_ENV, shuffled_batches
@@ -150,7 +150,7 @@ def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
     import json
 
     meta = json.loads((path / ckpt.META).read_text())
-    meta["files"][ckpt.WEIGHTS] = ckpt._sha256(path / ckpt.WEIGHTS)
+    meta["files"][ckpt.WEIGHTS] = file_sha256(path / ckpt.WEIGHTS)
     (path / ckpt.META).write_text(json.dumps(meta))
     with pytest.raises(Exception, match="Weights only load failed|Unsupported global"):
         DptModel.from_checkpoint(path)

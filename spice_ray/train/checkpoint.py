@@ -39,9 +39,6 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupted, or does not fit the environment."""
 
 
-_sha256 = file_sha256  # one checksum helper for shards and checkpoints
-
-
 def build_model(kind: str, cfg: RunConfig, generator: torch.Generator | None = None
                 ) -> TrunkModel:
     """A freshly initialised SPICE or DPT model for ``cfg``'s environment."""
@@ -80,7 +77,7 @@ def save_checkpoint(
         "dataset_hash": dataset_hash,
         "epoch": int(epoch),
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
-        "files": {name: _sha256(tmp / name) for name in files},
+        "files": {name: file_sha256(tmp / name) for name in files},
         **(extra or {}),
     }
     (tmp / META).write_text(json.dumps(meta, indent=1))
@@ -106,7 +103,7 @@ def _load_file(directory: Path, name: str, meta: dict[str, Any]) -> Any:
     expected = meta.get("files", {}).get(name)
     if not path.exists():
         raise CheckpointError(f"checkpoint file {path} is missing")
-    if expected is None or _sha256(path) != expected:
+    if expected is None or file_sha256(path) != expected:
         raise CheckpointError(f"checkpoint file {path} fails its SHA-256 checksum "
                               "(corrupted or truncated)")
     return torch.load(path, map_location="cpu", weights_only=True)
