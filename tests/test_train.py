@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from spice_ray.artifacts import file_sha256
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
-from spice_ray.data.store import file_sha256, iter_batches
+from spice_ray.data.store import iter_batches
 from spice_ray.model import DptModel, SpiceModel
 from spice_ray.train import checkpoint as ckpt
 from spice_ray.train.loop import FAULT_ENV, shuffled_batches
@@ -99,6 +103,7 @@ def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path)
     cfg = make_config("smoke", "bandit", overrides=[
         "train.num_workers=2", "train.worker_cpus=0.5", "model.head_kernel=compiled",
         f"out_dir={tmp_path}"])
+    leftovers = set(Path(tempfile.gettempdir()).glob("spice_ckpt_*"))
     job, run_dir = plan_job(cfg, "spice", 0, ds)
     res = train_with_ray(job, run_dir)
     model = SpiceModel.from_checkpoint(res.final, expect_env=cfg.env)
@@ -108,6 +113,34 @@ def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path)
     # same seed, same weights, on Ray Train too: the data order does not depend on timing
     again = train_with_ray(job, tmp_path / "again")
     np.testing.assert_array_equal(again.worker_return["probe"], res.worker_return["probe"])
+    # the workers' scratch (staged checkpoints) is gone, and nothing was left in /tmp
+    assert not (run_dir / "scratch").exists() and not (tmp_path / "again" / "scratch").exists()
+    assert set(Path(tempfile.gettempdir()).glob("spice_ckpt_*")) <= leftovers
+
+
+@pytest.mark.ray
+def test_ray_dataset_streams_in_file_order(ray_local, tmp_path) -> None:
+    """The cause of the flaky same-seed test: ``materialize()`` runs in the driver, outside
+    Ray Train's ``DataConfig(preserve_order=True)``, and put the shards in the order their read
+    tasks finished, so training batches (cut from that stream) changed from run to run."""
+    from spice_ray.train.ray_train import _train_dataset
+
+    cfg = make_config("smoke", "bandit", overrides=["data.shard_size=16"])
+    ds_dir = generate_dataset(cfg, tmp_path / "ds").dataset_dir  # 6 train shards
+    for _ in range(4):  # on the old code, a 6-shard split came out of order in most reads
+        ds = _train_dataset(str(ds_dir), "train")
+        firsts = [int(b["task_id"][0])
+                  for b in ds.iter_batches(batch_size=16, batch_format="numpy")]
+        assert firsts == [0, 16, 32, 48, 64, 80]
+
+
+def test_out_of_order_training_stream_is_refused() -> None:
+    from spice_ray.train.ray_train import in_task_order
+
+    chunks = [{"task_id": torch.arange(0, 4)}, {"task_id": torch.arange(4, 8)}]
+    assert len(list(in_task_order(chunks))) == 2
+    with pytest.raises(RuntimeError, match="out of task order \\(task 0 after 7\\)"):
+        list(in_task_order(chunks + chunks))
 
 
 @pytest.mark.ray
@@ -120,6 +153,7 @@ def test_ray_worker_failure_resumes_from_checkpoint(smoke_bandit, tmp_path, monk
     job, run_dir = plan_job(cfg, "dpt", 0, ds)
     res = train_with_ray(job, run_dir)
     assert res.worker_return["metrics"]["start_epoch"] == 1.0  # resumed, not restarted
+    assert not (run_dir / "scratch").exists()  # cleaned after a failed attempt too
     assert ckpt.read_meta(res.final)["epoch"] == 2
     assert isinstance(DptModel.from_checkpoint(res.final), DptModel)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,8 +31,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spice_ray import artifacts
+from spice_ray.artifacts import file_sha256
 from spice_ray.config import DataConfig, EnvConfig, RunConfig, config_hash
 from spice_ray.data import schema
+from spice_ray.errors import SpiceRayError
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 SPEC = "spec.json"
@@ -39,7 +45,7 @@ SPEC = "spec.json"
 EXECUTION_FIELDS = ("num_actors", "actor_cpus", "batch_size")
 
 
-class DatasetError(RuntimeError):
+class DatasetError(SpiceRayError, RuntimeError):
     """A dataset directory is missing, corrupted, or does not match the requested config."""
 
 
@@ -77,24 +83,6 @@ def shard_path(ds_dir: Path, split: str, index: int) -> Path:
     return Path(ds_dir) / split / f"shard-{index:05d}.parquet"
 
 
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 # Fault injection for tests: every shard write fails as if the disk were full.
 DISK_FULL_ENV = "SPICE_RAY_FAULT_DISK_FULL"
 
@@ -104,14 +92,12 @@ def write_shard(path: Path, table: pa.Table, compression: str) -> dict[str, Any]
     path.parent.mkdir(parents=True, exist_ok=True)
     if os.environ.get(DISK_FULL_ENV):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp, compression=None if compression == "none" else compression,
-                   row_group_size=1024, write_statistics=["task_id"])
-    os.replace(tmp, path)
-    record = {"file": f"{path.parent.name}/{path.name}", "rows": table.num_rows,
-              "bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    _atomic_write_text(_sidecar(path), json.dumps(record))
-    return record
+
+    def write(tmp: Path) -> None:
+        pq.write_table(table, tmp, compression=None if compression == "none" else compression,
+                       row_group_size=1024, write_statistics=["task_id"])
+
+    return artifacts.write_checked(path, write, rows=table.num_rows)
 
 
 def check_shard(path: Path, expected_rows: int) -> tuple[dict[str, Any] | None, str]:
@@ -120,20 +106,9 @@ def check_shard(path: Path, expected_rows: int) -> tuple[dict[str, Any] | None, 
     Returns:
         (sidecar record, "") when valid, else (None, reason) naming what is wrong.
     """
-    side = _sidecar(path)
-    if not path.exists():
-        return None, "missing"
-    if not side.exists():
-        return None, "no checksum sidecar (interrupted write)"
-    try:
-        record = json.loads(side.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None, "unreadable checksum sidecar"
-    size = path.stat().st_size
-    if size != record.get("bytes"):
-        return None, f"size {size} bytes, expected {record.get('bytes')} (truncated?)"
-    if file_sha256(path) != record.get("sha256"):
-        return None, "SHA-256 mismatch (corrupted)"
+    record, reason = artifacts.verify(path)
+    if record is None:
+        return None, reason
     if record.get("rows") != expected_rows:
         return None, f"{record.get('rows')} rows, expected {expected_rows}"
     return record, ""
@@ -146,7 +121,7 @@ def write_spec(ds_dir: Path, spec: dict[str, Any]) -> None:
     if path.exists():
         check_spec(ds_dir, spec)
     else:
-        _atomic_write_text(path, json.dumps(spec, indent=1, sort_keys=True))
+        artifacts.atomic_write_text(path, json.dumps(spec, indent=1, sort_keys=True))
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -159,11 +134,30 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 def check_spec(ds_dir: Path, spec: dict[str, Any]) -> None:
-    """Raise DatasetError naming every field where the directory's spec differs."""
+    """Raise DatasetError naming every field where the directory's spec differs.
+
+    An unreadable manifest is skipped (generation rewrites it from verified shards). An
+    unreadable spec.json is rewritten when the directory's name carries this spec's hash (the
+    default :func:`dataset_dir`), so its shards were made for this config; otherwise it is an
+    error naming the file.
+    """
     for name in (MANIFEST, SPEC):
         path = Path(ds_dir) / name
         if path.exists():
-            on_disk = json.loads(path.read_text())
+            try:
+                on_disk = artifacts.read_json(path)
+                if name == MANIFEST:
+                    _check_manifest_shape(path, on_disk)
+            except artifacts.UnreadableFile as exc:
+                if name == MANIFEST:
+                    continue
+                if Path(ds_dir).name.endswith(f"-{config_hash(spec)}"):
+                    log.warning("%s; rewriting it (the directory name carries this config's "
+                                "hash)", exc)
+                    artifacts.atomic_write_text(path, json.dumps(spec, indent=1, sort_keys=True))
+                    return
+                raise DatasetError(f"{exc}; delete {path} if {ds_dir} holds the dataset of "
+                                   "this config, or use another directory") from exc
             on_disk = on_disk.get("spec", on_disk)
             diffs = _diff(on_disk, json.loads(json.dumps(spec)))
             if diffs:
@@ -219,17 +213,37 @@ class Manifest:
         return schema.columns(env.name, env.num_arms, env.horizon)
 
 
+def _check_manifest_shape(path: Path, raw: dict[str, Any]) -> None:
+    """Raise UnreadableFile unless ``raw`` has the fields the readers use."""
+    ok = isinstance(raw.get("spec"), dict) and isinstance(raw.get("splits"), dict)
+    for split in (raw.get("splits") or {}).values() if ok else ():
+        ok = ok and isinstance(split, dict) and isinstance(split.get("shards"), list) and all(
+            isinstance(r, dict) and {"file", "bytes", "sha256"} <= set(r)
+            for r in split["shards"]) and {"num_rows", "bytes", "content_hash"} <= set(split)
+    if not ok:
+        raise artifacts.UnreadableFile(f"{path} is corrupted: missing or malformed fields")
+
+
 def load_manifest(ds_dir: str | Path) -> Manifest:
     """Read a finished dataset's manifest, with a clear error if it is absent."""
     path = Path(ds_dir) / MANIFEST
     if not path.exists():
         raise DatasetError(f"{path} does not exist: the dataset at {ds_dir} is missing or was "
                            "interrupted; run pipelines/generate_data.py to finish it")
-    raw = json.loads(path.read_text())
-    if raw.get("spec", {}).get("schema_version") != schema.SCHEMA_VERSION:
+    try:
+        raw = artifacts.read_json(path)
+        _check_manifest_shape(path, raw)
+    except artifacts.UnreadableFile as exc:
+        raise DatasetError(f"{exc}; re-run generation to rebuild it from the shards") from exc
+    if raw["spec"].get("schema_version") != schema.SCHEMA_VERSION:
         raise DatasetError(f"{path}: schema version {raw.get('spec', {}).get('schema_version')}"
                            f", this code reads {schema.SCHEMA_VERSION}")
     return Manifest(path, raw)
+
+
+def split_id(ds_dir: str | Path, split: str) -> str:
+    """A split by content (the manifest's content hash), not by path."""
+    return load_manifest(ds_dir).split(split)["content_hash"]
 
 
 def split_files(ds_dir: str | Path, split: str, verify: bool = True) -> list[Path]:
@@ -306,8 +320,17 @@ def dataset_bytes(ds_dir: str | Path) -> int:
 
 def ray_dataset(ds_dir: str | Path, split: str, verify: bool = True):
     """A Ray Data dataset over a split's shards (checksums verified first), for Ray Train's
-    ``get_dataset_shard(...).iter_torch_batches``; tensor columns arrive as [B, *shape]."""
+    ``get_dataset_shard(...).iter_torch_batches``; tensor columns arrive as [B, *shape].
+
+    Its rows come in file order, i.e. by task id, whoever executes it: the dataset's own
+    context preserves order, so ``materialize()`` (run in the driver, outside Ray Train's
+    ``DataConfig``) does not put blocks in the order their read tasks happened to finish.
+    Training batches are cut from this stream, so without it the same seed gave different
+    weights from run to run.
+    """
     import ray.data
 
     files = split_files(ds_dir, split, verify=verify)
-    return ray.data.read_parquet([str(f) for f in files], file_extensions=["parquet"])
+    ds = ray.data.read_parquet([str(f) for f in files], file_extensions=["parquet"])
+    ds.context.execution_options.preserve_order = True
+    return ds

@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
+from spice_ray.artifacts import file_sha256
 from spice_ray.config import EnvConfig, RunConfig
-from spice_ray.data.store import file_sha256
+from spice_ray.errors import SpiceRayError
 from spice_ray.model.dpt import DptModel
 from spice_ray.model.spice import SpiceModel
 from spice_ray.model.trunk import TrunkModel
@@ -35,7 +36,7 @@ OPTIMIZER = "optimizer.pt"
 MODEL_KINDS: dict[str, type[TrunkModel]] = {"spice": SpiceModel, "dpt": DptModel}
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(SpiceRayError, RuntimeError):
     """A checkpoint is missing, corrupted, or does not fit the environment."""
 
 
@@ -98,6 +99,14 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is corrupted: {exc}") from exc
 
 
+def content_id(directory: str | Path) -> str:
+    """A checkpoint by content, not by path: its job identity (or kind and epoch) and the
+    SHA-256 of its weights as recorded in meta.json."""
+    meta = read_meta(directory)
+    who = meta.get("identity") or f"{meta.get('kind')}@{meta.get('epoch')}"
+    return f"{who}:{meta.get('files', {}).get(WEIGHTS)}"
+
+
 def _load_file(directory: Path, name: str, meta: dict[str, Any]) -> Any:
     path = directory / name
     expected = meta.get("files", {}).get(name)
@@ -106,7 +115,14 @@ def _load_file(directory: Path, name: str, meta: dict[str, Any]) -> Any:
     if expected is None or file_sha256(path) != expected:
         raise CheckpointError(f"checkpoint file {path} fails its SHA-256 checksum "
                               "(corrupted or truncated)")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if name == WEIGHTS:
+        bad = [k for k, v in state.items()
+               if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+        if bad:
+            raise CheckpointError(f"checkpoint file {path} holds non-finite values in "
+                                  f"{', '.join(bad[:3])}: the model diverged before it was saved")
+    return state
 
 
 def check_env(meta: dict[str, Any], env: EnvConfig, where: str) -> None:

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from spice_ray.config import RunConfig, config_hash, from_dict
 from spice_ray.data import store
+from spice_ray.errors import SpiceRayError
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
 from spice_ray.train import checkpoint as ckpt
@@ -60,6 +61,37 @@ class TrainJob:
                             "train": {k: v for k, v in c["train"].items()
                                       if k not in ("num_workers", "use_gpu", "worker_cpus",
                                                    "max_failures", "checkpoint_every")}})
+
+
+class TrainingDiverged(SpiceRayError, RuntimeError):
+    """A loss, gradient norm or parameter became NaN or infinite; training stopped before the
+    bad update, and no checkpoint of it is kept or marked final."""
+
+
+def check_step_finite(loss: Tensor, grad_norm: Tensor, where: str,
+                      components: Mapping[str, Tensor] | None = None) -> None:
+    """Raise :class:`TrainingDiverged` if the loss or the gradient norm is not finite.
+
+    One host sync per step. Under DDP every rank takes the same decision (the flag is
+    all-reduced), so no rank is left waiting in a collective.
+    """
+    bad = (~torch.isfinite(loss.detach().float()) | ~torch.isfinite(grad_norm.float())).float()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+    if bad.item() > 0:
+        parts = f" ({_fmt(components)})" if components else ""
+        raise TrainingDiverged(f"training diverged at {where}: loss {float(loss.detach()):.4g}"
+                               f"{parts}, "
+                               f"gradient norm {float(grad_norm):.4g}; the update was not "
+                               "applied")
+
+
+def check_params_finite(model: nn.Module, where: str) -> None:
+    """Raise :class:`TrainingDiverged` naming the first parameter with a non-finite value."""
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p.detach()).all():
+            raise TrainingDiverged(f"training diverged at {where}: parameter {name} is not "
+                                   "finite")
 
 
 class LoopContext(Protocol):
@@ -107,6 +139,10 @@ def _lr_lambda(total_steps: int, cosine: bool):
     return f
 
 
+def _fmt(comp: Mapping[str, Tensor]) -> str:
+    return ", ".join(f"{k} {float(v):.4g}" for k, v in comp.items())
+
+
 def _mean(parts: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     if not parts:
         return {}
@@ -151,14 +187,19 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1
     metrics: dict[str, float] = {}
     for epoch in range(start_epoch, tc.epochs):
         model.train()
+        where = f"{job.kind} seed {job.seed} epoch {epoch + 1}/{tc.epochs}"
         t0 = time.perf_counter()
         parts, seen = [], 0
-        for batch in ctx.train_batches(epoch, per_worker):
+        for step, batch in enumerate(ctx.train_batches(epoch, per_worker)):
             loss, comp = compute_loss(model, batch, job.kind, cfg, ctx.device)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if tc.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+                norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+            else:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in params
+                                                      if p.grad is not None])
+            check_step_finite(loss, norm, f"{where} step {step + 1}", comp)
             optimizer.step()
             scheduler.step()
             parts.append(comp)
@@ -170,8 +211,12 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1
         with torch.no_grad():
             val = _mean([compute_loss(model, b, job.kind, cfg, ctx.device)[1]
                          for b in ctx.val_batches(per_worker)])
+        check_params_finite(model, f"{where}, after its last step")
         metrics = {f"train_{k}": v for k, v in _mean(parts).items()}
         metrics |= {f"val_{k}": v for k, v in val.items()}
+        bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+        if bad:
+            raise TrainingDiverged(f"training diverged at {where}: {', '.join(bad)} not finite")
         metrics |= {"epoch": float(epoch), "samples_per_s": seen * ctx.world_size / elapsed,
                     "lr": float(scheduler.get_last_lr()[0])}
         last = epoch == tc.epochs - 1
@@ -264,17 +309,28 @@ class LocalContext:
         return self.run_dir / "local"
 
     def resume_dir(self) -> Path | None:
-        root = self.scratch_dir()
-        for path in sorted(root.glob("epoch-*"), reverse=True):
-            try:
-                ckpt.load_training_state(path)
-                return path
-            except ckpt.CheckpointError as exc:
-                log.warning("skipping unusable checkpoint %s: %s", path, exc)
-        return None
+        return latest_intact(sorted(self.scratch_dir().glob("epoch-*"), reverse=True),
+                             self.job.identity())
 
     def report(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
         self.history.append(metrics)
+
+
+def latest_intact(candidates: Iterable[Path], identity: str | None = None) -> Path | None:
+    """The first checkpoint in ``candidates`` (newest first) whose files pass their checksums
+    and whose job identity is ``identity`` (when given); unusable ones are logged and skipped.
+    """
+    for path in candidates:
+        try:
+            meta, _, _ = ckpt.load_training_state(path)
+        except ckpt.CheckpointError as exc:
+            log.warning("skipping unusable checkpoint %s: %s", path, exc)
+            continue
+        if identity is not None and meta.get("identity") not in (None, identity):
+            log.warning("skipping checkpoint %s: it belongs to another job", path)
+            continue
+        return path
+    return None
 
 
 def publish_final(src: Path, final_dir: Path) -> Path:

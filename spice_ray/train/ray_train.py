@@ -12,14 +12,13 @@ import dataclasses
 import logging
 import math
 import shutil
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from spice_ray.cluster import TRAINER, declared_labels, placement_resources
 from spice_ray.config import RunConfig
@@ -28,9 +27,11 @@ from spice_ray.model.tokens import make_tokens
 from spice_ray.train import checkpoint as ckpt
 from spice_ray.train.loop import (
     LocalContext,
+    TrainingDiverged,
     TrainJob,
     fault_epoch_from_env,
     fit,
+    latest_intact,
     publish_final,
     shuffled_batches,
 )
@@ -41,28 +42,35 @@ log = logging.getLogger(__name__)
 class RayContext:
     """LoopContext inside a Ray Train worker."""
 
-    def __init__(self, job: TrainJob) -> None:
+    def __init__(self, job: TrainJob, run_dir: Path) -> None:
         import ray.train
         import ray.train.torch
 
         tctx = ray.train.get_context()
         self.job = job
+        self.run_dir = Path(run_dir)
         self.world_size = tctx.get_world_size()
         self.rank = tctx.get_world_rank()
         self.device = ray.train.torch.get_device()
-        self._scratch = Path(tempfile.mkdtemp(prefix="spice_ckpt_"))
+        # Under the run directory, not /tmp: removed when the worker ends, and by the driver
+        # after the fit even when a worker was killed.
+        self._scratch = scratch_root(self.run_dir) / f"rank-{self.rank}"
+        shutil.rmtree(self._scratch, ignore_errors=True)
+        self._scratch.mkdir(parents=True)
         self._train_rows = store.load_manifest(job.dataset_dir).split("train")["num_rows"]
         self._chunk_rows = job.cfg.data.shard_size
 
     def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
-        """Every worker streams the whole split in file order (:func:`data_config`) and keeps
-        its share of :func:`shuffled_batches`: the same seed gives the same batches whatever
-        the timing. (Ray Data's split and local shuffle buffer assign rows as blocks arrive.)"""
+        """Every worker streams the whole split in file order (:func:`data_config`,
+        :func:`spice_ray.data.store.ray_dataset`) and keeps its share of
+        :func:`shuffled_batches`: the same seed gives the same batches whatever the timing.
+        (Ray Data's split and local shuffle buffer assign rows as blocks arrive.)"""
         import ray.train
 
         chunks = ray.train.get_dataset_shard("train").iter_torch_batches(
             batch_size=max(self._chunk_rows, batch_size))
-        return shuffled_batches(chunks, batch_size, np.random.default_rng([self.job.seed, epoch]),
+        return shuffled_batches(in_task_order(chunks), batch_size,
+                                np.random.default_rng([self.job.seed, epoch]),
                                 self._train_rows, self.rank, self.world_size)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
@@ -80,15 +88,19 @@ class RayContext:
         return self._scratch
 
     def resume_dir(self) -> Path | None:
+        """Ray Train's last checkpoint if intact, else the newest intact one this run kept
+        (a corrupted file is named in the log and skipped, not loaded)."""
         import ray.train
 
+        candidates = []
         checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            return None
-        local = self._scratch / "resume"
-        with checkpoint.as_directory() as d:
-            shutil.copytree(d, local, dirs_exist_ok=True)
-        return local
+        if checkpoint is not None:
+            local = self._scratch / "resume"
+            with checkpoint.as_directory() as d:
+                shutil.copytree(d, local, dirs_exist_ok=True)
+            candidates.append(local)
+        candidates += sorted((self.run_dir / RAY_DIR).glob("checkpoint_*"), reverse=True)
+        return latest_intact(candidates, self.job.identity())
 
     def report(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
         import ray.train
@@ -113,14 +125,41 @@ def probe_outputs(model: nn.Module, job: TrainJob, num_tasks: int = 4) -> list[f
     return torch.cat([p.reshape(-1) for p in parts]).tolist()
 
 
+def in_task_order(chunks: Iterable[Mapping[str, Tensor]]) -> Iterator[Mapping[str, Tensor]]:
+    """Pass chunks through, refusing any whose task ids are not increasing across the stream:
+    the batches (and so the weights) are only reproducible from a stream in file order.
+
+    Raises:
+        RuntimeError: naming the first out-of-order task id.
+    """
+    last = -1
+    for chunk in chunks:
+        ids = torch.as_tensor(chunk["task_id"])
+        if len(ids) and (int(ids[0]) <= last or bool((ids[1:] <= ids[:-1]).any())):
+            raise RuntimeError(f"training rows arrived out of task order (task {int(ids[0])} "
+                               f"after {last}): the same seed would not give the same weights")
+        if len(ids):
+            last = int(ids[-1])
+        yield chunk
+
+
 def train_worker(config: dict[str, Any]) -> dict[str, Any]:
-    """``train_loop_per_worker`` of the TorchTrainer; rank 0 returns metrics and a probe."""
+    """``train_loop_per_worker`` of the TorchTrainer; rank 0 returns metrics and a probe.
+
+    A diverged run returns ``{"diverged": message}`` instead of raising, so that Ray Train does
+    not retry a failure that would only repeat (every rank stops at the same step).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     torch.set_num_threads(int(config["threads"]))
     job = TrainJob(**config["job"])
-    ctx = RayContext(job)
-    metrics, model = fit(job, ctx, fault_epoch=int(config.get("fault_epoch", -1)))
+    ctx = RayContext(job, Path(config["run_dir"]))
+    try:
+        metrics, model = fit(job, ctx, fault_epoch=int(config.get("fault_epoch", -1)))
+    except TrainingDiverged as exc:
+        return {"diverged": str(exc)} if ctx.rank == 0 else {}
+    finally:
+        shutil.rmtree(ctx.scratch_dir(), ignore_errors=True)
     if ctx.rank != 0:
         return {}
     return {"metrics": metrics, "probe": probe_outputs(model, job)}
@@ -162,6 +201,15 @@ def gpus_available(use_gpu: bool, cluster: dict[str, float] | None = None,
     return False
 
 
+RAY_DIR = "ray"
+"""Ray Train's run name: its checkpoints live in ``<run_dir>/ray/checkpoint_*``."""
+
+
+def scratch_root(run_dir: Path) -> Path:
+    """Where Train workers stage checkpoints before Ray Train persists them."""
+    return Path(run_dir) / "scratch"
+
+
 MATERIALIZE_BYTES = 512 * 1024**2
 """Splits smaller than this are read once into Ray's object store: otherwise every epoch
 re-runs the Parquet read pipeline (seconds per epoch, which dominates small runs)."""
@@ -201,25 +249,32 @@ def train_with_ray(job: TrainJob, run_dir: Path) -> TrainResult:
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"job": dataclasses.asdict(job), "threads": _threads_per_worker(cfg),
-                           "fault_epoch": fault_epoch_from_env()},
+                           "fault_epoch": fault_epoch_from_env(),
+                           "run_dir": str(run_dir.resolve())},
         scaling_config=ray.train.ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
         datasets={split: _train_dataset(job.dataset_dir, split)
                   for split in ("train", "validation")},
         dataset_config=data_config(),
         run_config=ray.train.RunConfig(
-            name="ray",
+            name=RAY_DIR,
             storage_path=str(run_dir.resolve()),
             failure_config=ray.train.FailureConfig(max_failures=tc.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
         ),
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    finally:  # workers remove their own scratch; this catches killed ones
+        shutil.rmtree(scratch_root(run_dir), ignore_errors=True)
+    returned = result.return_value or {}
+    if "diverged" in returned:
+        raise TrainingDiverged(returned["diverged"])
     if result.checkpoint is None:
         raise ckpt.CheckpointError(f"training {run_dir} finished without a checkpoint")
     with result.checkpoint.as_directory() as d:
         final = publish_final(Path(d), run_dir / "final")
-    return TrainResult(final, result.return_value)
+    return TrainResult(final, returned)
 
 
 def train_local(job: TrainJob, run_dir: Path) -> TrainResult:
@@ -235,13 +290,36 @@ def train_local(job: TrainJob, run_dir: Path) -> TrainResult:
 
 
 def final_is_current(final_dir: Path, job: TrainJob) -> bool:
-    """Whether ``final_dir`` holds the finished model of exactly this job."""
+    """Whether ``final_dir`` holds the finished model of exactly this job, with intact files.
+
+    A final checkpoint of this job whose files fail their checksums is republished from the
+    run's newest intact checkpoint of the last epoch when there is one (logged); otherwise it
+    is removed, and training resumes from the newest intact checkpoint.
+    """
     try:
         meta = ckpt.read_meta(final_dir)
     except ckpt.CheckpointError:
         return False
-    return (meta.get("identity") == job.identity()
-            and int(meta.get("epoch", -1)) == job.cfg.train.epochs - 1)
+    last = job.cfg.train.epochs - 1
+    if meta.get("identity") != job.identity() or int(meta.get("epoch", -1)) != last:
+        return False
+    try:
+        ckpt.load_training_state(final_dir)
+        return True
+    except ckpt.CheckpointError as exc:
+        log.warning("%s; looking for an intact copy", exc)
+    run_dir = final_dir.parent
+    candidates = sorted([*(run_dir / RAY_DIR).glob("checkpoint_*"),
+                         *(run_dir / "local").glob("epoch-*")],
+                        key=lambda p: p.stat().st_mtime, reverse=True)
+    source = latest_intact(candidates, job.identity())
+    if source is not None and int(ckpt.read_meta(source)["epoch"]) == last:
+        publish_final(source, final_dir)
+        log.warning("%s: republished from the intact checkpoint %s", final_dir, source)
+        return True
+    shutil.rmtree(final_dir)
+    log.warning("%s: removed; training resumes from the newest intact checkpoint", final_dir)
+    return False
 
 
 def plan_job(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
