@@ -10,8 +10,9 @@ Experiments (each a dataset, its models and its result tables):
   darkroom_weights (SPICE trained with no / only iw / only adv / only epi / all weights).
 
 Every stage is skipped when its output already holds a complete result for the same inputs:
-datasets and checkpoints by their manifests, result tables by ``results/<table>.json`` which
-records a hash of everything the table was computed from.
+datasets and checkpoints by their manifests, result tables by their SHA-256 sidecar
+``results/<table>.parquet.sha256``, which also records a hash of everything the table was
+computed from (by content, so a copied run directory stays current).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 
 import pandas as pd
 
-from spice_ray.config import ConfigError, RunConfig, config_hash, make_config
+from spice_ray.artifacts import is_current
+from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
 from spice_ray.data import schema, store
 from spice_ray.evaluate.actors import evaluate_parallel
 from spice_ray.evaluate.controllers import ControllerSpec
@@ -80,8 +82,9 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
     Raises:
         ConfigError: naming the experiment and the field, before any work.
     """
-    # Absolute: Ray workers and actors run in other working directories.
-    run_dir = Path(out or Path("runs") / preset).resolve()
+    run_dir = resolve_run_dir(out, preset, yaml_path, overrides)
+    if not experiments:
+        raise ConfigError(f"no experiment chosen: name one or more of {list(EXPERIMENT_ENVS)}")
     cfgs = {}
     for name in experiments:
         if name not in EXPERIMENT_ENVS:
@@ -132,20 +135,23 @@ def pretrain_all(plan: StudyPlan, datasets: dict[str, Path]) -> dict[tuple[str, 
 
 
 def _table_done(run_dir: Path, table: str, inputs_hash: str) -> bool:
-    meta = table_path(run_dir, table).with_suffix(".json")
-    if not (meta.exists() and table_path(run_dir, table).exists()):
-        return False
-    return json.loads(meta.read_text()).get("inputs") == inputs_hash
+    """Whether the table is intact (its SHA-256 sidecar matches) and made from these inputs;
+    a corrupt or truncated table is named in the log and recomputed."""
+    path = table_path(run_dir, table)
+    current, reason = is_current(path, inputs_hash)
+    if not current and reason != "missing":
+        log.warning("[evaluate] %s: %s; recomputing it", path, reason)
+    return current
 
 
 def _write_table(run_dir: Path, table: str, df: pd.DataFrame, inputs_hash: str) -> None:
-    write(run_dir, table, df)
-    meta = table_path(run_dir, table).with_suffix(".json")
-    meta.write_text(json.dumps({"inputs": inputs_hash, "rows": len(df)}))
+    write(run_dir, table, df, inputs=inputs_hash)
 
 
 def _ckpt_ids(finals: dict, name: str) -> dict[str, str]:
-    return {f"{k[1]}/{k[2]}/{k[3]}": ckpt.read_meta(p)["identity"]
+    """Each checkpoint by content: its job identity and the SHA-256 of its weights (no paths,
+    so a moved or copied run directory stays current)."""
+    return {f"{k[1]}/{k[2]}/{k[3]}": ckpt.content_id(p)
             for k, p in sorted(finals.items()) if k[0] == name}
 
 
@@ -163,7 +169,8 @@ def evaluate_bandit(plan: StudyPlan, name: str, datasets: dict[str, Path], final
         tables.append("calibration")
     inputs = config_hash({"eval": dataclasses.asdict(cfg.eval),
                           "fusion": dataclasses.asdict(cfg.fusion),
-                          "ckpts": _ckpt_ids(finals, name), "data": str(datasets[name])})
+                          "ckpts": _ckpt_ids(finals, name),
+                          "data": store.split_id(datasets[name], "eval")})
     if all(_table_done(plan.run_dir, t, inputs) for t in tables):
         log.info("[evaluate] %s: tables are current, skipped", name)
         return tables
@@ -199,7 +206,7 @@ def evaluate_darkroom(plan: StudyPlan, datasets: dict[str, Path], finals: dict) 
     inputs = config_hash({"eval": dataclasses.asdict(cfg.eval),
                           "fusion": dataclasses.asdict(cfg.fusion), "betas": DARKROOM_BETAS,
                           "ckpts": _ckpt_ids(finals, "darkroom"),
-                          "data": str(datasets["darkroom"])})
+                          "data": store.split_id(datasets["darkroom"], "eval")})
     if all(_table_done(plan.run_dir, t, inputs) for t in tables):
         log.info("[evaluate] darkroom: tables are current, skipped")
         return tables

@@ -61,7 +61,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from spice_ray.artifacts import atomic_write_text
 from spice_ray.config import RunConfig, config_hash, from_dict
+from spice_ray.errors import SpiceRayError
 
 if TYPE_CHECKING:
     import argparse
@@ -89,7 +91,7 @@ OPTIMISE_METRIC = "regret_mean"
 """Trial metric Tune ranks by (lower is better)."""
 
 
-class SweepError(RuntimeError):
+class SweepError(SpiceRayError, RuntimeError):
     """A sweep could not complete (errored trials, changed inputs, missing checkpoints)."""
 
 
@@ -412,7 +414,7 @@ def sweep_trainable(
     import torch
     from ray import tune
 
-    from spice_ray.evaluate.rollout import write_rows
+    from spice_ray.results.tables import write_frame
 
     t0 = time.perf_counter()
     ctx = ray.get_runtime_context()
@@ -429,7 +431,7 @@ def sweep_trainable(
     metrics |= {"seconds": time.perf_counter() - t0, "finished_at": time.time(),
                 "placement_group": pg.id.hex(), "captures_actors": True}
     with tempfile.TemporaryDirectory(prefix="spice_sweep_") as tmp:
-        write_rows(rows, Path(tmp) / TRIAL_ROWS)
+        write_frame(Path(tmp) / TRIAL_ROWS, rows)
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
@@ -518,11 +520,56 @@ class SweepResult:
 def _inputs_hash(name: str, cfg: RunConfig, search_space: Mapping[str, Any],
                  checkpoints: Mapping[int, str] | None, dataset_dir: Path,
                  curve_points: int | None) -> str:
+    """What a sweep's results depend on, by content (a moved run directory stays current)."""
+    from spice_ray.data.store import split_id
+    from spice_ray.train.checkpoint import content_id
+
     base = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "sweep")}
     return config_hash({"name": name, "space": json.loads(params_json(search_space)),
-                        "base": base, "data": str(dataset_dir), "curve_points": curve_points,
+                        "base": base, "data": split_id(dataset_dir, "eval"),
+                        "curve_points": curve_points,
                         "ckpts": None if checkpoints is None
-                        else {str(k): str(v) for k, v in sorted(checkpoints.items())}})
+                        else {str(k): content_id(v) for k, v in sorted(checkpoints.items())}})
+
+
+def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str) -> dict[str, Any]:
+    """Refuse to restore a Tune experiment unless it is ours and was run with these inputs.
+
+    ``Tuner.restore`` unpickles ``tuner.pkl`` (and Tune's other ``*.pkl`` files): whoever can
+    write them can run code here. So restoring needs (1) ``<name>.inputs.json`` beside the
+    experiment, recording the same inputs hash, and (2) the experiment directory and every
+    pickle in it owned by this user and not writable by group or others.
+
+    Returns:
+        The recorded inputs file.
+
+    Raises:
+        SweepError: naming the file and what is wrong; ``--fresh`` starts again.
+    """
+    from spice_ray.artifacts import UnreadableFile, read_json
+
+    try:
+        recorded = read_json(inputs_file)
+    except FileNotFoundError as exc:
+        raise SweepError(f"{exp_dir} has no {inputs_file.name}, so what it was run with is "
+                         "unknown; it is not restored (restoring unpickles its files). Use "
+                         "another name or --fresh to start again") from exc
+    except UnreadableFile as exc:
+        raise SweepError(f"{exc}; {exp_dir} is not restored. Use --fresh to start again"
+                         ) from exc
+    if recorded.get("inputs") != inputs:
+        raise SweepError(f"{exp_dir} was run with other inputs (search space, base config, "
+                         "checkpoints or dataset); use another name or resume=False "
+                         "(--fresh) to start again")
+    uid = os.getuid()
+    for path in [exp_dir, inputs_file, *sorted(exp_dir.rglob("*.pkl"))]:
+        st = path.lstat()
+        if st.st_uid != uid or st.st_mode & 0o022:
+            raise SweepError(
+                f"{path} is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}; "
+                "restoring would unpickle files another user could have written. Make the "
+                "run directory writable by you alone (chmod -R go-w) or use --fresh")
+    return recorded
 
 
 def _move_aside(path: Path) -> Path:
@@ -533,13 +580,15 @@ def _move_aside(path: Path) -> Path:
 
 
 def _trial_frames(grid: ResultGrid, name: str) -> Iterator[tuple[dict[str, Any], pd.DataFrame]]:
+    from spice_ray.results.tables import read_frame
+
     results = sorted(grid, key=lambda r: str((r.metrics or {}).get("trial_id", "")))
     for result in results:  # trial order, whatever order a restore returns them in
         metrics = dict(result.metrics or {})
         if result.checkpoint is None:
             raise SweepError(f"trial {metrics.get('trial_id')} finished without its rows")
         with result.checkpoint.as_directory() as d:
-            rows = pd.read_parquet(Path(d) / TRIAL_ROWS)
+            rows = read_frame(Path(d) / TRIAL_ROWS)  # its checksum is checked first
         params = dict(result.config or {})
         info = {"trial_id": str(metrics.get("trial_id", "")), "params": params_json(params),
                 **{k: v for k, v in metrics.items()
@@ -657,11 +706,7 @@ def run_sweep(
 
     restored = bool(resume and tune.Tuner.can_restore(str(exp_dir)))
     if restored:
-        recorded = json.loads(inputs_file.read_text()) if inputs_file.exists() else {}
-        if recorded.get("inputs") not in (None, inputs):
-            raise SweepError(f"{exp_dir} was run with other inputs (search space, base config, "
-                             "checkpoints or dataset); use another name or resume=False "
-                             "(--fresh) to start again")
+        recorded = check_restorable(exp_dir, inputs_file, inputs)
         log.info("[sweep %s] restoring %s (finished trials are kept)", name, exp_dir)
         tuner = tune.Tuner.restore(str(exp_dir), trainable, resume_errored=True)
         concurrency = int(recorded.get("max_concurrent_trials", 0))  # Tune keeps the original
@@ -675,9 +720,9 @@ def run_sweep(
                  name, num_trials, concurrency, per_trial, cfg.sweep.actors_per_trial,
                  bundles[-1] if len(bundles) > 1 else {})
         sweeps.mkdir(parents=True, exist_ok=True)
-        inputs_file.write_text(json.dumps({"inputs": inputs, "max_concurrent_trials": concurrency,
-                                           "space": json.loads(params_json(search_space))},
-                                          indent=1))
+        atomic_write_text(inputs_file, json.dumps(
+            {"inputs": inputs, "max_concurrent_trials": concurrency,
+             "space": json.loads(params_json(search_space))}, indent=1))
         tuner = tune.Tuner(
             trainable,
             param_space=dict(search_space),
@@ -705,11 +750,12 @@ def run_sweep(
     dup = table.duplicated(["trial_id", "seed", "task_id", "metric", "x"])
     if dup.any():
         raise SweepError(f"sweep {name}: {int(dup.sum())} duplicated rows")
-    from spice_ray.evaluate.rollout import write_rows
+    from spice_ray.results.tables import check_finite, write_frame
 
-    table_path = write_rows(table, sweeps / f"{name}.parquet")
+    check_finite(table, f"sweep {name}")
+    table_path = write_frame(sweeps / f"{name}.parquet", table, inputs=inputs)
     summary = summarise_sweep(table)
-    summary_path = write_rows(summary, sweeps / f"{name}_summary.parquet")
+    summary_path = write_frame(sweeps / f"{name}_summary.parquet", summary, inputs=inputs)
     new = int((trials["finished_at"] >= t0).sum()) if "finished_at" in trials else len(trials)
     log.info("[sweep %s] %d trials (%d new), %d rows -> %s; best (lowest final regret):\n%s",
              name, len(trials), new, len(table), table_path, format_best(summary, top))
@@ -744,6 +790,19 @@ def sweep_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def explicit_concurrency(args: argparse.Namespace, cfg: RunConfig) -> int | None:
     """``cfg.sweep.max_concurrent_trials`` if set (>= 1), else None (derive from the cluster)."""
     return cfg.sweep.max_concurrent_trials or None
+
+
+def start_sweep(args: argparse.Namespace, cfgs: Sequence[RunConfig],
+                train_in_trial: bool = False) -> Any:
+    """:func:`spice_ray.cli.start_run` for a sweep: its datasets, pretraining and each trial's
+    placement group must fit the cluster. Returns the run directory's lock."""
+    from spice_ray.cli import start_run
+    from spice_ray.resources import sweep_request
+
+    first = cfgs[0]
+    return start_run(args.address, cfgs, first.out_dir, stages=("datasets", "pretrain"),
+                     extra_requests=lambda: [sweep_request(c, trial_bundles(c, train_in_trial))
+                                             for c in cfgs])
 
 
 def print_result(result: SweepResult, top: int = 5) -> None:

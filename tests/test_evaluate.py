@@ -28,7 +28,6 @@ from spice_ray.evaluate import (
     offline_context_lengths,
     online_noise,
     run_online_darkroom,
-    write_rows,
 )
 from spice_ray.evaluate.actors import check_rows, evaluate_tasks
 from spice_ray.evaluate.rollout import (
@@ -39,6 +38,7 @@ from spice_ray.evaluate.rollout import (
     spice_offline_picks,
 )
 from spice_ray.model import DptModel, SpiceModel, make_tokens
+from spice_ray.results.tables import read_frame, write_frame
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +123,7 @@ def test_rows_schema_and_parquet_round_trip(tmp_path) -> None:
     assert len(df) == 8 * BANDIT.eval.online_horizon
     assert df[["seed", "task_id", "x"]].dtypes.eq(np.int64).all()
     assert json.loads(df["config"].iloc[0]) == {"c": 1.0, "sigma": 0.3}
-    back = pd.read_parquet(write_rows(df, tmp_path / "r" / "rows.parquet"))
+    back = read_frame(write_frame(tmp_path / "r" / "rows.parquet", df))
     pd.testing.assert_frame_equal(back, df)
     check_rows(df, data["task_id"])
     with pytest.raises(RuntimeError, match="duplicated"):

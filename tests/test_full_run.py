@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,25 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     run_study(plan2)
     assert _mtimes(run_dir) == before
     assert plan2.timings["pretrain"] < 5 and plan2.timings["evaluate"] < 5
+    # a copied run directory is still current: input hashes hold contents, not paths
+    shutil.copytree(run_dir, tmp_path / "moved")
+    moved = plan_study("smoke", tmp_path / "moved")
+    moved_before = _mtimes(moved.run_dir)
+    run_study(moved)
+    assert _mtimes(moved.run_dir) == moved_before
+    assert moved.timings["pretrain"] < 5 and moved.timings["evaluate"] < 5
+    # a bit flipped in a table is found, and that experiment's tables are recomputed, equal
+    table = run_dir / "results" / "bandit_online.parquet"
+    good = load(run_dir, "bandit_online")
+    data = bytearray(table.read_bytes())
+    data[len(data) // 2] ^= 1
+    table.write_bytes(bytes(data))
+    run_study(plan_study("smoke", tmp_path / "run"))
+    pd.testing.assert_frame_equal(load(run_dir, "bandit_online"), good)
+    after = _mtimes(run_dir)
+    changed = sorted(Path(k).name for k in after if after[k] != before[k])
+    assert changed == ["bandit_offline.parquet", "bandit_online.parquet",
+                       "bandit_robustness.parquet", "calibration.parquet"]
 
 
 def test_bad_set_fails_before_any_work(tmp_path) -> None:

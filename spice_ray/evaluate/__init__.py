@@ -29,7 +29,6 @@ from spice_ray.evaluate.rollout import (
     online_noise,
     run_online_darkroom,
     tidy_rows,
-    write_rows,
 )
 
 __all__ = [
@@ -54,5 +53,4 @@ __all__ = [
     "prior_pseudocounts",
     "run_online_darkroom",
     "tidy_rows",
-    "write_rows",
 ]

@@ -29,14 +29,11 @@ environment noise: a task's rows do not depend on how tasks are sharded over act
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
@@ -126,16 +123,6 @@ def concat_rows(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
         empty = np.empty((0, 0))
         return tidy_rows("", "", "", "", 0, np.empty(0), "", np.empty(0), empty)
     return pd.concat(frames, ignore_index=True)[list(ROW_COLUMNS)]
-
-
-def write_rows(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write a result table to Parquet (zstd) atomically; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp, compression="zstd")
-    os.replace(tmp, path)
-    return path
 
 
 def duplicate_keys(df: pd.DataFrame) -> pd.DataFrame:

@@ -13,7 +13,15 @@ import sys
 
 import pandas as pd
 
-from spice_ray.results.tables import EXPERIMENTS, ResultsError, list_experiments, load, summarise
+from spice_ray.results.query import QueryError, filter_rows
+from spice_ray.results.tables import (
+    EXPERIMENTS,
+    ResultsError,
+    list_experiments,
+    list_sweeps,
+    load,
+    summarise,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,20 +31,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("experiment", nargs="?")
     p.add_argument("--by", default=None,
                    help="comma-separated grouping columns (default: all but seed and task_id)")
-    p.add_argument("--where", default=None, help="pandas query expression to filter rows")
+    p.add_argument("--where", default=None,
+                   help="row filter: column names, literals, comparisons, and/or/not, in, "
+                        "arithmetic; e.g. \"metric == 'cumulative_regret' and x == 500\"")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--raw", action="store_true", help="print rows instead of summaries")
     args = p.parse_args(argv)
     try:
         if args.experiment is None:
-            for name in list_experiments(args.run_dir):
+            names = list_experiments(args.run_dir) + list_sweeps(args.run_dir)
+            if not names:
+                raise ResultsError(f"no result tables under {args.run_dir}")
+            for name in names:
                 print(f"{name:22s} {EXPERIMENTS.get(name, '')}")
             return 0
         df = load(args.run_dir, args.experiment)
         if args.where:
             try:
-                df = df.query(args.where, engine="python")
-            except Exception as exc:  # pandas raises many types for a bad expression
+                df = filter_rows(df, args.where)
+            except QueryError as exc:
                 raise ResultsError(f"--where {args.where!r}: {exc}") from exc
         if df.empty:
             print("no rows match", file=sys.stderr)
