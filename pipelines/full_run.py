@@ -18,7 +18,7 @@ import argparse
 import logging
 import sys
 
-from spice_ray.cli import add_config_args, check_writable, init_ray, run_main, setup_logging
+from spice_ray.cli import add_config_args, run_main, start_run
 from spice_ray.config import ConfigError
 from spice_ray.study import describe_plan, plan_study, run_study
 
@@ -43,10 +43,9 @@ def cli(argv: list[str] | None = None) -> None:
     if args.dry_run:
         print(describe_plan(plan))
         return
-    check_writable(plan.run_dir)
-    setup_logging()
-    init_ray(args.address)
+    lock = start_run(args.address, list(plan.configs.values()), plan.run_dir)
     report = run_main(run_study, plan)
+    lock.release()
     figures = sorted((plan.run_dir / "figures").glob("*.png"))
     print(f"\nreport:  {report.resolve()}")
     print(f"figures: {(plan.run_dir / 'figures').resolve()} ({len(figures)} PNG files)")

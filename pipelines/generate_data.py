@@ -11,16 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from spice_ray.cli import (
-    add_config_args,
-    check_writable,
-    config_from_args,
-    human_bytes,
-    init_ray,
-    run_main,
-    setup_logging,
-)
+from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
 from spice_ray.config import RunConfig
+from spice_ray.resources import human_bytes
 from spice_ray.stages import generate_stage
 
 
@@ -35,10 +28,9 @@ def cli(argv: list[str] | None = None) -> None:
     add_config_args(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)  # a bad config stops here, before Ray starts
-    check_writable(cfg.out_dir)
-    setup_logging()
-    init_ray(args.address)
+    lock = start_run(args.address, [cfg], cfg.out_dir, stages=("datasets",))
     report = run_main(generate_stage, cfg)
+    lock.release()
     print(f"dataset: {report.dataset_dir}")
     print(f"size: {report.num_tasks} tasks, {human_bytes(report.bytes_on_disk)} on disk "
           f"({report.bytes_on_disk / report.num_tasks:.0f} B/task), {report.seconds:.1f} s")

@@ -12,14 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from spice_ray.cli import (
-    add_config_args,
-    check_writable,
-    config_from_args,
-    init_ray,
-    run_main,
-    setup_logging,
-)
+from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
 from spice_ray.stages import generate_stage
 from spice_ray.train.checkpoint import read_meta
 from spice_ray.train.ray_train import pretrain
@@ -34,9 +27,7 @@ def cli(argv: list[str] | None = None) -> None:
                         help="training seed (default: every seed of the config)")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    check_writable(cfg.out_dir)
-    setup_logging()
-    init_ray(args.address)
+    lock = start_run(args.address, [cfg], cfg.out_dir, stages=("datasets", "pretrain"))
     ds_dir = run_main(generate_stage, cfg).dataset_dir
     for seed in [args.seed] if args.seed is not None else cfg.seeds:
         final = run_main(pretrain, cfg, args.model, seed, ds_dir)
@@ -44,6 +35,7 @@ def cli(argv: list[str] | None = None) -> None:
         print(f"checkpoint: {final}")
         print(f"  epoch {int(metrics['epoch']) + 1}: train loss {metrics['train_loss']:.4f}, "
               f"val loss {metrics['val_loss']:.4f}, {metrics['samples_per_s']:.0f} samples/s")
+    lock.release()
 
 
 if __name__ == "__main__":

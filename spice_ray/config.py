@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import types
 import typing
@@ -22,6 +23,8 @@ from typing import Any, Literal
 
 import yaml
 
+from spice_ray.errors import SpiceRayError
+
 ENV_NAMES = ("bandit", "darkroom")
 PRESET_NAMES = ("smoke", "small", "paper")
 LABEL_MODES = ("optimal", "weak", "weakmix80", "weak-last", "mix:q")
@@ -30,7 +33,7 @@ _FLOAT_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 _MIX_RE = re.compile(r"^mix:(?P<q>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)$")
 
 
-class ConfigError(ValueError):
+class ConfigError(SpiceRayError, ValueError):
     """A configuration value is missing, unknown, of the wrong type or out of range."""
 
 
@@ -41,6 +44,17 @@ def _fail(path: str, value: Any, allowed: str) -> None:
 def _check(cond: bool, path: str, value: Any, allowed: str) -> None:
     if not cond:
         _fail(path, value, allowed)
+
+
+def _check_finite(obj: Any, section: str) -> None:
+    """Refuse NaN and infinities in every float field (and float tuple) of a config section:
+    no field here has a meaning for them, and one would reach training or a table silently."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        for v in values:
+            if isinstance(v, float) and not math.isfinite(v):
+                _fail(f"{section}.{f.name}" if section else f.name, value, "a finite number")
 
 
 def parse_label(label: str) -> tuple[str, float]:
@@ -82,6 +96,7 @@ class EnvConfig:
     """Seed of the fixed train/test goal split (Darkroom)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "env")
         _check(self.name in ENV_NAMES, "env.name", self.name, f"one of {ENV_NAMES}")
         _check(2 <= self.num_arms <= 255, "env.num_arms", self.num_arms, "an integer in [2, 255]")
         _check(self.horizon >= 1, "env.horizon", self.horizon, "an integer >= 1")
@@ -135,6 +150,7 @@ class DataConfig:
     """Parquet compression codec."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "data")
         _check(self.seed >= 0, "data.seed", self.seed, "an integer >= 0")
         for name in ("num_train_tasks", "num_val_tasks", "num_eval_tasks", "shard_size",
                      "batch_size", "num_actors"):
@@ -175,6 +191,7 @@ class ModelConfig:
     torch.compile works in this process, else eager)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "model")
         for name in ("n_layer", "n_embd", "n_head", "head_hidden", "head_depth"):
             value = getattr(self, name)
             _check(value >= 1, f"model.{name}", value, "an integer >= 1")
@@ -250,6 +267,7 @@ class TrainConfig:
     """Worker failures Ray Train retries from the last checkpoint (>= 0)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "train")
         for name in ("epochs", "batch_size", "td_n", "checkpoint_every"):
             value = getattr(self, name)
             _check(value >= 1, f"train.{name}", value, "an integer >= 1")
@@ -294,6 +312,7 @@ class FusionConfig:
     """Discount of the n-step targets in [0, 1]."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "fusion")
         _check(self.kernel in ("uniform", "rbf", "cosine"), "fusion.kernel", self.kernel,
                "one of uniform, rbf, cosine")
         _check(self.kernel_space in ("latent", "state"), "fusion.kernel_space",
@@ -349,6 +368,7 @@ class EvalConfig:
     needs the `ppo` extra, stable-baselines3 with its defaults)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "eval")
         _check(self.ppo_episodes >= 0, "eval.ppo_episodes", self.ppo_episodes, "an integer >= 0")
         for name in ("num_tasks", "online_horizon", "episodes", "num_actors"):
             value = getattr(self, name)
@@ -380,6 +400,7 @@ class SweepConfig:
     """Repeats of the grid (>= 1)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "sweep")
         for name in ("actors_per_trial", "num_samples"):
             value = getattr(self, name)
             _check(value >= 1, f"sweep.{name}", value, "an integer >= 1")
@@ -414,10 +435,13 @@ class RunConfig:
     """Ray Tune sweeps."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "")
         _check(self.preset in PRESET_NAMES, "preset", self.preset, f"one of {PRESET_NAMES}")
         _check(len(self.seeds) >= 1, "seeds", self.seeds, "at least one seed")
         for s in self.seeds:
             _check(s >= 0, "seeds", self.seeds, "each seed >= 0")
+        _check(len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds,
+               "each seed once (a repeated seed would train and count the same model twice)")
         kind, _ = parse_label(self.data.label)
         if self.env.name == "darkroom" and kind == "weak":
             _fail("data.label", self.data.label,
@@ -495,9 +519,10 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
         return value
     if tp is float:
         if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
-            return float(value)  # YAML 1.1 reads "3e-3" (no dot) as a string
+            value = float(value)  # YAML 1.1 reads "3e-3" (no dot) as a string
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         _check(ok, path, value, "a number")
+        _check(math.isfinite(float(value)), path, value, "a finite number")
         return float(value)
     if tp is str:
         _check(isinstance(value, str), path, value, "a string")
@@ -659,9 +684,16 @@ def load_yaml(path: str | Path, error: type[Exception] = ConfigError,
     """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except FileNotFoundError as exc:
         raise error(f"config file {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise error(f"config file {path} is a directory, not a YAML file") from exc
+    except UnicodeDecodeError as exc:
+        raise error(f"config file {path} is not UTF-8 text ({exc.reason} at byte "
+                    f"{exc.start})") from exc
+    except OSError as exc:
+        raise error(f"config file {path} cannot be read: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
         raise error(f"config file {path} is not valid YAML: {exc}") from exc
     if data is None and allow_empty:
@@ -669,6 +701,29 @@ def load_yaml(path: str | Path, error: type[Exception] = ConfigError,
     if not isinstance(data, dict):
         raise error(f"config file {path} must hold a mapping, got {type(data).__name__}")
     return data
+
+
+def resolve_run_dir(out: str | Path | None, preset: str, yaml_path: str | Path | None = None,
+                    overrides: list[str] | tuple[str, ...] = ()) -> Path:
+    """The absolute run directory: ``--out``, else ``out_dir`` from ``--set``/YAML, else
+    ``runs/<preset>``. Absolute because Ray workers run in other working directories.
+
+    Raises:
+        ConfigError: ``--out`` is empty, or ``out_dir`` is set to another directory as well
+            (one run would be split over two directories).
+    """
+    user = parse_set(list(overrides)).get("out_dir")
+    if user is None and yaml_path is not None:
+        user = load_yaml(yaml_path).get("out_dir")
+    if user is not None and (not isinstance(user, str) or not user.strip()):
+        _fail("out_dir", user, "a non-empty path")
+    if out is not None and not str(out).strip():
+        _fail("--out", str(out), "a non-empty path")
+    if out is not None and user is not None and Path(user).resolve() != Path(out).resolve():
+        raise ConfigError(f"out_dir={user!r} (from --set or --config) conflicts with --out "
+                          f"{str(out)!r}; give the run directory once, with --out")
+    chosen = out if out is not None else (user if user is not None else Path("runs") / preset)
+    return Path(chosen).resolve()
 
 
 def from_dict(values: dict[str, Any]) -> RunConfig:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from spice_ray.cli import add_config_args, config_from_args, init_ray, setup_logging
+from spice_ray.cli import add_config_args, config_from_args, run_main
 from spice_ray.sweep import (
     add_sweep_args,
     ensure_models,
     explicit_concurrency,
     print_result,
     run_sweep,
+    start_sweep,
     sweep_kwargs,
 )
 
@@ -54,13 +55,13 @@ def cli(argv: list[str] | None = None) -> None:
     add_sweep_args(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    setup_logging()
-    init_ray(args.address)
-    ds_dir, ckpts = ensure_models(cfg)
-    result = run_sweep(f"fusion_noise_{cfg.env.name}", cfg, search_space(cfg.preset), ckpts,
-                       ds_dir, cfg.out_dir, max_concurrent_trials=explicit_concurrency(args, cfg),
-                       **sweep_kwargs(args))
+    lock = start_sweep(args, [cfg])
+    ds_dir, ckpts = run_main(ensure_models, cfg)
+    result = run_main(run_sweep, f"fusion_noise_{cfg.env.name}", cfg, search_space(cfg.preset),
+                      ckpts, ds_dir, cfg.out_dir,
+                      max_concurrent_trials=explicit_concurrency(args, cfg), **sweep_kwargs(args))
     print_result(result, args.top)
+    lock.release()
 
 
 if __name__ == "__main__":

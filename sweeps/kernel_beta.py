@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from spice_ray.cli import add_config_args, config_from_args, init_ray, setup_logging
+from spice_ray.cli import add_config_args, config_from_args, run_main
 from spice_ray.config import FusionConfig
 from spice_ray.sweep import (
     add_sweep_args,
@@ -36,6 +36,7 @@ from spice_ray.sweep import (
     explicit_concurrency,
     print_result,
     run_sweep,
+    start_sweep,
     sweep_kwargs,
 )
 
@@ -78,15 +79,15 @@ def cli(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     envs = ("bandit", "darkroom") if args.env == "both" else (args.env,)
     cfgs = {env: config_from_args(args, env) for env in envs}  # all valid before Ray starts
-    setup_logging()
-    init_ray(args.address)
+    lock = start_sweep(args, list(cfgs.values()))
     for env, cfg in cfgs.items():
-        ds_dir, ckpts = ensure_models(cfg)
-        result = run_sweep(f"kernel_beta_{env}", cfg, search_space(cfg.fusion, cfg.preset),
-                           ckpts, ds_dir, cfg.out_dir,
-                           max_concurrent_trials=explicit_concurrency(args, cfg),
-                           **sweep_kwargs(args))
+        ds_dir, ckpts = run_main(ensure_models, cfg)
+        result = run_main(run_sweep, f"kernel_beta_{env}", cfg,
+                          search_space(cfg.fusion, cfg.preset), ckpts, ds_dir, cfg.out_dir,
+                          max_concurrent_trials=explicit_concurrency(args, cfg),
+                          **sweep_kwargs(args))
         print_result(result, args.top)
+    lock.release()
 
 
 if __name__ == "__main__":

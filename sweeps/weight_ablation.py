@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from spice_ray.cli import add_config_args, config_from_args, init_ray, setup_logging
+from spice_ray.cli import add_config_args, config_from_args, run_main
 from spice_ray.stages import generate_stage
 from spice_ray.study import WEIGHT_VARIANTS
 from spice_ray.sweep import (
@@ -26,6 +26,7 @@ from spice_ray.sweep import (
     pretrain_grid,
     print_result,
     run_sweep,
+    start_sweep,
     sweep_kwargs,
 )
 
@@ -48,15 +49,15 @@ def cli(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = config_from_args(args, "darkroom")
     space = search_space()
-    setup_logging()
-    init_ray(args.address)
-    ds_dir = generate_stage(cfg).dataset_dir
+    lock = start_sweep(args, [cfg], args.train_in_trials)
+    ds_dir = run_main(generate_stage, cfg).dataset_dir
     if not args.train_in_trials:
-        pretrain_grid(cfg, space, ds_dir)
-    result = run_sweep("weight_ablation", cfg, space, None, ds_dir, cfg.out_dir,
-                       max_concurrent_trials=explicit_concurrency(args, cfg),
-                       train_in_trial=args.train_in_trials, **sweep_kwargs(args))
+        run_main(pretrain_grid, cfg, space, ds_dir)
+    result = run_main(run_sweep, "weight_ablation", cfg, space, None, ds_dir, cfg.out_dir,
+                      max_concurrent_trials=explicit_concurrency(args, cfg),
+                      train_in_trial=args.train_in_trials, **sweep_kwargs(args))
     print_result(result, args.top)
+    lock.release()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+"""One writer per run directory: an exclusive lock held for the whole run.
+
+``<run_dir>/.spice-ray.lock`` is locked with ``flock`` (exclusive, non-blocking) and holds JSON
+naming the holder: pid, host, command and start time. The kernel releases an ``flock`` when its
+process ends, however it ends (SIGKILL included), so a lock left by a dead process is free: the
+next run takes it over and logs a warning naming the previous holder. A second run while the
+holder lives is refused at once, naming the holder. On NFS/EFS (NFSv4) ``flock`` is a byte-range
+lock that the server tracks, so runs on different hosts exclude each other too.
+
+The file is left in place (emptied) on release: deleting it would let two processes lock two
+different files of the same name.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spice_ray.errors import SpiceRayError
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".spice-ray.lock"
+
+
+class RunDirectoryLocked(SpiceRayError, RuntimeError):
+    """Another live process holds the run directory."""
+
+
+def _describe(holder: dict[str, Any]) -> str:
+    if not holder:
+        return "another process (it has not written its name yet)"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+    return (f"pid {holder.get('pid')} on host {holder.get('host')} since {started} "
+            f"({holder.get('command', '?')})")
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    os.lseek(fd, 0, os.SEEK_SET)
+    raw = b""
+    while chunk := os.read(fd, 65536):
+        raw += chunk
+    try:
+        data = json.loads(raw.decode("utf-8")) if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {"pid": "?", "host": "?", "command": "unreadable lock file"}
+    return data if isinstance(data, dict) else {}
+
+
+@dataclass
+class RunLock:
+    """A held lock; :meth:`release` (or process exit) frees it."""
+
+    path: Path
+    fd: int | None
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.ftruncate(self.fd, 0)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def acquire(run_dir: str | Path, command: str | None = None) -> RunLock:
+    """Take the run directory's lock (creating the directory if needed).
+
+    Args:
+        command: what the holder runs, recorded for others' error messages (default: argv).
+
+    Raises:
+        RunDirectoryLocked: naming the live holder (pid, host, command, start time).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        time.sleep(0.2)  # a holder that has just locked writes its name right after
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise RunDirectoryLocked(f"run directory {run_dir} is in use by {_describe(holder)}; "
+                                 "wait for it to finish or use another --out") from None
+    previous = _read_holder(fd)
+    if previous:
+        log.warning("took over the lock of %s, left by %s, which is no longer running",
+                    run_dir, _describe(previous))
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+          "command": command or " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])}
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, json.dumps(me).encode())
+    os.fsync(fd)
+    return RunLock(path, fd)

@@ -1,0 +1,482 @@
+"""Nothing silently wrong: checksummed tables, NaN guards, a safe query language, fail-fast
+resources, one writer per run directory, named errors for corrupt metadata, validation gaps,
+guarded sweep restores. Unit tests (no Ray) unless marked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import runpy
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from spice_ray import artifacts, runlock
+from spice_ray.config import ConfigError, make_config, resolve_run_dir
+from spice_ray.resources import (
+    capacity_from_launcher,
+    capacity_from_nodes,
+    check_requests,
+    check_sizes,
+    stage_requests,
+    sweep_request,
+)
+from spice_ray.results import ResultsError, load, write
+from spice_ray.results.__main__ import main as results_main
+from spice_ray.results.query import QueryError, filter_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL_RUN = str(ROOT / "pipelines" / "full_run.py")
+
+
+def full_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``pipelines/full_run.py argv`` in this process (no interpreter start-up): its exit
+    status and stderr. Only for command lines that stop before the study starts."""
+    cli = runpy.run_path(FULL_RUN, run_name="full_run_under_test")["cli"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        cli(argv)
+    return int(exc.value.code), capsys.readouterr().err
+
+
+def _table(run_dir: Path) -> pd.DataFrame:
+    df = pd.DataFrame({"env": "bandit", "method": ["A", "A", "B", "B"], "controller": "c",
+                       "config": "{}", "seed": 0, "task_id": [0, 1, 0, 1],
+                       "metric": "cumulative_regret", "x": 5, "value": [1.0, 2.0, 3.0, 4.0]})
+    write(run_dir, "bandit_online", df, inputs="abc")
+    return df
+
+
+def _flip_bit(path: Path, at: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if at is None else at
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+# ---- 2. result tables carry checksums ---------------------------------------------------
+
+
+def test_corrupt_or_truncated_table_is_refused_by_name(tmp_path, capsys) -> None:
+    _table(tmp_path)
+    path = tmp_path / "results" / "bandit_online.parquet"
+    assert artifacts.is_current(path, "abc") == (True, "")
+    assert artifacts.is_current(path, "other")[0] is False
+    assert len(load(tmp_path, "bandit_online")) == 4
+    _flip_bit(path)
+    with pytest.raises(ResultsError, match=r"bandit_online.parquet fails its checksum "
+                                           r"\(SHA-256 mismatch"):
+        load(tmp_path, "bandit_online")
+    assert artifacts.is_current(path, "abc") == (False, "SHA-256 mismatch (corrupted)")
+    assert results_main([str(tmp_path), "bandit_online"]) == 2
+    assert "fails its checksum" in capsys.readouterr().err
+    _table(tmp_path)
+    path.write_bytes(path.read_bytes()[:-20])  # truncated
+    with pytest.raises(ResultsError, match="truncated"):
+        load(tmp_path, "bandit_online")
+    _table(tmp_path)
+    artifacts.sidecar_path(path).write_text("{not json")  # garbage sidecar
+    with pytest.raises(ResultsError, match="unreadable checksum sidecar"):
+        load(tmp_path, "bandit_online")
+
+
+def test_tables_refuse_non_finite_values(tmp_path) -> None:
+    df = _table(tmp_path)
+    for bad in (np.nan, np.inf):
+        with pytest.raises(ResultsError, match="1 of 4 values are NaN or infinite"):
+            write(tmp_path, "bandit_online", df.assign(value=[1.0, bad, 3.0, 4.0]))
+    assert len(load(tmp_path, "bandit_online")) == 4  # the good table is untouched
+
+
+def test_study_recomputes_a_corrupt_table(tmp_path, caplog) -> None:
+    from spice_ray.study import _table_done
+
+    _table(tmp_path)
+    assert _table_done(tmp_path, "bandit_online", "abc")
+    _flip_bit(tmp_path / "results" / "bandit_online.parquet")
+    with caplog.at_level(logging.WARNING):
+        assert not _table_done(tmp_path, "bandit_online", "abc")
+    assert "bandit_online.parquet: SHA-256 mismatch (corrupted); recomputing it" in caplog.text
+
+
+# ---- 3. non-finite values never pass ----------------------------------------------------
+
+
+@pytest.mark.parametrize("item, shown", [
+    ("train.lr=.inf", "train.lr=inf"), ("train.lr=.nan", "train.lr=nan"),
+    ("train.lr=1e400", "train.lr=inf"), ("fusion.tau=.nan", "fusion.tau=nan"),
+    ("eval.robustness_sigmas=[0.0, .inf]", "eval.robustness_sigmas[1]=inf"),
+    ("env.sigma=-.inf", "env.sigma=-inf")])
+def test_config_refuses_non_finite_floats(item, shown) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"{shown} is invalid: a finite number")):
+        make_config("smoke", "bandit", overrides=[item])
+
+
+def test_config_dataclasses_refuse_non_finite_floats_built_in_code() -> None:
+    import dataclasses
+
+    cfg = make_config("smoke", "bandit")
+    with pytest.raises(ConfigError, match="train.adv_clip=inf is invalid: a finite number"):
+        dataclasses.replace(cfg.train, adv_clip=float("inf"))
+
+
+@pytest.mark.ray
+def test_diverging_training_stops_naming_epoch_and_step(ray_local, tmp_path) -> None:
+    from spice_ray.data.generate import generate_dataset
+    from spice_ray.train.loop import TrainingDiverged
+    from spice_ray.train.ray_train import plan_job, pretrain
+
+    cfg = make_config("smoke", "bandit", overrides=["train.lr=1e4", f"out_dir={tmp_path}"])
+    ds = generate_dataset(cfg, tmp_path / "ds").dataset_dir
+    with pytest.raises(TrainingDiverged, match=r"spice seed 0 epoch \d+/2 (step \d+|, after "
+                                               r"its last step).*(not finite|gradient norm)"):
+        pretrain(cfg, "spice", 0, ds)
+    _, run_dir = plan_job(cfg, "spice", 0, ds)
+    assert not (run_dir / "final").exists()  # nothing marked finished
+
+
+def test_non_finite_step_check() -> None:
+    from spice_ray.train.loop import TrainingDiverged, check_step_finite
+
+    check_step_finite(torch.tensor(1.0), torch.tensor(2.0), "x")
+    with pytest.raises(TrainingDiverged, match="at e1 step 3: loss nan .td 0.5.*norm 2"):
+        check_step_finite(torch.tensor(float("nan")), torch.tensor(2.0), "e1 step 3",
+                          {"td": torch.tensor(0.5)})
+    with pytest.raises(TrainingDiverged, match="gradient norm inf"):
+        check_step_finite(torch.tensor(1.0), torch.tensor(float("inf")), "x")
+
+
+def test_checkpoint_with_non_finite_weights_is_refused(tmp_path) -> None:
+    from spice_ray.train import checkpoint as ckpt
+
+    cfg = make_config("smoke", "bandit")
+    model = ckpt.build_model("dpt", cfg, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        next(model.parameters())[0] = float("nan")
+    path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "h", epoch=0)
+    with pytest.raises(ckpt.CheckpointError, match="weights.pt holds non-finite values"):
+        ckpt.load_model(path)
+
+
+def test_known_failures_exit_1_with_one_line(capsys) -> None:
+    from spice_ray.cli import run_main
+    from spice_ray.train.loop import TrainingDiverged
+
+    def boom() -> None:
+        raise TrainingDiverged("training diverged at spice seed 0 epoch 1/2 step 3: loss nan")
+
+    with pytest.raises(SystemExit) as exc:
+        run_main(boom)
+    assert exc.value.code == 1
+    assert capsys.readouterr().err == ("error: training diverged at spice seed 0 epoch 1/2 "
+                                       "step 3: loss nan\n")
+
+
+# ---- 4. the query language runs no code -------------------------------------------------
+
+
+def _rows() -> pd.DataFrame:
+    return pd.DataFrame({"method": ["SPICE", "UCB", "SPICE"], "metric": "cumulative_regret",
+                         "x": [1, 500, 500], "value": [0.5, 10.7, 8.1],
+                         "fusion.tau": [0.5, 1.0, 0.5]}).astype({"method": "string"})
+
+
+@pytest.mark.parametrize("expr, n", [
+    ("metric == 'cumulative_regret' and x == 500", 2),  # the README's example
+    ("method == 'B'", 0), ("x in [1, 500] and not method == 'UCB'", 2),
+    ("`fusion.tau` == 0.5 & (value * 2 > 3)", 1), ("10 <= x < 600", 2),
+    ("method != 'SPICE' or value < 1", 2), ("-value < -9", 1), ("x ** 2 >= 250000", 2)])
+def test_filter_grammar(expr, n) -> None:
+    assert len(filter_rows(_rows(), expr)) == n
+
+
+@pytest.mark.parametrize("expr, why", [
+    ("@sys.modules['os'].system('touch PWNED') == 0", "cannot parse"),
+    ("__import__('os').system('touch PWNED') == 0", "Call"),
+    ("x.__class__.__bases__ == 1", "Attribute"), ("method == 'a' and os", "unknown column 'os'"),
+    ("x[0] == 1", "Subscript"), ("(lambda: 1)() == 1", "Call"), ("value", "condition"),
+    ("'a' * 10**9 == method", "numbers"), ("10**10**10 == x", "exponents"),
+    ("[c for c in x] == 1", "ListComp")])
+def test_filter_refuses_everything_else(expr, why, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(QueryError, match=why):
+        filter_rows(_rows(), expr)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_results_cli_where_cannot_run_code(tmp_path, capsys) -> None:
+    _table(tmp_path)
+    marker = tmp_path / "PWNED"
+    expr = f"@sys.modules['os'].system('touch {marker}') == 0"
+    assert results_main([str(tmp_path), "bandit_online", "--where", expr]) == 2
+    assert not marker.exists()
+    assert "--where" in capsys.readouterr().err
+
+
+# ---- 5. impossible resource requests fail at once ---------------------------------------
+
+
+LAPTOP = capacity_from_nodes([{"CPU": 2.0, "memory": 1e10}], "the cluster")
+
+
+def test_train_workers_beyond_the_cluster_are_refused() -> None:
+    cfg = make_config("smoke", "bandit", overrides=["train.num_workers=64"])
+    msgs = check_requests(stage_requests(cfg, ("pretrain",)), LAPTOP)
+    assert msgs == ["train.num_workers=64 x train.worker_cpus=0.5: 64 Train workers ask for "
+                    "32 CPU at once, but the cluster has 2 CPU, 1 of them kept free for Ray "
+                    "Data's own tasks; at most 2 fit"]
+    ok = make_config("smoke", "bandit", overrides=["train.num_workers=2"])
+    assert check_requests(stage_requests(ok, ("pretrain",)), LAPTOP) == []
+
+
+def test_gpu_actors_on_a_cpu_machine_are_refused() -> None:
+    cfg = make_config("smoke", "bandit", overrides=["eval.actor_gpus=4"])
+    msgs = check_requests(stage_requests(cfg), LAPTOP)
+    assert msgs == ["eval.actor_cpus=0.5, eval.actor_gpus=4: one evaluation actor asks for "
+                    "0.5 CPU, 4 GPU, but no node of the cluster offers that (the most any "
+                    "node has: 2 CPU)"]
+    # generation actors that leave no CPU for Ray Data's tasks hang: refused as well
+    cfg = make_config("smoke", "bandit", overrides=["data.num_actors=4"])
+    assert "at most 2 fit" in check_requests(stage_requests(cfg, ("datasets",)), LAPTOP)[0]
+
+
+def test_autoscaling_cluster_counts_its_node_types() -> None:
+    launcher = {"head_node_type": "head", "available_node_types": {
+        "head": {"resources": {"CPU": 0, "head": 1}},
+        "gpu": {"max_workers": 8, "resources": {"CPU": 8, "GPU": 1, "trainer": 1}},
+        "cpu": {"max_workers": 4, "resources": {"CPU": 16}}}}
+    cap = capacity_from_launcher(launcher)
+    assert cap.total["GPU"] == 8 and cap.total["CPU"] == 128
+    paper = make_config("paper", "bandit")
+    assert check_requests(stage_requests(paper, use_gpu=True), cap) == []
+    big = make_config("paper", "bandit", overrides=["train.num_workers=9"])
+    assert "9 Train workers ask for 9 GPU at once" in check_requests(
+        stage_requests(big, ("pretrain",), use_gpu=True), cap)[0]
+    # types whose CPU/GPU counts are left to auto-detection are not refused on those
+    vague = capacity_from_launcher({"available_node_types": {"t": {"max_workers": 2,
+                                                                   "resources": {"trainer": 1}}}})
+    assert {"CPU", "GPU"} <= vague.unknown
+    assert check_requests(stage_requests(big, use_gpu=True), vague) == []
+
+
+def test_sweep_trial_placement_group_must_fit() -> None:
+    from spice_ray.sweep import trial_bundles
+
+    cfg = make_config("smoke", "bandit", overrides=["sweep.actors_per_trial=4"])
+    msgs = check_requests([sweep_request(cfg, trial_bundles(cfg))], LAPTOP)
+    assert msgs and "5 trial bundles ask for 2 CPU at once" in msgs[0]
+    assert check_requests([sweep_request(make_config("smoke", "bandit"),
+                                         trial_bundles(make_config("smoke", "bandit")))],
+                          LAPTOP) == []
+
+
+@pytest.mark.ray
+def test_cli_refuses_impossible_requests_before_any_work(ray_local, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    code, err = full_run(["--preset", "smoke", "--out", str(out), "--experiments", "bandit",
+                          "--set", "eval.actor_gpus=4", "--set", "train.num_workers=64"], capsys)
+    assert code == 2
+    assert "error: eval.actor_cpus=0.5, eval.actor_gpus=4: one evaluation actor" in err
+    assert "error: train.num_workers=64 x train.worker_cpus=0.5: 64 Train workers" in err
+    assert not (out / "datasets").exists()
+    assert ray_local.is_initialized()  # a Ray it did not start is left running
+    runlock.acquire(out).release()  # and the run directory's lock was released
+
+
+# ---- 6. one writer per run directory ----------------------------------------------------
+
+
+def test_second_writer_is_refused_and_a_stale_lock_taken_over(tmp_path, caplog) -> None:
+    lock = runlock.acquire(tmp_path, command="full_run.py --out x")
+    with pytest.raises(runlock.RunDirectoryLocked,
+                       match=rf"in use by pid {os.getpid()} on host .* \(full_run.py --out x\)"):
+        runlock.acquire(tmp_path)
+    lock.release()
+    runlock.acquire(tmp_path).release()  # free again after release
+    # a lock file left by a dead process (no flock held) is taken over with a warning
+    (tmp_path / runlock.LOCK_NAME).write_text(json.dumps(
+        {"pid": 999999, "host": "gone", "started": 0, "command": "old run"}))
+    with caplog.at_level(logging.WARNING):
+        runlock.acquire(tmp_path).release()
+    assert "left by pid 999999 on host gone" in caplog.text and "no longer running" in caplog.text
+
+
+def test_full_run_exits_2_naming_the_lock_holder(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from spice_ray import runlock
+            lock = runlock.acquire({str(out)!r}, command="the first run")
+            print("locked", flush=True)
+            time.sleep(120)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        code, err = full_run(["--preset", "smoke", "--out", str(out)], capsys)
+        assert code == 2
+        assert f"is in use by pid {holder.pid}" in err and "(the first run)" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (out / "datasets").exists()
+
+
+# ---- 7. corrupt metadata: named errors or regeneration ----------------------------------
+
+
+@pytest.mark.ray
+def test_garbage_manifest_or_spec_is_rebuilt(ray_local, tmp_path, caplog) -> None:
+    from spice_ray.data import store
+    from spice_ray.data.generate import generate_dataset
+
+    cfg = make_config("smoke", "darkroom")
+    ds = store.dataset_dir(tmp_path, cfg)
+    generate_dataset(cfg, ds)
+    want = store.load_manifest(ds).raw
+    (ds / store.MANIFEST).write_text("garbage {")
+    with pytest.raises(store.DatasetError, match=r"manifest.json is corrupted .*re-run "
+                                                 "generation"):
+        store.load_manifest(ds)
+    (ds / store.MANIFEST).write_text('{"spec": {}}')  # valid JSON, wrong shape
+    with pytest.raises(store.DatasetError, match="malformed fields"):
+        store.load_manifest(ds)
+    (ds / store.SPEC).write_bytes(b"\xff\xfe")
+    with caplog.at_level(logging.WARNING):
+        rep = generate_dataset(cfg, ds)  # shards verified, manifest and spec rewritten
+    assert sum(len(v) for v in rep.generated.values()) == 0
+    assert store.load_manifest(ds).raw == want
+    assert "spec.json is corrupted" in caplog.text
+    # a directory whose name does not carry the spec's hash is not silently claimed
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / store.SPEC).write_text("[1, 2]")
+    with pytest.raises(store.DatasetError, match=r"mine/spec.json is corrupted.*delete"):
+        generate_dataset(cfg, other)
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "is a directory"), (b"\xff\xfeA: 1", "is not UTF-8 text")])
+def test_bad_config_file_is_named(tmp_path, content, why, capsys) -> None:
+    path = tmp_path / "cfg.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"config file {path} {why}"):
+        make_config("smoke", "bandit", yaml_path=path)
+    code, err = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"), "--config",
+                          str(path)], capsys)
+    assert code == 2 and why in err
+
+
+@pytest.mark.ray
+def test_corrupt_final_weights_are_republished_from_an_intact_checkpoint(ray_local, tmp_path,
+                                                                        caplog) -> None:
+    from spice_ray.data.generate import generate_dataset
+    from spice_ray.train import checkpoint as ckpt
+    from spice_ray.train.ray_train import pretrain
+
+    cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}"])
+    ds = generate_dataset(cfg, tmp_path / "ds").dataset_dir
+    final = pretrain(cfg, "dpt", 0, ds)
+    good = (final / ckpt.WEIGHTS).read_bytes()
+    _flip_bit(final / ckpt.WEIGHTS, at=len(good) - 100)
+    with caplog.at_level(logging.WARNING):
+        again = pretrain(cfg, "dpt", 0, ds)
+    assert again == final and (final / ckpt.WEIGHTS).read_bytes() == good
+    assert "weights.pt fails its SHA-256 checksum" in caplog.text
+    assert "republished from the intact checkpoint" in caplog.text
+    # with no intact copy left, the model is trained again instead of being used
+    for path in (final.parent / "local").glob("epoch-*"):
+        _flip_bit(path / ckpt.WEIGHTS, at=len(good) - 100)
+    _flip_bit(final / ckpt.WEIGHTS, at=len(good) - 100)
+    third = pretrain(cfg, "dpt", 0, ds)
+    assert (third / ckpt.WEIGHTS).read_bytes() == good  # same seed, same weights
+
+
+# ---- 8. validation gaps -----------------------------------------------------------------
+
+
+def test_duplicate_seeds_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"seeds=\(0, 1, 0\) is invalid: each seed once"):
+        make_config("smoke", "bandit", overrides=["seeds=[0, 1, 0]"])
+
+
+def test_run_directory_is_given_once(tmp_path) -> None:
+    assert resolve_run_dir(None, "smoke") == Path("runs/smoke").resolve()
+    assert resolve_run_dir(None, "smoke", overrides=[f"out_dir={tmp_path}"]) == tmp_path
+    assert resolve_run_dir(tmp_path, "smoke", overrides=[f"out_dir={tmp_path}"]) == tmp_path
+    with pytest.raises(ConfigError, match="conflicts with --out"):
+        resolve_run_dir(tmp_path / "y", "smoke", overrides=[f"out_dir={tmp_path / 'x'}"])
+    with pytest.raises(ConfigError, match="out_dir='' is invalid"):
+        resolve_run_dir(None, "smoke", overrides=["out_dir="])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--experiments", ","], "no experiment chosen"),
+    (["--out", ""], "--out: must not be empty"),
+    (["--set", "seeds=[1,1]"], "each seed once"),
+    (["--set", "out_dir=/tmp/elsewhere"], "conflicts with --out"),
+    (["--set", "data.num_train_tasks=1000000000000"], "need up to"),
+])
+def test_bad_command_lines_exit_2_before_any_work(tmp_path, argv, message, capsys,
+                                                 monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    args = ["--preset", "smoke", *(["--out", str(out)] if "--out" not in argv else []), *argv]
+    code, err = full_run(args, capsys)
+    assert code == 2 and message in err
+    assert not (out / "datasets").exists() and not (tmp_path / "datasets").exists()
+
+
+def test_sizes_beyond_disk_or_memory_are_refused(tmp_path) -> None:
+    cfg = make_config("smoke", "bandit", overrides=["data.num_train_tasks=1000000000000"])
+    msgs = check_sizes([cfg], tmp_path, free_disk=80 * 2**30, free_memory=20 * 2**30)
+    assert any("need up to" in m and "TiB on disk" in m and "80.0 GiB free" in m for m in msgs)
+    assert any("of memory, but 20.0 GiB is available" in m for m in msgs)
+    assert check_sizes([make_config("smoke", "bandit")], tmp_path, free_disk=2**30,
+                       free_memory=2**30) == []
+
+
+def test_results_cli_refuses_missing_run_and_paths_outside_results(tmp_path, capsys) -> None:
+    assert results_main([str(tmp_path / "nope")]) == 2
+    assert "run directory" in capsys.readouterr().err
+    _table(tmp_path)
+    assert results_main([str(tmp_path), "../datasets/x"]) == 2
+    assert "table name '../datasets/x' is invalid" in capsys.readouterr().err
+    assert results_main([str(tmp_path), "bandit_online", "--by", "method"]) == 0
+
+
+# ---- 9. sweep restore only unpickles what we wrote --------------------------------------
+
+
+def test_sweep_restore_guard(tmp_path) -> None:
+    from spice_ray.sweep import SweepError, check_restorable
+
+    exp = tmp_path / "sweeps" / "s"
+    exp.mkdir(parents=True)
+    (exp / "tuner.pkl").write_bytes(b"pickle")
+    inputs = tmp_path / "sweeps" / "s.inputs.json"
+    with pytest.raises(SweepError, match="has no s.inputs.json"):
+        check_restorable(exp, inputs, "h")
+    inputs.write_text("{oops")
+    with pytest.raises(SweepError, match="s.inputs.json is corrupted"):
+        check_restorable(exp, inputs, "h")
+    inputs.write_text(json.dumps({"inputs": "other"}))
+    with pytest.raises(SweepError, match="was run with other inputs"):
+        check_restorable(exp, inputs, "h")
+    inputs.write_text(json.dumps({"inputs": "h"}))
+    os.chmod(exp / "tuner.pkl", 0o664)
+    with pytest.raises(SweepError, match=r"tuner.pkl is owned by .* mode 0o664"):
+        check_restorable(exp, inputs, "h")
+    os.chmod(exp / "tuner.pkl", 0o644)
+    assert check_restorable(exp, inputs, "h")["inputs"] == "h"
