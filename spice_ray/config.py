@@ -249,6 +249,13 @@ class TrainConfig:
     """n of the TD(n) targets (>= 1; bandits 1, darkroom 5)."""
     gamma: float = 0.0
     """Discount of the TD(n) targets in [0, 1] (bandits 0, darkroom 0.95)."""
+    bootstrap: Literal["max", "mean"] = "max"
+    """V(s_{t+n}) in the TD(n) targets: max_a' Q-bar (the paper) or the mean over actions (the
+    uniform behaviour policy's value, free of maximisation bias)."""
+    shrink_prior: Literal["fixed", "data"] = "fixed"
+    """Where mu_0 and v_0 of the shrinkage posterior come from: the two fields below ("fixed",
+    the bandit's U[0, 1] prior), or the train split's own TD(n) reward targets (their mean and
+    variance, computed before training and written into those fields of the job's config)."""
     shrink_prior_mean: float = 0.5
     """mu_0 of the shrinkage posterior."""
     shrink_prior_var: float = 1.0 / 12.0
@@ -280,6 +287,10 @@ class TrainConfig:
             value = getattr(self, name)
             _check(value >= 0, f"train.{name}", value, "a float >= 0")
         _check(0.0 <= self.gamma <= 1.0, "train.gamma", self.gamma, "a float in [0, 1]")
+        _check(self.bootstrap in ("max", "mean"), "train.bootstrap", self.bootstrap,
+               "one of max, mean")
+        _check(self.shrink_prior in ("fixed", "data"), "train.shrink_prior", self.shrink_prior,
+               "one of fixed, data")
         _check(self.num_workers >= 0, "train.num_workers", self.num_workers, "an integer >= 0")
         _check(self.max_failures >= 0, "train.max_failures", self.max_failures, ">= 0")
 
@@ -290,8 +301,10 @@ class FusionConfig:
 
     kernel: Literal["uniform", "rbf", "cosine"] = "uniform"
     """State-similarity kernel w_t in [0, 1]."""
-    kernel_space: Literal["latent", "state"] = "latent"
-    """Apply the kernel to trunk latents h (paper) or to raw states."""
+    kernel_space: Literal["latent", "context", "state"] = "latent"
+    """What the kernel compares: "latent" (the trunk's output for a state alone, the query
+    token [s, 0, 0, 0]), "context" (the latents the value heads read: position T for the
+    current state, position t-1 for context state s_t) or "state" (raw states)."""
     tau: float = 0.5
     """RBF bandwidth (> 0)."""
     noise_var: float = 0.09
@@ -310,13 +323,15 @@ class FusionConfig:
     """n of the n-step targets (>= 1)."""
     gamma: float = 0.0
     """Discount of the n-step targets in [0, 1]."""
+    bootstrap: Literal["max", "mean"] = "max"
+    """V(s_{t+n}) in the n-step targets: max_a' Q-bar (the paper) or the mean over actions."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "fusion")
         _check(self.kernel in ("uniform", "rbf", "cosine"), "fusion.kernel", self.kernel,
                "one of uniform, rbf, cosine")
-        _check(self.kernel_space in ("latent", "state"), "fusion.kernel_space",
-               self.kernel_space, "one of latent, state")
+        _check(self.kernel_space in ("latent", "context", "state"), "fusion.kernel_space",
+               self.kernel_space, "one of latent, context, state")
         _check(self.tau > 0, "fusion.tau", self.tau, "a float > 0")
         _check(self.noise_var >= 0, "fusion.noise_var", self.noise_var, "a float >= 0")
         _check(self.v_min > 0, "fusion.v_min", self.v_min, "a float > 0")
@@ -329,6 +344,8 @@ class FusionConfig:
                "one of reward, nstep")
         _check(self.td_n >= 1, "fusion.td_n", self.td_n, "an integer >= 1")
         _check(0.0 <= self.gamma <= 1.0, "fusion.gamma", self.gamma, "a float in [0, 1]")
+        _check(self.bootstrap in ("max", "mean"), "fusion.bootstrap", self.bootstrap,
+               "one of max, mean")
 
 
 @dataclass(frozen=True)

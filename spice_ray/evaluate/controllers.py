@@ -56,6 +56,7 @@ from spice_ray.fusion import (
     RunningStats,
     argmax_lowest,
     beta_at,
+    bootstrap_values,
     gaussian_posterior,
     kernel_weights,
     nstep_targets,
@@ -505,7 +506,9 @@ class SpiceController(_ModelController):
 
     def __init__(self, model: TrunkModel, fusion: FusionConfig, env_name: EnvName = "bandit",
                  use_cache: bool = True, name: str = "spice") -> None:
-        super().__init__(model, env_name, use_cache, keep_latents=False,
+        super().__init__(model, env_name, use_cache,
+                         keep_latents=fusion.kernel != "uniform"
+                         and fusion.kernel_space == "context",
                          keep_prior_means=needs_bootstrap(fusion))
         self.fusion = fusion
         self.name = name
@@ -544,10 +547,14 @@ class SpiceController(_ModelController):
             if f.kernel_space == "latent":
                 query = state_features(self.model, query)  # (B, D)
                 context = state_features(self.model, context)  # (B, T, D)
+            elif f.kernel_space == "context":
+                assert view.latents is not None
+                query = view.latents[:, -1]  # (B, D): position T, the current state
+                context = view.latents[:, :-1]  # (B, T, D): position t-1 for s_t
         next_values = None
         if needs_bootstrap(f):
             assert view.prior_means is not None
-            next_values = view.prior_means.amax(-1)  # (B, T): max_a' Q-bar(s_{t+1}, a')
+            next_values = bootstrap_values(view.prior_means, f.bootstrap)  # (B, T): V(s_{t+1})
         return context_evidence(f, view.actions, view.rewards, self.model.num_actions,
                                 query, context, next_values)
 

@@ -57,7 +57,7 @@ from spice_ray.evaluate.controllers import (
     needs_bootstrap,
     state_features,
 )
-from spice_ray.fusion import RandomSource, argmax_lowest, greedy_action
+from spice_ray.fusion import RandomSource, argmax_lowest, bootstrap_values, greedy_action
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
 from spice_ray.rng import StepDraws, TaskStreams
@@ -284,7 +284,7 @@ def spice_offline_picks(
     P = len(hs)
     next_values = None
     if needs_bootstrap(f):
-        next_values = outputs["prior_mean_all"][:, 1:].amax(-1)  # (B, T) max_a' Q-bar(s_{t+1})
+        next_values = bootstrap_values(outputs["prior_mean_all"][:, 1:], f.bootstrap)  # (B, T)
     if f.kernel == "uniform":
         # All prefixes at once: prefix masks [P, T] over the broadcast context [B, P, T].
         mask = torch.arange(T)[None, :] < torch.as_tensor(hs)[:, None]  # (P, T)

@@ -11,12 +11,14 @@ from spice_ray.fusion.kernels import (
     uniform_weights,
 )
 from spice_ray.fusion.posterior import (
+    BOOTSTRAPS,
     NOISE_VAR_FLOOR,
     Posterior,
     RandomSource,
     RunningStats,
     argmax_lowest,
     beta_at,
+    bootstrap_values,
     gaussian_posterior,
     greedy_action,
     nstep_targets,
@@ -31,6 +33,8 @@ from spice_ray.fusion.posterior import (
 )
 
 __all__ = [
+    "BOOTSTRAPS",
+    "bootstrap_values",
     "KERNELS",
     "NOISE_VAR_FLOOR",
     "Posterior",

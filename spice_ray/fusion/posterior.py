@@ -154,6 +154,20 @@ class RunningStats:
         self.num_updates += 1
 
 
+Bootstrap = Literal["max", "mean"]
+BOOTSTRAPS: tuple[str, ...] = ("max", "mean")
+
+
+def bootstrap_values(q_mean: Tensor, how: Bootstrap = "max") -> Tensor:
+    """V(s) from Q-bar(s, .) [..., A] -> [...]: ``max`` (the paper: the greedy policy's value)
+    or ``mean`` (the uniform behaviour policy's value: no maximisation bias)."""
+    if how == "max":
+        return q_mean.amax(-1)
+    if how == "mean":
+        return q_mean.mean(-1)
+    raise ValueError(f"bootstrap={how!r} is invalid: one of {', '.join(BOOTSTRAPS)}")
+
+
 def nstep_targets(
     rewards: Tensor,
     next_values: Tensor,

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from spice_ray.config import TrainConfig
-from spice_ray.fusion.posterior import gaussian_posterior, nstep_targets
+from spice_ray.fusion.posterior import bootstrap_values, gaussian_posterior, nstep_targets
 from spice_ray.model.ensemble import ValueEnsemble
 from spice_ray.model.spice import SpiceOutput, align_to_transitions
 from spice_ray.model.tokens import Tokens
@@ -288,7 +288,7 @@ def spice_loss(
         raise ValueError("spice_loss needs a context of at least one transition (T >= 1)")
     q_mean, q_std = _upcast(out.prior_mean), _upcast(out.prior_std)  # (B, T+1, A) x2
     q_pred, q_next = align_to_transitions(q_mean)  # (B, T, A) x2
-    next_values = q_next.detach().amax(-1)  # (B, T): V(s_{t+1}) for transition t
+    next_values = bootstrap_values(q_next.detach(), cfg.bootstrap)  # (B, T): V(s_{t+1})
     y = td_targets(tokens.rewards.to(q_pred.dtype), next_values, cfg.td_n, cfg.gamma)  # (B, T)
     l_td = td_loss(q_pred, tokens.actions, y)
     l_shrink = shrink_loss(q_mean, tokens.actions, y, cfg.td_n, cfg.shrink_prior_mean,

@@ -9,6 +9,7 @@ Ray or the plain in-process loop and publishes the final checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import shutil
@@ -322,6 +323,40 @@ def final_is_current(final_dir: Path, job: TrainJob) -> bool:
     return False
 
 
+def data_shrink_prior(cfg: RunConfig, dataset_dir: str | Path) -> tuple[float, float]:
+    """Mean and variance of the train split's TD(n) reward targets (no bootstrap term):
+    sum_{i<n, t+i<=T} gamma^i r_{t+i}, over every transition whose n rewards are in context.
+    Computed once per (split content, n, gamma) in a process."""
+    content = store.split_id(dataset_dir, "train")
+    return _target_stats(str(dataset_dir), content, cfg.train.td_n, cfg.train.gamma)
+
+
+@functools.lru_cache(maxsize=16)
+def _target_stats(dataset_dir: str, content: str, n: int, gamma: float,
+                  batch_size: int = 4096) -> tuple[float, float]:
+    from spice_ray.fusion import nstep_targets
+
+    total, total_sq, count = 0.0, 0.0, 0
+    for batch in store.iter_batches(dataset_dir, "train", batch_size):
+        r = torch.as_tensor(np.asarray(batch["rewards"], dtype=np.float64))  # (B, T)
+        y = nstep_targets(r, torch.zeros_like(r), n, gamma)[:, : max(1, r.shape[1] - n + 1)]
+        total += float(y.sum())
+        total_sq += float((y * y).sum())
+        count += y.numel()
+    mean = total / max(count, 1)
+    return mean, max(total_sq / max(count, 1) - mean * mean, 1e-6)
+
+
+def resolve_config(cfg: RunConfig, dataset_dir: str | Path) -> RunConfig:
+    """``cfg`` with what depends on the data filled in: ``train.shrink_prior="data"`` sets
+    ``shrink_prior_mean`` / ``shrink_prior_var`` from :func:`data_shrink_prior`."""
+    if cfg.train.shrink_prior != "data":
+        return cfg
+    mean, var = data_shrink_prior(cfg, dataset_dir)
+    return cfg.replace(train=dataclasses.replace(cfg.train, shrink_prior_mean=round(mean, 6),
+                                                 shrink_prior_var=round(var, 6)))
+
+
 def plan_job(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
              checkpoints_root: str | Path | None = None) -> tuple[TrainJob, Path]:
     """The job for one model and its run directory ``<root>/<dataset>/<kind>-<id>-seed<k>``.
@@ -333,6 +368,7 @@ def plan_job(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
     man = store.load_manifest(dataset_dir)
     ckpt.check_env({"spec": {"num_actions": man.env.num_actions, "state_dim": man.env.state_dim,
                              "max_len": man.env.horizon + 1}}, cfg.env, str(dataset_dir))
+    cfg = resolve_config(cfg, dataset_dir)
     job = TrainJob(cfg.to_dict(), kind, str(dataset_dir),
                    man.split("train")["content_hash"], seed)
     root = Path(checkpoints_root or Path(cfg.out_dir) / "checkpoints").resolve()
@@ -353,7 +389,7 @@ def pretrain(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
         log.info("%s: final checkpoint is current, skipped", final)
         return final
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.write(run_dir)
+    job.cfg.write(run_dir)  # as trained: data-derived values filled in
     if cfg.train.num_workers == 0:
         return train_local(job, run_dir).final
     return train_with_ray(job, run_dir).final
