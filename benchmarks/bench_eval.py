@@ -33,11 +33,14 @@ import time
 import numpy as np
 import torch
 
-from spice_ray.baselines import run_online_bandit
-from spice_ray.config import EnvConfig, EvalConfig, FusionConfig, ModelConfig, make_config
-from spice_ray.data.behaviour import generate_tasks
-from spice_ray.evaluate import ControllerSpec, SpiceController, darkroom_online_rows, online_noise
+from spice_ray.agents import AgentSpec, SpiceAgent
+from spice_ray.config import EvalConfig, FusionConfig, ModelConfig, make_config
+from spice_ray.data.tasks import generate_tasks
+from spice_ray.envs.bandit import BanditTasks
+from spice_ray.evaluate import online_noise, online_rows, run_online
 from spice_ray.model import DptModel, SpiceModel
+
+BANDIT = make_config("small", "bandit").env.environment()
 
 PAPER_MODEL = ModelConfig(n_layer=6, n_embd=64, n_head=1, ensemble_size=7, head_hidden=64)
 
@@ -58,9 +61,10 @@ def _bandit_problem(args: argparse.Namespace):
 def phase_cached(args: argparse.Namespace) -> dict:
     model, means, noise = _bandit_problem(args)
     rss0 = _maxrss_mib()
-    ctrl = SpiceController(model, FusionConfig(), "bandit", use_cache=True)
+    agent = SpiceAgent(FusionConfig(), model=model, stateless=True, use_cache=True)
     t0 = time.perf_counter()
-    actions, _ = run_online_bandit(ctrl, means, 0.3, noise, torch.Generator().manual_seed(0))
+    actions = run_online(agent, BANDIT, BanditTasks(means, 0.3), args.horizon, noise, 1,
+                         torch.Generator().manual_seed(0)).actions
     dt = time.perf_counter() - t0
     return {"seconds": dt, "env_steps": args.tasks * args.horizon,
             "steps_per_s": args.tasks * args.horizon / dt, "rss_before_mib": rss0,
@@ -69,15 +73,16 @@ def phase_cached(args: argparse.Namespace) -> dict:
 
 def _recompute_step_time(model, t: int, tasks: int, repeats: int = 1) -> float:
     """Seconds of one uncached act() with t transitions in context (all tasks)."""
-    ctrl = SpiceController(model, FusionConfig(), "bandit", use_cache=False)
-    ctrl.reset(tasks, 5)
+    agent = SpiceAgent(FusionConfig(), model=model, stateless=True, use_cache=False)
+    agent.reset(tasks, 5)
     zeros_a, zeros_r = torch.zeros(tasks, dtype=torch.long), torch.zeros(tasks)
+    zeros_s = torch.zeros(tasks, 1)
     for _ in range(t):
-        ctrl.observe(zeros_a, zeros_r)  # appends token features only: cheap
+        agent.observe(zeros_a, zeros_r, zeros_s, zeros_s)  # appends token features only: cheap
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        ctrl.act(t)
+        agent.act(t, zeros_s)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -86,10 +91,11 @@ def phase_recompute(args: argparse.Namespace) -> dict:
     model, means, noise = _bandit_problem(args)
     rss0 = _maxrss_mib()
     out: dict = {"rss_before_mib": rss0}
-    ctrl = SpiceController(model, FusionConfig(), "bandit", use_cache=False)
+    agent = SpiceAgent(FusionConfig(), model=model, stateless=True, use_cache=False)
     steps = args.horizon if args.full_recompute else min(args.recompute_steps, args.horizon)
     t0 = time.perf_counter()
-    run_online_bandit(ctrl, means, 0.3, noise[:, :steps], torch.Generator().manual_seed(0))
+    run_online(agent, BANDIT, BanditTasks(means, 0.3), steps, noise, 1,
+               torch.Generator().manual_seed(0))
     out["real_steps"] = steps
     out["real_seconds"] = time.perf_counter() - t0
     if args.full_recompute:
@@ -110,9 +116,9 @@ def phase_recompute(args: argparse.Namespace) -> dict:
     return out
 
 
-def _darkroom(args: argparse.Namespace, spec: ControllerSpec) -> dict:
-    cfg = make_config("small", "darkroom")
-    env = EnvConfig(name="darkroom", horizon=args.dark_horizon)
+def _darkroom(args: argparse.Namespace, spec: AgentSpec) -> dict:
+    cfg = make_config("small", "darkroom", overrides=[f"env.horizon={args.dark_horizon}"])
+    env = cfg.env
     eval_cfg = EvalConfig(num_tasks=args.dark_tasks, online_horizon=args.dark_horizon)
     data = generate_tasks(env, cfg.data, "eval", np.arange(args.dark_tasks))
     cls = SpiceModel if spec.method == "spice" else DptModel
@@ -120,7 +126,7 @@ def _darkroom(args: argparse.Namespace, spec: ControllerSpec) -> dict:
                 generator=torch.Generator().manual_seed(0)).eval()
     rss0 = _maxrss_mib()
     t0 = time.perf_counter()
-    df = darkroom_online_rows(env, eval_cfg, data, [spec], model)
+    df = online_rows(env, eval_cfg, data, [spec], model)
     dt = time.perf_counter() - t0
     final = df[(df.metric == "cumulative_return") & (df.x == args.dark_horizon)]["value"].mean()
     steps = args.dark_tasks * args.dark_horizon
@@ -131,11 +137,11 @@ def _darkroom(args: argparse.Namespace, spec: ControllerSpec) -> dict:
 
 def phase_darkroom_spice(args: argparse.Namespace) -> dict:
     fusion = make_config("small", "darkroom").fusion  # rbf on latents, n-step 5, gamma 0.95
-    return _darkroom(args, ControllerSpec("spice", fusion))
+    return _darkroom(args, AgentSpec("spice", fusion))
 
 
 def phase_darkroom_dpt(args: argparse.Namespace) -> dict:
-    return _darkroom(args, ControllerSpec("dpt", sample=False))
+    return _darkroom(args, AgentSpec("dpt", sample=False))
 
 
 PHASES = {"cached": phase_cached, "recompute": phase_recompute,

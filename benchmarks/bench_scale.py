@@ -17,13 +17,13 @@ import time
 
 import torch
 
+from spice_ray.agents import AgentSpec
 from spice_ray.cli import init_ray
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
-from spice_ray.evaluate.actors import evaluate_parallel, model_payload
-from spice_ray.evaluate.controllers import ControllerSpec
-from spice_ray.evaluate.rollout import load_eval_tasks
-from spice_ray.train.checkpoint import build_model
+from spice_ray.data.store import load_split
+from spice_ray.evaluate.actors import evaluate_parallel
+from spice_ray.model.registry import build_model, model_payload
 
 
 def generation(tasks: int, actors: int, root: str) -> float:
@@ -42,9 +42,9 @@ def evaluation(n: int, horizon: int, actors: int, root: str) -> float:
         f"data.num_eval_tasks={n}", "data.num_train_tasks=1", "data.num_val_tasks=1",
         "eval.offline_points=20", f"eval.num_actors={actors}", "eval.actor_cpus=0.5"])
     ds = generate_dataset(cfg, f"{root}/eval-data").dataset_dir
-    data = load_eval_tasks(ds, cfg.eval)
+    data = load_split(ds, "eval", limit=cfg.eval.num_tasks)
     model = build_model("spice", cfg, torch.Generator().manual_seed(0))
-    spec = ControllerSpec("spice", fusion=cfg.fusion)
+    spec = AgentSpec("spice", fusion=cfg.fusion)
     t0 = time.perf_counter()
     evaluate_parallel(model_payload(model), cfg.env, cfg.eval, data, [spec], ("online",),
                       num_actors=actors)

@@ -25,8 +25,8 @@ import torch
 from spice_ray.config import make_config
 from spice_ray.model import LoopEnsemble
 from spice_ray.model import ensemble as ensemble_module
+from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import make_tokens
-from spice_ray.train.checkpoint import build_model
 from spice_ray.train.loop import compute_loss
 
 
@@ -43,7 +43,7 @@ def time_steps(model, kind, cfg, batch, steps: int, device: torch.device) -> flo
     model.to(device).train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     tokens_batch = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
-    make_tokens(tokens_batch, "bandit", cfg.env.num_actions)  # validate shapes once
+    make_tokens(tokens_batch, cfg.env)  # validate shapes once
     times = []
     for i in range(steps + 1):
         if device.type == "cuda":

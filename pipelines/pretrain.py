@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 
 from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
+from spice_ray.model.checkpoint import read_meta
 from spice_ray.stages import generate_stage
-from spice_ray.train.checkpoint import read_meta
 from spice_ray.train.ray_train import pretrain
 
 

@@ -12,9 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from spice_ray import runlock
+from spice_ray import envs, runlock
 from spice_ray.config import (
-    ENV_NAMES,
     PRESET_NAMES,
     ConfigError,
     RunConfig,
@@ -32,7 +31,7 @@ def add_config_args(parser: argparse.ArgumentParser, env: bool = True) -> None:
     parser.add_argument("--preset", choices=PRESET_NAMES, default="small",
                         help="scale preset (default: small, the laptop study)")
     if env:
-        parser.add_argument("--env", choices=ENV_NAMES, default="bandit",
+        parser.add_argument("--env", choices=envs.names(), default="bandit",
                             help="environment family (default: bandit)")
     parser.add_argument("--config", type=Path, default=None,
                         help="YAML file of config values applied over the preset")
@@ -109,7 +108,7 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
 
 def _requests(cfgs: Sequence[RunConfig], stages: Sequence[str],
               extra: Callable[[], Sequence[Any]] | None) -> list[Any]:
-    from spice_ray.cluster import DATAGEN, TRAINER, placement_resources
+    from spice_ray.placement import DATAGEN, TRAINER, placement_resources
     from spice_ray.resources import stage_requests
     from spice_ray.train.ray_train import gpus_available
 

@@ -235,7 +235,7 @@ def dataset_estimate(cfg: RunConfig) -> tuple[int, int, int]:
     """
     from spice_ray.data import schema, store
 
-    cols = schema.columns(cfg.env.name, cfg.env.num_arms, cfg.env.horizon)
+    cols = schema.columns(cfg.env)
     sizes = store.split_sizes(cfg.data)
     tasks = sum(sizes.values())
     shards = sum(store.num_shards(n, cfg.data.shard_size) for n in sizes.values())
@@ -284,7 +284,7 @@ def check_sizes(cfgs: Iterable[RunConfig], run_dir: str | Path,
         tasks, nbytes, shards = dataset_estimate(cfg)
         disk += nbytes
         fields.append(f"{cfg.env.name}: {tasks} tasks")
-        cols = schema.columns(cfg.env.name, cfg.env.num_arms, cfg.env.horizon)
+        cols = schema.columns(cfg.env)
         memory = (cfg.data.num_eval_tasks * schema.raw_nbytes(cols) * 2
                   + shards * _BYTES_PER_SHARD_RECORD * (1 + cfg.data.num_actors))
         if memory > free_memory:

@@ -127,12 +127,12 @@ class TaskStreams:
 
 
 class StepDraws:
-    """Draws for a controller that acts step by step on a batch of tasks.
+    """Draws for an agent that acts step by step on a batch of tasks.
 
     The n-th request gives each task draws that are a function of (its key, ``stream``, n) only,
     so a task's draws do not depend on which other tasks share the batch: an evaluation sharded
     over any number of actors takes the same random actions. Every task of the batch must take
-    part in every request (controllers act on all their tasks at every step).
+    part in every request (agents act on all their tasks at every step).
 
     Args:
         streams: the batch's task keys, e.g. ``TaskStreams.from_seed(seed, "eval", task_ids)``.

@@ -25,9 +25,8 @@ from spice_ray.cli import add_config_args, config_from_args, run_main
 from spice_ray.stages import generate_stage
 from spice_ray.sweep import (
     add_sweep_args,
-    explicit_concurrency,
+    format_result,
     pretrain_grid,
-    print_result,
     run_sweep,
     start_sweep,
     sweep_kwargs,
@@ -57,9 +56,9 @@ def cli(argv: list[str] | None = None) -> None:
     if not args.train_in_trials:
         run_main(pretrain_grid, cfg, space, ds_dir)
     result = run_main(run_sweep, f"ensemble_size_{cfg.env.name}", cfg, space, None, ds_dir,
-                      cfg.out_dir, max_concurrent_trials=explicit_concurrency(args, cfg),
+                      cfg.out_dir,
                       train_in_trial=args.train_in_trials, **sweep_kwargs(args))
-    print_result(result, args.top)
+    print(format_result(result, args.top))
     lock.release()
 
 

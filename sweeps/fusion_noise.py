@@ -25,8 +25,7 @@ from spice_ray.cli import add_config_args, config_from_args, run_main
 from spice_ray.sweep import (
     add_sweep_args,
     ensure_models,
-    explicit_concurrency,
-    print_result,
+    format_result,
     run_sweep,
     start_sweep,
     sweep_kwargs,
@@ -58,9 +57,8 @@ def cli(argv: list[str] | None = None) -> None:
     lock = start_sweep(args, [cfg])
     ds_dir, ckpts = run_main(ensure_models, cfg)
     result = run_main(run_sweep, f"fusion_noise_{cfg.env.name}", cfg, search_space(cfg.preset),
-                      ckpts, ds_dir, cfg.out_dir,
-                      max_concurrent_trials=explicit_concurrency(args, cfg), **sweep_kwargs(args))
-    print_result(result, args.top)
+                      ckpts, ds_dir, cfg.out_dir, **sweep_kwargs(args))
+    print(format_result(result, args.top))
     lock.release()
 
 

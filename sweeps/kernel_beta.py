@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from spice_ray import envs
 from spice_ray.cli import add_config_args, config_from_args, run_main
 from spice_ray.config import FusionConfig
 from spice_ray.sweep import (
     add_sweep_args,
     ensure_models,
-    explicit_concurrency,
-    print_result,
+    format_result,
     run_sweep,
     start_sweep,
     sweep_kwargs,
@@ -73,20 +73,19 @@ def cli(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser, env=False)
-    parser.add_argument("--env", choices=("bandit", "darkroom", "both"), default="both",
-                        help="environment(s) to sweep (default: both)")
+    parser.add_argument("--env", choices=(*envs.names(), "both"), default="both",
+                        help="environment to sweep, or both: bandit and darkroom (default)")
     add_sweep_args(parser)
     args = parser.parse_args(argv)
-    envs = ("bandit", "darkroom") if args.env == "both" else (args.env,)
-    cfgs = {env: config_from_args(args, env) for env in envs}  # all valid before Ray starts
+    names = ("bandit", "darkroom") if args.env == "both" else (args.env,)
+    cfgs = {env: config_from_args(args, env) for env in names}  # all valid before Ray starts
     lock = start_sweep(args, list(cfgs.values()))
     for env, cfg in cfgs.items():
         ds_dir, ckpts = run_main(ensure_models, cfg)
         result = run_main(run_sweep, f"kernel_beta_{env}", cfg,
                           search_space(cfg.fusion, cfg.preset), ckpts, ds_dir, cfg.out_dir,
-                          max_concurrent_trials=explicit_concurrency(args, cfg),
                           **sweep_kwargs(args))
-        print_result(result, args.top)
+        print(format_result(result, args.top))
     lock.release()
 
 

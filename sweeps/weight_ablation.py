@@ -1,5 +1,5 @@
 """Darkroom weight ablation: SPICE retrained with no / only iw / only adv / only epi / all policy
-weights (spice_ray.study.weight_variant), each evaluated online with Ray Tune.
+weights (spice_ray.experiments.WEIGHT_VARIANTS), each evaluated online with Ray Tune.
 
     python sweeps/weight_ablation.py --preset small
     python sweeps/weight_ablation.py --preset smoke --out /tmp/sweep_smoke
@@ -18,13 +18,12 @@ import argparse
 from typing import Any
 
 from spice_ray.cli import add_config_args, config_from_args, run_main
+from spice_ray.experiments import WEIGHT_VARIANTS
 from spice_ray.stages import generate_stage
-from spice_ray.study import WEIGHT_VARIANTS
 from spice_ray.sweep import (
     add_sweep_args,
-    explicit_concurrency,
+    format_result,
     pretrain_grid,
-    print_result,
     run_sweep,
     start_sweep,
     sweep_kwargs,
@@ -54,9 +53,8 @@ def cli(argv: list[str] | None = None) -> None:
     if not args.train_in_trials:
         run_main(pretrain_grid, cfg, space, ds_dir)
     result = run_main(run_sweep, "weight_ablation", cfg, space, None, ds_dir, cfg.out_dir,
-                      max_concurrent_trials=explicit_concurrency(args, cfg),
                       train_in_trial=args.train_in_trials, **sweep_kwargs(args))
-    print_result(result, args.top)
+    print(format_result(result, args.top))
     lock.release()
 
 

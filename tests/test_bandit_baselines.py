@@ -6,26 +6,46 @@ import numpy as np
 import pytest
 import torch
 
-from spice_ray.baselines import (
+from spice_ray.agents import (
     LCB,
     UCB,
-    BanditController,
+    Agent,
     EmpiricalMean,
     OfflinePicker,
     PosteriorBandit,
     ThompsonSampling,
-    cumulative_regret,
-    instant_regret,
     make_baseline,
-    offline_suboptimality,
-    run_online_bandit,
 )
-from spice_ray.config import EvalConfig
+from spice_ray.config import EvalConfig, make_config
 from spice_ray.envs import bandit
+from spice_ray.evaluate import run_online
 from spice_ray.fusion import gaussian_posterior, weighted_action_stats
 from spice_ray.rng import TaskStreams
 
 SIGMA = 0.3
+ENV = make_config("smoke", "bandit").environment()
+
+
+def run_online_bandit(agent, means, sigma, noise, generator=None):
+    """(actions, rewards) of the one online loop in a bandit with these means."""
+    means = np.asarray(means, dtype=np.float64)
+    noise = np.asarray(noise, dtype=np.float64)
+    run = run_online(agent, ENV, bandit.BanditTasks(means, sigma), noise.shape[1], noise, 1,
+                     generator)
+    return torch.from_numpy(run.actions), torch.from_numpy(run.rewards)
+
+
+def instant_regret(means, actions) -> np.ndarray:
+    return bandit.regret(bandit.BanditTasks(np.asarray(means, dtype=np.float64), 0.0),
+                         np.asarray(actions))
+
+
+def cumulative_regret(means, actions) -> np.ndarray:
+    return np.cumsum(instant_regret(means, actions), axis=1)
+
+
+def offline_suboptimality(means, picks) -> np.ndarray:
+    return instant_regret(means, np.asarray(picks))
 
 
 def _problem(num_tasks: int, num_arms: int, horizon: int, seed: int = 0):
@@ -124,7 +144,7 @@ def test_lcb_has_no_online_rule() -> None:
 
 def test_controllers_follow_the_protocols() -> None:
     for controller in (EmpiricalMean(), UCB(), ThompsonSampling(0.09)):
-        assert isinstance(controller, BanditController)
+        assert isinstance(controller, Agent)
     for picker in (EmpiricalMean(), UCB(), LCB(), ThompsonSampling(0.09)):
         assert isinstance(picker, OfflinePicker)
     with pytest.raises(RuntimeError, match="reset"):

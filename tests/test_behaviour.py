@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from spice_ray.config import make_config
-from spice_ray.data.behaviour import dirichlet_mixture, generate_tasks
+from spice_ray.data.tasks import generate_tasks
+from spice_ray.envs.bandit import dirichlet_mixture
 from spice_ray.rng import TaskStreams
 
 

@@ -25,25 +25,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spice_ray.cluster import (
+from spice_ray.placement import (
     DATAGEN,
     HEAD,
     LABEL_REQUEST,
     LABELS_ENV,
     TRAINER,
+    declared_labels,
+    placement_resources,
+    resource_labels,
+)
+from tools.cluster import check_cluster_policy, validate_cluster_config, world_open_ports
+from tools.local_cluster import (
     ClusterConfigError,
     _alive,
     _cluster_pids,
     _proc_table,
-    check_cluster_policy,
-    declared_labels,
     local_autoscaling_cluster,
     local_multinode_cluster,
-    placement_resources,
     ray_cli,
-    resource_labels,
-    validate_cluster_config,
-    world_open_ports,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,11 +78,11 @@ def test_cluster_yaml_passes_rays_schema_and_prepare_config():
 def test_validation_needs_no_boto3_or_credentials():
     """prepare_config + validate_config for the aws provider read only files in the Ray wheel."""
     code = ("import sys; sys.modules['boto3'] = None; sys.modules['botocore'] = None\n"
-            "from spice_ray.cluster import validate_cluster_config\n"
+            "from tools.cluster import validate_cluster_config\n"
             f"validate_cluster_config({str(CLUSTER_YAML)!r}); print('validated')")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env=env)
+                         timeout=120, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "validated" in out.stdout
 
@@ -125,7 +125,7 @@ def test_not_yaml_or_not_a_mapping_is_reported(tmp_path):
 def test_falls_back_to_the_schema_alone_without_prepare_config(tmp_path, raw_config,
                                                                monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "ray.autoscaler._private.util", None)  # import fails
-    with caplog.at_level(logging.WARNING, logger="spice_ray.cluster"):
+    with caplog.at_level(logging.WARNING, logger="tools.cluster"):
         cfg = validate_cluster_config(CLUSTER_YAML)
     assert cfg == raw_config  # the raw file, no defaults merged
     assert "ray-schema.json only" in caplog.text
@@ -143,7 +143,7 @@ def test_cluster_yaml_meets_the_project_policy(raw_config):
     assert check_cluster_policy(validate_cluster_config(CLUSTER_YAML)) == []
 
 
-def test_every_node_type_carries_a_label_from_spice_ray_cluster(raw_config):
+def test_every_node_type_carries_a_label_from_spice_ray_placement(raw_config):
     labels = set(resource_labels())
     node_types = raw_config["available_node_types"]
     per_type = {name: labels & set(spec["resources"]) for name, spec in node_types.items()}
@@ -199,7 +199,7 @@ def test_ray_aws_bootstrap_in_moto_opens_only_ssh_and_detects_the_gpu():
     """Ray's real `ray up` bootstrap code against moto's in-memory AWS (nothing leaves here)."""
     pytest.importorskip("moto")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    out = subprocess.run([sys.executable, "-m", "spice_ray.cluster", "aws-dry-run",
+    out = subprocess.run([sys.executable, "-m", "tools.cluster", "aws-dry-run",
                           str(CLUSTER_YAML)], capture_output=True, text=True, timeout=180,
                          env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -221,7 +221,7 @@ def test_ray_aws_bootstrap_in_moto_opens_only_ssh_and_detects_the_gpu():
 
 def test_local_stand_in_mirrors_the_aws_node_types(raw_config, caplog):
     """cluster.local.yaml: same node types and labels, fake_multinode provider, Ray's schema."""
-    with caplog.at_level(logging.WARNING, logger="spice_ray.cluster"):
+    with caplog.at_level(logging.WARNING, logger="tools.cluster"):
         local = validate_cluster_config(LOCAL_YAML)  # schema only: fake defaults not shipped
     assert "prepare_config could not run here (FileNotFoundError" in caplog.text
     assert local["provider"]["type"] == "fake_multinode"
@@ -297,14 +297,14 @@ def test_local_multinode_cluster_places_work_by_label():
         with local_multinode_cluster(num_workers=1) as cluster:
             t_up = time.perf_counter() - t0
             out = subprocess.run(
-                [sys.executable, "-m", "spice_ray.cluster", "node-usage", "--address", "auto",
+                [sys.executable, "-m", "tools.cluster", "node-usage", "--address", "auto",
                  "--tasks", "3", "--timeout", "60"],
                 env=cluster.env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
             assert out.returncode == 0, f"{out.stderr[-3000:]}\n{cluster.logs()}"
             report = json.loads(out.stdout.strip().splitlines()[-1])
             # No node advertises "head" here: a clear timeout, not a hang.
             missing = subprocess.run(
-                [sys.executable, "-m", "spice_ray.cluster", "node-usage", "--address", "auto",
+                [sys.executable, "-m", "tools.cluster", "node-usage", "--address", "auto",
                  "--labels", HEAD, "--tasks", "1", "--timeout", "3"],
                 env=cluster.env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
             assert missing.returncode != 0
@@ -347,7 +347,7 @@ def test_autoscaler_launches_the_node_type_a_label_asks_for():
     with local_autoscaling_cluster(LOCAL_YAML) as cluster:
         t_up = time.perf_counter() - t0
         out = subprocess.run(
-            [sys.executable, "-m", "spice_ray.cluster", "node-usage", "--address", "auto",
+            [sys.executable, "-m", "tools.cluster", "node-usage", "--address", "auto",
              "--tasks", "2", "--timeout", "120"],
             env=cluster.env(), capture_output=True, text=True, timeout=180, cwd=ROOT)
         assert out.returncode == 0, f"{out.stderr[-3000:]}\n{cluster.logs()}"

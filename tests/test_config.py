@@ -9,9 +9,9 @@ from spice_ray.config import (
     RunConfig,
     load_config,
     make_config,
-    parse_label,
     parse_set,
 )
+from spice_ray.envs.labels import parse_label
 
 
 @pytest.mark.parametrize(

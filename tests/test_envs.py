@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from spice_ray.config import make_config
 from spice_ray.envs import bandit, darkroom
-from spice_ray.envs.gym import BanditEnv, DarkroomEnv
+from spice_ray.envs.gym import TaskEnv
 from spice_ray.rng import TaskStreams
 
 
@@ -90,14 +91,19 @@ def test_rollout_states_are_trajectories() -> None:
 
 
 def test_gymnasium_wrappers() -> None:
-    env = BanditEnv(np.array([0.2, 0.8]), sigma=0.0, horizon=3)
+    band = make_config("smoke", "bandit", overrides=["env.num_arms=2"]).environment()
+    env = TaskEnv(band, bandit.BanditTasks(np.array([[0.2, 0.8]]), 0.0), 0, horizon=3)
     obs, _ = env.reset(seed=0)
     assert obs.tolist() == [0.0] and env.action_space.n == 2
     _, r, term, trunc, info = env.step(0)
     assert r == pytest.approx(0.2) and info["regret"] == pytest.approx(0.6)
     env.step(1)
     assert env.step(1)[3] is True  # truncated at the horizon
-    dr = DarkroomEnv(goal=(1, 0), start=(0, 0), horizon=2)
+    room = make_config("smoke", "darkroom").environment()
+    tasks = darkroom.DarkroomTasks(np.array([[1, 0]]), np.array([[0, 0]]), 10)
+    dr = TaskEnv(room, tasks, 0, horizon=2)
     obs, _ = dr.reset(seed=0)
-    obs, r, _, trunc, _ = dr.step(0)
-    assert obs.tolist() == [1, 0] and r == 1.0 and not trunc
+    obs, r, _, trunc, info = dr.step(0)
+    assert obs.tolist() == [1, 0] and r == 1.0 and not trunc and info["regret"] == 0.0
+    _, r, _, trunc, info = dr.step(1)  # leaves the goal: the walker stays, regret 1
+    assert r == 0.0 and trunc and info["regret"] == 1.0

@@ -7,25 +7,22 @@ import pandas as pd
 import pytest
 import torch
 
+from spice_ray.agents import AgentSpec
 from spice_ray.config import FusionConfig, make_config
-from spice_ray.data.behaviour import generate_tasks
-from spice_ray.evaluate import ControllerSpec
-from spice_ray.evaluate.actors import (
-    build_model,
-    check_rows,
-    evaluate_parallel,
-    evaluate_tasks,
-    model_payload,
-)
-from spice_ray.evaluate.rollout import KEY_COLUMNS
+from spice_ray.data.tasks import generate_tasks
+from spice_ray.evaluate import check_rows, evaluate_parallel, evaluate_tasks
 from spice_ray.model import SpiceModel
+from spice_ray.model.checkpoint import CheckpointError
+from spice_ray.model.registry import from_source as build_model
+from spice_ray.model.registry import model_payload
+from spice_ray.results.schema import ROW_KEY as KEY_COLUMNS
 
 pytestmark = pytest.mark.ray
 
 CFG = make_config("smoke", "bandit")
-# Deterministic controllers only: sampling ones draw from a per-shard generator.
-SPECS = [ControllerSpec("spice", FusionConfig()), ControllerSpec("dpt", sample=False),
-         ControllerSpec("ucb"), ControllerSpec("lcb")]
+# Deterministic agents only: sampling ones draw from a per-shard generator.
+SPECS = [AgentSpec("spice", FusionConfig()), AgentSpec("dpt", sample=False),
+         AgentSpec("ucb"), AgentSpec("lcb")]
 PROTOCOLS = ("offline", "online")
 
 
@@ -50,12 +47,12 @@ def test_payload_round_trip(setup) -> None:
     for (k, v), (k2, v2) in zip(model.state_dict().items(), rebuilt.state_dict().items(),
                                 strict=True):
         assert k == k2 and torch.equal(v, v2)
-    with pytest.raises(ValueError, match="actions"):
+    with pytest.raises(CheckpointError, match="actions"):
         build_model(model_payload(model), make_config("smoke", "darkroom").env)
 
 
 def test_checkpoint_path_source(setup, tmp_path) -> None:
-    from spice_ray.train.checkpoint import save_checkpoint
+    from spice_ray.model.checkpoint import save_checkpoint
 
     model, _, _ = setup
     path = save_checkpoint(tmp_path / "ckpt", model, CFG, dataset_hash="test", epoch=0)
@@ -65,7 +62,7 @@ def test_checkpoint_path_source(setup, tmp_path) -> None:
 
 
 def test_parallel_equals_in_process(ray_local, setup, tmp_path) -> None:
-    from spice_ray.train.checkpoint import save_checkpoint
+    from spice_ray.model.checkpoint import save_checkpoint
 
     model, data, reference = setup
     path = save_checkpoint(tmp_path / "ckpt", model, CFG, dataset_hash="test", epoch=0)
@@ -85,7 +82,7 @@ def test_killed_actor_shard_is_rerun_without_loss(ray_local, setup, tmp_path) ->
     check_rows(df, data["task_id"])
     online = df[df.metric == "cumulative_regret"]
     per_row = online.groupby(["method", "config", "task_id", "x"]).size()
-    assert (per_row == 1).all()  # every (task, step) exactly once per controller
+    assert (per_row == 1).all()  # every (task, step) exactly once per agent
     assert len(per_row) == 3 * 6 * CFG.eval.online_horizon  # spice, dpt, ucb
     got, want = _sorted(df), _sorted(reference)
     pd.testing.assert_frame_equal(got.drop(columns="value"), want.drop(columns="value"))

@@ -1,4 +1,4 @@
-"""Evaluation: controllers, cached == uncached rollouts, protocols, calibration (no Ray)."""
+"""Evaluation: agents, cached == uncached rollouts, protocols, calibration (no Ray)."""
 
 from __future__ import annotations
 
@@ -9,35 +9,34 @@ import pandas as pd
 import pytest
 import torch
 
-from spice_ray.baselines import UCB, EmpiricalMean, cumulative_regret, run_online_bandit
+from spice_ray.agents import (
+    UCB,
+    AgentSpec,
+    EmpiricalMean,
+    OracleAgent,
+    PolicyAgent,
+    SpiceAgent,
+    state_features,
+)
+from spice_ray.agents.runner import ContextRunner
 from spice_ray.config import EvalConfig, FusionConfig, make_config
-from spice_ray.data.behaviour import generate_tasks
-from spice_ray.envs import darkroom
+from spice_ray.data.tasks import generate_tasks
+from spice_ray.envs import bandit, darkroom
 from spice_ray.evaluate import (
-    ROW_COLUMNS,
-    ContextRunner,
-    ControllerSpec,
-    DarkroomOracle,
-    PolicyController,
-    SpiceController,
-    bandit_offline_rows,
-    bandit_online_rows,
     calibration_rows,
     calibration_stats,
-    darkroom_online_rows,
+    check_rows,
+    evaluate_tasks,
     offline_context_lengths,
+    offline_rows,
     online_noise,
-    run_online_darkroom,
-)
-from spice_ray.evaluate.actors import check_rows, evaluate_tasks
-from spice_ray.evaluate.rollout import (
-    KEY_COLUMNS,
-    bandit_tasks,
-    darkroom_tasks,
+    online_rows,
+    run_online,
     sequence_outputs,
-    spice_offline_picks,
 )
+from spice_ray.evaluate.offline import spice_offline_picks
 from spice_ray.model import DptModel, SpiceModel, make_tokens
+from spice_ray.results.schema import ROW_COLUMNS, ROW_KEY
 from spice_ray.results.tables import read_frame, write_frame
 
 
@@ -52,6 +51,8 @@ def one_thread():
 
 BANDIT = make_config("smoke", "bandit")
 DARK = make_config("smoke", "darkroom")
+BENV, DENV = BANDIT.environment(), DARK.environment()
+ZERO_NOISE = make_config("smoke", "bandit", overrides=["env.sigma=0.0"])
 
 
 def _data(cfg, n: int = 8) -> dict[str, np.ndarray]:
@@ -66,10 +67,11 @@ def _model(cfg, cls=SpiceModel, seed: int = 0, max_len: int | None = None,
     return m.to(dtype).eval()
 
 
-def _bandit_run(controller, data, sigma: float = 0.3, horizon: int = 24, seed: int = 0):
+def _bandit_run(agent, data, sigma: float = 0.3, horizon: int = 24, seed: int = 0):
     noise = online_noise(1234, data["task_id"], horizon)
-    return run_online_bandit(controller, np.asarray(data["means"], np.float64), sigma, noise,
-                             torch.Generator().manual_seed(seed))
+    tasks = bandit.BanditTasks(np.asarray(data["means"], np.float64), sigma)
+    run = run_online(agent, BENV, tasks, horizon, noise, 1, torch.Generator().manual_seed(seed))
+    return torch.from_numpy(run.actions), torch.from_numpy(run.rewards)
 
 
 # ---- inputs and rows ---------------------------------------------------------------------
@@ -92,33 +94,33 @@ def test_online_noise_is_per_task_and_step() -> None:
     assert not np.allclose(online_noise(8, ids, 30), full)
 
 
-def test_randomised_controllers_do_not_depend_on_sharding() -> None:
+def test_randomised_agents_do_not_depend_on_sharding() -> None:
     """A task's TS, DPT-sampling and SPICE-Thompson rows are the same whether it is evaluated
-    with all tasks or in another shard: controller draws are per task, like the reward noise."""
+    with all tasks or in another shard: agent draws are per task, like the reward noise."""
     data = _data(BANDIT, 8)
     model = _model(BANDIT, seed=2)
-    specs = [ControllerSpec("ts"), ControllerSpec("dpt"),
-             ControllerSpec("spice", FusionConfig(controller="thompson"))]
-    key = list(KEY_COLUMNS)
+    specs = [AgentSpec("ts"), AgentSpec("dpt"),
+             AgentSpec("spice", FusionConfig(rule="thompson"))]
+    key = list(ROW_KEY)
 
     def rows(index: np.ndarray) -> pd.DataFrame:
         shard = {k: np.asarray(v)[index] for k, v in data.items()}
-        return bandit_online_rows(BANDIT.env, BANDIT.eval, shard, specs, model)
+        return online_rows(BANDIT.env, BANDIT.eval, shard, specs, model)
 
     whole = rows(np.arange(8)).sort_values(key, ignore_index=True)
     shards = pd.concat([rows(np.array([5, 1])), rows(np.array([0, 2, 3, 4, 6, 7]))])
     pd.testing.assert_frame_equal(shards.sort_values(key, ignore_index=True), whole)
-    # the controllers did draw: DPT's sampled actions are not its greedy ones
-    greedy = bandit_online_rows(BANDIT.env, BANDIT.eval, data,
-                                [ControllerSpec("dpt", sample=False)], model)
+    # the agents did draw: DPT's sampled actions are not its greedy ones
+    greedy = online_rows(BANDIT.env, BANDIT.eval, data,
+                                [AgentSpec("dpt", sample=False)], model)
     assert not np.array_equal(greedy.sort_values(key)["value"].to_numpy(),
-                              whole[whole.controller == "sample"].sort_values(key)["value"]
+                              whole[whole.rule == "sample"].sort_values(key)["value"]
                               .to_numpy())
 
 
 def test_rows_schema_and_parquet_round_trip(tmp_path) -> None:
     data = _data(BANDIT)
-    df = bandit_online_rows(BANDIT.env, BANDIT.eval, data, [ControllerSpec("ucb")])
+    df = online_rows(BANDIT.env, BANDIT.eval, data, [AgentSpec("ucb")])
     assert tuple(df.columns) == ROW_COLUMNS
     assert len(df) == 8 * BANDIT.eval.online_horizon
     assert df[["seed", "task_id", "x"]].dtypes.eq(np.int64).all()
@@ -139,7 +141,7 @@ def test_rows_schema_and_parquet_round_trip(tmp_path) -> None:
 def test_dpt_cached_rollout_equals_uncached(sample: bool) -> None:
     data = _data(BANDIT)
     model = _model(BANDIT, DptModel, dtype=torch.float64)  # float64: no rounding near ties
-    runs = [_bandit_run(PolicyController(model, "bandit", sample, use_cache=c), data)
+    runs = [_bandit_run(PolicyAgent(model, True, sample, use_cache=c), data)
             for c in (True, False)]
     np.testing.assert_array_equal(runs[0][0].numpy(), runs[1][0].numpy())
     np.testing.assert_array_equal(runs[0][1].numpy(), runs[1][1].numpy())
@@ -149,12 +151,12 @@ def test_dpt_cached_rollout_equals_uncached(sample: bool) -> None:
 @pytest.mark.parametrize("fusion", [
     FusionConfig(),
     FusionConfig(kernel="rbf", tau=0.5, target="nstep", td_n=3, gamma=0.9),
-    FusionConfig(controller="thompson", beta_schedule="sqrt2logt"),
+    FusionConfig(rule="thompson", beta_schedule="sqrt2logt"),
 ])
 def test_spice_cached_rollout_equals_uncached(fusion: FusionConfig) -> None:
     data = _data(BANDIT)
     model = _model(BANDIT, dtype=torch.float64)
-    runs = [_bandit_run(SpiceController(model, fusion, "bandit", use_cache=c), data)[0]
+    runs = [_bandit_run(SpiceAgent(fusion, model=model, stateless=True, use_cache=c), data)[0]
             for c in (True, False)]
     np.testing.assert_array_equal(runs[0].numpy(), runs[1].numpy())
 
@@ -163,8 +165,8 @@ def test_darkroom_runner_matches_full_forward() -> None:
     """Each step's outputs == the model's forward on [current state; context so far]."""
     data = _data(DARK, 4)
     model = _model(DARK, dtype=torch.float64)
-    tasks = darkroom_tasks(data, DARK.env.grid_size)
-    runner = ContextRunner(model, "darkroom", keep_latents=True, keep_prior_means=True)
+    tasks = DENV.eval_tasks(data)
+    runner = ContextRunner(model, False, keep_latents=True, keep_prior_means=True)
     runner.reset(4)
     rng = np.random.default_rng(0)
     states = darkroom.reset(tasks)
@@ -175,7 +177,7 @@ def test_darkroom_runner_matches_full_forward() -> None:
         batch = {"states": np.stack(hist_s + [states], 1), "query_state": states,
                  "actions": np.array(hist_a, np.int64).reshape(T, 4).T,
                  "rewards": np.array(hist_r).reshape(T, 4).T, "label": np.zeros(4, np.int64)}
-        ref = model(make_tokens(batch, "darkroom", 5, dtype=torch.float64))
+        ref = model(make_tokens(batch, DARK.env, dtype=torch.float64))
         torch.testing.assert_close(view.head.prior_mean, ref.prior_mean[:, -1])
         torch.testing.assert_close(view.latents, ref.latent)
         torch.testing.assert_close(view.prior_means, ref.prior_mean[:, 1:])
@@ -189,14 +191,14 @@ def test_darkroom_runner_matches_full_forward() -> None:
         states = nxt
 
 
-# ---- controllers and protocols -----------------------------------------------------------
+# ---- agents and protocols ---------------------------------------------------------------
 
 
 def test_common_random_numbers() -> None:
     data = _data(BANDIT)
     model = _model(BANDIT, DptModel)
-    a1, r1 = _bandit_run(PolicyController(model, "bandit", False, use_cache=True), data)
-    a2, r2 = _bandit_run(PolicyController(model, "bandit", False, use_cache=False), data)
+    a1, r1 = _bandit_run(PolicyAgent(model, True, False, use_cache=True), data)
+    a2, r2 = _bandit_run(PolicyAgent(model, True, False, use_cache=False), data)
     np.testing.assert_array_equal(a1, a2)
     np.testing.assert_array_equal(r1, r2)  # same actions, same rewards
     a3, r3 = _bandit_run(UCB(1.0), data)
@@ -216,7 +218,7 @@ def test_spice_with_flat_prior_is_ucb() -> None:
         w.zero_()
         b.zero_()
     fusion = FusionConfig(v_min=1e12, noise_var=0.09, beta=1.0 / 0.3)
-    spice, _ = _bandit_run(SpiceController(model, fusion, "bandit"), data)
+    spice, _ = _bandit_run(SpiceAgent(fusion, model=model, stateless=True), data)
     ucb, _ = _bandit_run(UCB(1.0), data)
     np.testing.assert_array_equal(spice.numpy(), ucb.numpy())
 
@@ -224,45 +226,45 @@ def test_spice_with_flat_prior_is_ucb() -> None:
 def test_no_nan_at_sigma_zero() -> None:
     data = _data(BANDIT)
     model = _model(BANDIT)
-    specs = [ControllerSpec("spice", FusionConfig()),
-             ControllerSpec("spice", FusionConfig(noise_var=0.0, controller="thompson")),
-             ControllerSpec("dpt"), ControllerSpec("ts"), ControllerSpec("ucb"),
-             ControllerSpec("emp")]
-    df = bandit_online_rows(BANDIT.env, BANDIT.eval, data, specs, model, sigmas=[0.0])
+    specs = [AgentSpec("spice", FusionConfig()),
+             AgentSpec("spice", FusionConfig(noise_var=0.0, rule="thompson")),
+             AgentSpec("dpt"), AgentSpec("ts"), AgentSpec("ucb"),
+             AgentSpec("emp")]
+    df = online_rows(ZERO_NOISE.env, BANDIT.eval, data, specs, model)
     assert len(df) == len(specs) * 8 * 24
     assert np.isfinite(df["value"]).all() and (df["value"] >= -1e-12).all()
 
 
 def test_darkroom_oracle_has_zero_regret() -> None:
     data = _data(DARK, 16)
-    tasks = darkroom_tasks(data, DARK.env.grid_size)
+    tasks = DENV.eval_tasks(data)
     for episodes in (1, 2):
         cfg = EvalConfig(num_tasks=16, online_horizon=20, episodes=episodes)
-        df = darkroom_online_rows(DARK.env, cfg, data, [ControllerSpec("optimal")])
+        df = online_rows(DARK.env, cfg, data, [AgentSpec("optimal")])
         regret = df[df.metric == "cumulative_regret"]
         assert len(regret) == 16 * 20 * episodes and (regret["value"] == 0).all()
         ret = df[(df.metric == "cumulative_return") & (df.x == 20 * episodes)]
         ret = ret.sort_values("task_id")
         best = darkroom.optimal_rewards(tasks, 20).sum(1) * episodes
         np.testing.assert_array_equal(ret["value"].to_numpy(), best)
-    _, rewards = run_online_darkroom(DarkroomOracle(tasks), tasks, 20)
-    np.testing.assert_array_equal(rewards, darkroom.optimal_rewards(tasks, 20))
+    run = run_online(OracleAgent(DENV, tasks), DENV, tasks, 20, np.zeros((16, 20)))
+    np.testing.assert_array_equal(run.rewards, darkroom.optimal_rewards(tasks, 20))
 
 
-def test_darkroom_learned_controllers_run_and_add_up() -> None:
+def test_darkroom_learned_agents_run_and_add_up() -> None:
     """cumulative regret + return == the optimal cumulative return, also past the model's window."""
     data = _data(DARK, 6)
     model = _model(DARK)
     cfg = EvalConfig(num_tasks=6, online_horizon=20, episodes=2)  # 40 steps > max_len - 1
-    specs = [ControllerSpec("spice", DARK.fusion),
-             ControllerSpec("spice", FusionConfig(kernel="cosine", kernel_space="state")),
-             ControllerSpec("dpt", sample=False), ControllerSpec("ad-bc", sample=True)]
-    df = darkroom_online_rows(DARK.env, cfg, data, specs, model, seed=3)
+    specs = [AgentSpec("spice", DARK.fusion),
+             AgentSpec("spice", FusionConfig(kernel="cosine", kernel_space="state")),
+             AgentSpec("dpt", sample=False), AgentSpec("ad-bc", sample=True)]
+    df = online_rows(DARK.env, cfg, data, specs, model, seed=3)
     check_rows(df, data["task_id"])
     assert np.isfinite(df["value"]).all() and (df.seed == 3).all()
-    wide = df.pivot_table(index=["method", "controller", "config", "task_id", "x"],
+    wide = df.pivot_table(index=["method", "rule", "config", "task_id", "x"],
                           columns="metric", values="value")
-    best = np.cumsum(np.tile(darkroom.optimal_rewards(darkroom_tasks(data, 10), 20), 2), 1)
+    best = np.cumsum(np.tile(darkroom.optimal_rewards(DENV.eval_tasks(data), 20), 2), 1)
     total = (wide["cumulative_regret"] + wide["cumulative_return"]).to_numpy().reshape(4, 6, 40)
     np.testing.assert_allclose(total, np.broadcast_to(best, (4, 6, 40)))
 
@@ -270,14 +272,14 @@ def test_darkroom_learned_controllers_run_and_add_up() -> None:
 def test_offline_curve_has_at_least_20_points() -> None:
     data = _data(BANDIT)
     model = _model(BANDIT)
-    specs = [ControllerSpec("spice"), ControllerSpec("spice", FusionConfig(beta=2.0)),
-             ControllerSpec("dpt"), ControllerSpec("emp"), ControllerSpec("lcb"),
-             ControllerSpec("ts"), ControllerSpec("ucb")]
-    df = bandit_offline_rows(BANDIT.env, BANDIT.eval, data, specs, model)
+    specs = [AgentSpec("spice"), AgentSpec("spice", FusionConfig(beta=2.0)),
+             AgentSpec("dpt"), AgentSpec("emp"), AgentSpec("lcb"),
+             AgentSpec("ts"), AgentSpec("ucb")]
+    df = offline_rows(BANDIT.env, BANDIT.eval, data, specs, model)
     assert set(df.method) == {"SPICE", "DPT", "Emp", "LCB", "TS"}  # ucb has no offline pick
     assert (df.groupby(["method", "task_id"])["x"].nunique() >= 20).all()
     assert df["value"].between(0, 1).all()
-    assert df[["method", "controller"]].drop_duplicates().shape[0] == 5  # beta: one curve
+    assert df[["method", "rule"]].drop_duplicates().shape[0] == 5  # beta: one curve
 
 
 @pytest.mark.parametrize("fusion", [
@@ -286,32 +288,33 @@ def test_offline_curve_has_at_least_20_points() -> None:
     FusionConfig(kernel="rbf", tau=1.0),
 ])
 def test_offline_picks_equal_online_posterior_on_the_same_context(fusion) -> None:
-    """The vectorised offline posterior at h == the online controller's after h transitions."""
+    """The vectorised offline posterior at h == the online agent's after h transitions."""
     data = _data(BANDIT, 6)
     model = _model(BANDIT, dtype=torch.float64)
     actions = torch.as_tensor(data["actions"].astype(np.int64))
     rewards = torch.as_tensor(data["rewards"].astype(np.float64))
     hs = np.array([0, 1, 5, 17, 24])
-    out = sequence_outputs(model, make_tokens(data, "bandit", 5, dtype=torch.float64), hs,
+    out = sequence_outputs(model, make_tokens(data, BANDIT.env, dtype=torch.float64), hs,
                            keep_latents=True, keep_prior_means=True, batch_size=4)
-    offline = spice_offline_picks(ControllerSpec("spice", fusion), out, actions, rewards, hs, 5,
+    offline = spice_offline_picks(AgentSpec("spice", fusion), out, actions, rewards, hs, 5,
                                   model)
-    ctrl = SpiceController(model, fusion, "bandit")
+    ctrl = SpiceAgent(fusion, model=model, stateless=True)
     ctrl.reset(6, 5)
+    zeros = torch.zeros(6, 1)
     for t in range(25):
         if t in hs:
-            online = ctrl.posterior().mean.argmax(-1)
+            online = ctrl.posterior(zeros).mean.argmax(-1)
             np.testing.assert_array_equal(online.numpy(), offline[:, list(hs).index(t)].numpy())
         if t < 24:
-            ctrl.observe(actions[:, t], rewards[:, t])
+            ctrl.observe(actions[:, t], rewards[:, t], zeros, zeros)
 
 
 def test_general_fusion_path_matches_incremental() -> None:
     """An RBF kernel with a huge bandwidth (all weights ~1) acts like the running counts."""
     data = _data(BANDIT)
     model = _model(BANDIT, dtype=torch.float64)
-    fast = SpiceController(model, FusionConfig(), "bandit")
-    slow = SpiceController(model, FusionConfig(kernel="rbf", tau=1e8), "bandit")
+    fast = SpiceAgent(FusionConfig(), model=model, stateless=True)
+    slow = SpiceAgent(FusionConfig(kernel="rbf", tau=1e8), model=model, stateless=True)
     assert fast.incremental and not slow.incremental
     np.testing.assert_array_equal(_bandit_run(fast, data)[0], _bandit_run(slow, data)[0])
 
@@ -319,11 +322,11 @@ def test_general_fusion_path_matches_incremental() -> None:
 def test_evaluate_tasks_protocols_and_keys() -> None:
     data = _data(BANDIT)
     model = _model(BANDIT)
-    specs = [ControllerSpec("spice"), ControllerSpec("spice", use_cache=False),
-             ControllerSpec("ucb")]
+    specs = [AgentSpec("spice"), AgentSpec("spice", use_cache=False),
+             AgentSpec("ucb")]
     df = evaluate_tasks(BANDIT.env, BANDIT.eval, data, specs, model,
                         ("offline", "online", "robustness", "calibration"))
-    assert not df.duplicated(list(KEY_COLUMNS)).any()  # sigma 0.3 once; cached == uncached key
+    assert not df.duplicated(list(ROW_KEY)).any()  # sigma 0.3 once; cached == uncached key
     check_rows(df, data["task_id"])
     def sigmas(metric: str) -> set[float]:
         return {json.loads(c).get("sigma") for c in df[df.metric == metric].config}
@@ -336,17 +339,17 @@ def test_evaluate_tasks_protocols_and_keys() -> None:
         curve_end.sort_values(["method", "task_id"])["value"].to_numpy(),
         final[final.config.str.contains('"sigma":0.3')].sort_values(["method", "task_id"])[
             "value"].to_numpy())
-    with pytest.raises(ValueError, match="darkroom has only"):
+    with pytest.raises(ValueError, match="darkroom has no .'offline'. protocol"):
         evaluate_tasks(DARK.env, DARK.eval, _data(DARK), specs, None, ("offline",))
 
 
 def test_final_regret_of_baselines_matches_cumulative_regret() -> None:
     data = _data(BANDIT)
-    df = bandit_online_rows(BANDIT.env, BANDIT.eval, data, [ControllerSpec("ucb")])
+    df = online_rows(BANDIT.env, BANDIT.eval, data, [AgentSpec("ucb")])
     actions, _ = _bandit_run(UCB(1.0), data)
     final = df[df.x == 24].sort_values("task_id")["value"].to_numpy()
-    np.testing.assert_allclose(final, cumulative_regret(bandit_tasks(data, 0.3).means,
-                                                        actions)[:, -1])
+    tasks = bandit.BanditTasks(np.asarray(data["means"], np.float64), 0.3)
+    np.testing.assert_allclose(final, bandit.regret(tasks, actions.numpy()).sum(1))
 
 
 # ---- calibration -------------------------------------------------------------------------
@@ -357,7 +360,7 @@ def test_calibration_rows() -> None:
     model = _model(BANDIT)
     fusion = FusionConfig(v_min=1e-2, noise_var=0.09)
     hs = offline_context_lengths(24, 20)
-    df = calibration_rows(model, data, fusion, hs, seed=1)
+    df = calibration_rows(model, BANDIT.env, data, fusion, hs, seed=1)
     check_rows(df, data["task_id"])
     cov = df[df.metric.str.startswith("coverage")]
     assert cov["value"].between(0, 1).all()
@@ -365,9 +368,9 @@ def test_calibration_rows() -> None:
     assert (wide["coverage_50"] <= wide["coverage_90"]).all()
     assert (wide["coverage_90"] <= wide["coverage_95"]).all()
     # N_pri = sigma^2 / v_pri exactly, from an independent forward.
-    std = model(make_tokens(data, "bandit", 5)).prior_std.detach().double()[:, hs]  # (B, P, A)
+    std = model(make_tokens(data, BANDIT.env)).prior_std.detach().double()[:, hs]  # (B, P, A)
     expected = (0.09 / torch.clamp(std**2, min=1e-2)).numpy()
-    stats = calibration_stats(model, data, fusion, hs)
+    stats = calibration_stats(model, BANDIT.env, data, fusion, hs)
     np.testing.assert_array_equal(stats.n_pri, expected)
     got = df[df.metric == "n_pri_mean"].sort_values(["task_id", "x"])["value"].to_numpy()
     np.testing.assert_array_equal(got, expected.mean(-1).reshape(-1))
@@ -377,7 +380,6 @@ def test_calibration_rows() -> None:
 def test_latent_kernel_features_describe_states_only() -> None:
     """h(s) is the trunk's output for the query token [s, 0, 0, 0]: equal states give equal
     features (RBF weight 1), other states smaller weights, whatever the context."""
-    from spice_ray.evaluate.controllers import state_features
     from spice_ray.fusion import kernel_weights
 
     model = _model(DARK, dtype=torch.float64)
@@ -391,5 +393,5 @@ def test_latent_kernel_features_describe_states_only() -> None:
     # the query position's output does not depend on anything but the state
     tokens = make_tokens({"states": np.array([[[1, 2], [3, 3]]]), "query_state": np.array([[1, 2]]),
                           "actions": np.array([[0]]), "rewards": np.array([[1.0]]),
-                          "label": np.array([0])}, "darkroom", 5, dtype=torch.float64)
+                          "label": np.array([0])}, DARK.env, dtype=torch.float64)
     torch.testing.assert_close(model(tokens).latent[:, 0], feats[:, 0])

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spice_ray.results import EXPERIMENTS, load, summarise, write
+from spice_ray.experiments import EXPERIMENTS
+from spice_ray.results import load, summarise, write
 from spice_ray.results.__main__ import main as results_main
 from spice_ray.study import plan_study, run_study
 
@@ -29,12 +30,13 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     plan = plan_study("smoke", tmp_path / "run")
     report = run_study(plan)
     run_dir = plan.run_dir
-    assert sorted(p.stem for p in (run_dir / "results").glob("*.parquet")) == sorted(EXPERIMENTS)
+    tables = sorted(t.name for e in EXPERIMENTS.values() for t in e.tables)
+    assert sorted(p.stem for p in (run_dir / "results").glob("*.parquet")) == tables
     figures = sorted(p.name for p in (run_dir / "figures").glob("*.png"))
     assert len(figures) == 9 and all((run_dir / "figures" / f).stat().st_size > 5_000
                                      for f in figures)
     text = report.read_text()
-    for name in EXPERIMENTS:
+    for name in tables:
         assert f"## {name}" in text
     assert (run_dir / "config.yaml").exists() and "```yaml" in text
     cfg = plan.configs["bandit"]
@@ -112,7 +114,7 @@ def _fixture_table(run_dir: Path) -> pd.DataFrame:
     for method, base in (("A", 1.0), ("B", 3.0)):
         for seed in (0, 1):
             for task in range(4):
-                rows.append({"env": "bandit", "method": method, "controller": "c",
+                rows.append({"env": "bandit", "method": method, "rule": "c",
                              "config": "{}", "seed": seed, "task_id": task,
                              "metric": "cumulative_regret", "x": 9,
                              "value": base + task + 0.5 * seed})

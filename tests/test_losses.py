@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spice_ray.config import ModelConfig, TrainConfig
+from spice_ray.config import ModelConfig, TrainConfig, make_config
 from spice_ray.model import SpiceModel, SpiceOutput, make_tokens
 from spice_ray.model.tokens import Tokens
 from spice_ray.train.losses import (
@@ -248,7 +248,7 @@ def test_short_training_reduces_td_and_policy_losses() -> None:
         "behaviour_probs": np.full((B, A), 1.0 / A, np.float32),
         "label": means.argmax(1).astype(np.uint8),
     }
-    tokens = make_tokens(batch, "bandit", A)
+    tokens = make_tokens(batch, make_config("smoke", "bandit", overrides=[f"env.num_arms={A}"]).env)
     cfg = TrainConfig(lr=5e-3)
     model = SpiceModel(ModelConfig(n_layer=1, n_embd=16, n_head=1, ensemble_size=3,
                                    head_hidden=16), A, 1, T + 1, generator=g)

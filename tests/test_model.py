@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from spice_ray.config import ModelConfig, TrainConfig
+from spice_ray.config import ModelConfig, TrainConfig, make_config
 from spice_ray.model import (
     DptModel,
     LoopEnsemble,
@@ -22,6 +22,12 @@ from spice_ray.model import (
 from spice_ray.model import ensemble as ensemble_module
 from spice_ray.model.tokens import token_dim
 from spice_ray.train.losses import dpt_loss, spice_loss
+
+
+def _env(name: str, arms: int = 5):
+    """The environment of a smoke config (bandits with ``arms`` arms)."""
+    sets = [f"env.num_arms={arms}"] if name == "bandit" else []
+    return make_config("smoke", name, overrides=sets).env
 
 
 @pytest.fixture(autouse=True)
@@ -72,22 +78,22 @@ def replace(tokens: Tokens, **changes: torch.Tensor) -> Tokens:
 
 
 def test_make_tokens_bandit_and_darkroom() -> None:
-    bt = make_tokens(bandit_batch(3, 6, 4, seed=0), "bandit", 4)
+    bt = make_tokens(bandit_batch(3, 6, 4, seed=0), _env("bandit", 4))
     assert bt.query_state.shape == (3, 1) and not bt.query_state.any()
     assert bt.states.shape == bt.next_states.shape == (3, 6, 1) and not bt.states.any()
     assert bt.actions.dtype == torch.long and bt.label.dtype == torch.long
     assert bt.rewards.dtype == torch.float32 and bt.behaviour_probs.shape == (3, 4)
 
     raw = darkroom_batch(2, 5, seed=1)
-    dt = make_tokens({k: torch.as_tensor(v) for k, v in raw.items()}, "darkroom", 5)
+    dt = make_tokens({k: torch.as_tensor(v) for k, v in raw.items()}, _env("darkroom"))
     assert dt.states.shape == dt.next_states.shape == (2, 5, 2)
     np.testing.assert_array_equal(dt.states.numpy(), raw["states"][:, :-1])
     np.testing.assert_array_equal(dt.next_states.numpy(), raw["states"][:, 1:])
     np.testing.assert_array_equal(dt.query_state.numpy(), raw["query_state"])
     torch.testing.assert_close(dt.behaviour_probs, torch.full((2, 5), 0.2))
     assert dt.prefix(2).actions.shape == (2, 2)
-    with pytest.raises(ValueError):
-        make_tokens(raw, "darkroom", 4)
+    with pytest.raises(ValueError, match="behaviour_probs of env.name=bandit has shape"):
+        make_tokens(bandit_batch(3, 6, 4, seed=0), _env("bandit", 5))
 
 
 # ---- trunk ----------------------------------------------------------------------------------
@@ -116,7 +122,7 @@ def test_model_step_api_matches_forward_darkroom() -> None:
     T = 6
     model = spice(A=5, S=2, T=T, seed=1)
     raw = darkroom_batch(2, T, seed=2)
-    tokens = make_tokens(raw, "darkroom", 5)
+    tokens = make_tokens(raw, _env("darkroom"))
     states = torch.as_tensor(raw["states"])  # uint8 straight from an environment
     with torch.no_grad():
         full = model(tokens)
@@ -134,7 +140,7 @@ def test_model_step_api_matches_forward_darkroom() -> None:
 def test_causality_later_transitions_never_change_earlier_outputs() -> None:
     T, t = 8, 5  # change transition t (token t) in every field
     model = spice(T=T, seed=2)
-    tokens = make_tokens(bandit_batch(2, T, 4, seed=3), "bandit", 4)
+    tokens = make_tokens(bandit_batch(2, T, 4, seed=3), _env("bandit", 4))
     a, r = tokens.actions.clone(), tokens.rewards.clone()
     a[:, t - 1] = (a[:, t - 1] + 1) % 4
     r[:, t - 1] += 3.0
@@ -150,7 +156,7 @@ def test_causality_later_transitions_never_change_earlier_outputs() -> None:
 def test_no_target_leakage_q_prediction_ignores_own_reward() -> None:
     T = 8
     model = spice(T=T, seed=3)
-    tokens = make_tokens(bandit_batch(2, T, 4, seed=4), "bandit", 4)
+    tokens = make_tokens(bandit_batch(2, T, 4, seed=4), _env("bandit", 4))
     for t in (1, 4, T):  # 1-indexed transition whose reward changes
         r = tokens.rewards.clone()
         r[:, t - 1] += 5.0
@@ -166,7 +172,7 @@ def test_no_target_leakage_q_prediction_ignores_own_reward() -> None:
 
 def test_no_unused_parameters_and_spec_round_trip() -> None:
     T = 5
-    tokens = make_tokens(bandit_batch(2, T, 4, seed=5), "bandit", 4)
+    tokens = make_tokens(bandit_batch(2, T, 4, seed=5), _env("bandit", 4))
     model = spice(T=T, seed=4).train()
     loss, _ = spice_loss(model(tokens), tokens, TrainConfig(detach_weights=False),
                          model.anchor_loss())
@@ -292,7 +298,7 @@ def test_priors_and_anchors_are_frozen_buffers() -> None:
     f_before = ens.f.weight_0.detach().clone()
     assert model.anchor_loss().item() == 0.0
 
-    tokens = make_tokens(bandit_batch(2, 8, 4, seed=7), "bandit", 4)
+    tokens = make_tokens(bandit_batch(2, 8, 4, seed=7), _env("bandit", 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model(tokens).q.square().mean().backward()
     opt.step()
@@ -315,7 +321,7 @@ def test_priors_and_anchors_are_frozen_buffers() -> None:
 
 def test_prior_std_is_unbiased() -> None:
     model = spice(seed=7)
-    tokens = make_tokens(bandit_batch(2, 8, 4, seed=8), "bandit", 4)
+    tokens = make_tokens(bandit_batch(2, 8, 4, seed=8), _env("bandit", 4))
     with torch.no_grad():
         out = model(tokens)
     K = out.q.shape[-2]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from spice_ray.cluster import DATAGEN, TRAINER, local_multinode_cluster, ray_cli
+from spice_ray.placement import DATAGEN, TRAINER
+from tools.local_cluster import local_multinode_cluster, ray_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 

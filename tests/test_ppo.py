@@ -1,4 +1,4 @@
-"""The single-task PPO reference on Darkroom (stable-baselines3, an optional extra)."""
+"""The single-task PPO reference (stable-baselines3, an optional extra), on Darkroom."""
 
 from __future__ import annotations
 
@@ -13,15 +13,12 @@ import torch
 
 pytest.importorskip("stable_baselines3")
 
-from spice_ray.baselines.ppo import (  # noqa: E402
-    ppo_darkroom_rows,
-    task_seed,
-    train_ppo_darkroom,
-)
 from spice_ray.config import make_config  # noqa: E402
-from spice_ray.data.behaviour import generate_tasks  # noqa: E402
+from spice_ray.data.tasks import generate_tasks  # noqa: E402
 from spice_ray.envs import darkroom  # noqa: E402
-from spice_ray.evaluate.rollout import ROW_COLUMNS, darkroom_tasks, duplicate_keys  # noqa: E402
+from spice_ray.evaluate.ppo import ppo_rows, task_seed, train_ppo  # noqa: E402
+from spice_ray.evaluate.rows import duplicate_keys  # noqa: E402
+from spice_ray.results.schema import ROW_COLUMNS  # noqa: E402
 
 SMALL = {"n_steps": 32, "batch_size": 16, "n_epochs": 1}
 
@@ -37,7 +34,7 @@ def setup():
 @pytest.fixture(scope="module")
 def rows(setup):
     cfg, data = setup
-    return ppo_darkroom_rows(data, cfg.env, cfg.eval, episodes=2, seed=0, ppo_kwargs=SMALL)
+    return ppo_rows(data, cfg.env, cfg.eval, episodes=2, seed=0, ppo_kwargs=SMALL)
 
 
 def _curve(df, metric, episode):
@@ -52,7 +49,7 @@ def test_rows(setup, rows):
     H = cfg.eval.online_horizon
     assert tuple(rows.columns) == ROW_COLUMNS
     assert duplicate_keys(rows).empty
-    assert set(rows.method) == {"PPO"} and set(rows.controller) == {"ppo"}
+    assert set(rows.method) == {"PPO"} and set(rows.rule) == {"ppo"}
     assert set(rows.env) == {"darkroom"} and set(rows.seed) == {0}
     assert set(rows.metric) == {"cumulative_regret", "cumulative_return"}
     assert set(rows.task_id) == {0, 1}
@@ -64,7 +61,7 @@ def test_rows(setup, rows):
         assert c["ppo"] == SMALL
     assert len(rows) == 2 * 2 * 2 * H  # episodes x metrics x tasks x steps
 
-    best = np.cumsum(darkroom.optimal_rewards(darkroom_tasks(data, cfg.env.grid_size), H), 1)
+    best = np.cumsum(darkroom.optimal_rewards(cfg.environment().eval_tasks(data), H), 1)
     for episode in (1, 2):
         regret = _curve(rows, "cumulative_regret", episode)
         ret = _curve(rows, "cumulative_return", episode)
@@ -75,14 +72,14 @@ def test_rows(setup, rows):
 
 def test_same_seed_same_rows_and_rewards_match(setup, rows):
     cfg, data = setup
-    again = ppo_darkroom_rows(data, cfg.env, cfg.eval, episodes=2, seed=0, ppo_kwargs=SMALL)
+    again = ppo_rows(data, cfg.env, cfg.eval, episodes=2, seed=0, ppo_kwargs=SMALL)
     pd.testing.assert_frame_equal(rows, again)
     # rows come from the rewards of the training run itself, episode by episode
     H = cfg.eval.online_horizon
-    tasks = darkroom_tasks(data, cfg.env.grid_size)
-    r = train_ppo_darkroom(tasks.goals[1], tasks.starts[1], tasks.size, H, 2,
-                           task_seed(0, 1), SMALL)
-    assert r.shape == (2 * H,)
+    tasks = cfg.environment().eval_tasks(data)
+    states, actions, r = train_ppo(cfg.environment(), tasks, 1, H, 2, task_seed(0, 1), SMALL)
+    assert r.shape == (2 * H,) and actions.shape == (2 * H,) and states.shape == (2 * H, 2)
+    np.testing.assert_array_equal(states[0], tasks.starts[1])  # episodes start at the start
     for episode, ep in ((1, r[:H]), (2, r[H:])):
         np.testing.assert_array_equal(_curve(rows, "cumulative_return", episode)[1],
                                       np.cumsum(ep))
@@ -92,8 +89,8 @@ def test_one_episode_global_rng_and_bad_kwargs(setup, caplog):
     cfg, data = setup
     state = np.random.get_state()[1].copy()  # noqa: NPY002
     torch_state = torch.get_rng_state()
-    with caplog.at_level(logging.WARNING, logger="spice_ray.baselines.ppo"):
-        one = ppo_darkroom_rows({k: v[:1] for k, v in data.items()}, cfg.env, cfg.eval,
+    with caplog.at_level(logging.WARNING, logger="spice_ray.evaluate.ppo"):
+        one = ppo_rows({k: v[:1] for k, v in data.items()}, cfg.env, cfg.eval,
                                 episodes=1, seed=3)  # SB3 defaults: n_steps=2048
     assert "never updated" in caplog.text
     # SB3's reseeding of the global generators is undone
@@ -103,11 +100,11 @@ def test_one_episode_global_rng_and_bad_kwargs(setup, caplog):
     assert json.loads(one.config.iloc[0])["ppo"] == {}
     assert set(one.seed) == {3} and len(one) == 2 * cfg.eval.online_horizon
     with pytest.raises(ValueError, match="seed"):
-        ppo_darkroom_rows(data, cfg.env, cfg.eval, episodes=1, ppo_kwargs={"seed": 1})
+        ppo_rows(data, cfg.env, cfg.eval, episodes=1, ppo_kwargs={"seed": 1})
 
 
 def test_missing_sb3_message(setup, monkeypatch):
     cfg, data = setup
     monkeypatch.setitem(sys.modules, "stable_baselines3", None)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[ppo\]'"):
-        ppo_darkroom_rows(data, cfg.env, cfg.eval, episodes=1)
+        ppo_rows(data, cfg.env, cfg.eval, episodes=1)

@@ -14,7 +14,8 @@ from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
 from spice_ray.data.store import iter_batches
 from spice_ray.model import DptModel, SpiceModel
-from spice_ray.train import checkpoint as ckpt
+from spice_ray.model import checkpoint as ckpt
+from spice_ray.model.registry import build_model
 from spice_ray.train.loop import FAULT_ENV, shuffled_batches
 from spice_ray.train.ray_train import (
     plan_job,
@@ -160,7 +161,7 @@ def test_ray_worker_failure_resumes_from_checkpoint(smoke_bandit, tmp_path, monk
 
 def test_checkpoint_refuses_wrong_env_and_corruption(smoke_bandit, tmp_path) -> None:
     cfg, ds = smoke_bandit
-    model = ckpt.build_model("spice", cfg, generator=torch.Generator().manual_seed(0))
+    model = build_model("spice", cfg, generator=torch.Generator().manual_seed(0))
     path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "hash", epoch=0)
     wide = make_config("smoke", "bandit", overrides=["env.num_arms=20"]).env
     with pytest.raises(ckpt.CheckpointError, match="A=5 actions.*has A=20"):
@@ -177,7 +178,7 @@ def test_checkpoint_refuses_wrong_env_and_corruption(smoke_bandit, tmp_path) -> 
 
 def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
     cfg, _ = smoke_bandit
-    model = ckpt.build_model("dpt", cfg)
+    model = build_model("dpt", cfg)
     path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "hash", epoch=0)
     # a pickled arbitrary object with a valid checksum is still refused by weights_only
     torch.save({"evil": ckpt.CheckpointError("x")}, path / ckpt.WEIGHTS)
@@ -191,7 +192,7 @@ def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
 
 
 def test_gpu_request_falls_back_to_cpu_without_gpus() -> None:
-    from spice_ray.cluster import LABELS_ENV
+    from spice_ray.placement import LABELS_ENV
     from spice_ray.train.ray_train import gpus_available
 
     assert not gpus_available(False, {"GPU": 4.0})

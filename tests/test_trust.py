@@ -155,15 +155,16 @@ def test_non_finite_step_check() -> None:
 
 
 def test_checkpoint_with_non_finite_weights_is_refused(tmp_path) -> None:
-    from spice_ray.train import checkpoint as ckpt
+    from spice_ray.model import checkpoint as ckpt
+    from spice_ray.model.registry import build_model, load_model
 
     cfg = make_config("smoke", "bandit")
-    model = ckpt.build_model("dpt", cfg, generator=torch.Generator().manual_seed(0))
+    model = build_model("dpt", cfg, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         next(model.parameters())[0] = float("nan")
     path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "h", epoch=0)
     with pytest.raises(ckpt.CheckpointError, match="weights.pt holds non-finite values"):
-        ckpt.load_model(path)
+        load_model(path)
 
 
 def test_known_failures_exit_1_with_one_line(capsys) -> None:
@@ -382,7 +383,7 @@ def test_bad_config_file_is_named(tmp_path, content, why, capsys) -> None:
 def test_corrupt_final_weights_are_republished_from_an_intact_checkpoint(ray_local, tmp_path,
                                                                         caplog) -> None:
     from spice_ray.data.generate import generate_dataset
-    from spice_ray.train import checkpoint as ckpt
+    from spice_ray.model import checkpoint as ckpt
     from spice_ray.train.ray_train import pretrain
 
     cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}"])

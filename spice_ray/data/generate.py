@@ -32,10 +32,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from spice_ray.cluster import DATAGEN, placement_resources
-from spice_ray.config import DataConfig, EnvConfig, RunConfig
+from spice_ray.config import DataConfig, RunConfig, env_from_dict
 from spice_ray.data import schema, store
-from spice_ray.data.behaviour import generate_tasks
+from spice_ray.data.tasks import generate_tasks
+from spice_ray.placement import DATAGEN, placement_resources
 from spice_ray.rng import SPLITS
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,9 @@ class TaskBatchGenerator:
 
     def __init__(self, env: dict[str, Any], data: dict[str, Any],
                  parts: list[tuple[str, int]]) -> None:
-        self.env = EnvConfig(**env)
+        self.env = env_from_dict(env)
         self.data = DataConfig(**data)
-        self.cols = schema.columns(self.env.name, self.env.num_arms, self.env.horizon)
+        self.cols = schema.columns(self.env)
         sizes = store.split_sizes(self.data)
         self.offsets = np.cumsum([0] + [sizes[s] for s in SPLITS])  # (4,)
         self.part_of = {key: k for k, key in enumerate(parts)}
@@ -141,7 +141,7 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]]) 
     env, data = cfg.env, cfg.data
     sizes = store.split_sizes(data)
     total_rows = sum(sizes.values())
-    cols = schema.columns(env.name, env.num_arms, env.horizon)
+    cols = schema.columns(env)
     staging = ds_dir / "_staging"
     shutil.rmtree(staging, ignore_errors=True)  # leftovers of an interrupted run
     log.info("%s: generating %d shards with %d actors", ds_dir.name, len(parts), data.num_actors)
@@ -151,7 +151,7 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]]) 
     ds = ray.data.range(total_rows, override_num_blocks=blocks)
     ds = ds.map_batches(
         TaskBatchGenerator,
-        fn_constructor_kwargs={"env": dict(vars(env)), "data": dict(vars(data)),
+        fn_constructor_kwargs={"env": env.to_dict(), "data": dict(vars(data)),
                                "parts": parts},
         batch_size=data.batch_size,
         batch_format="numpy",
@@ -181,7 +181,7 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]]) 
 def write_manifest(cfg: RunConfig, ds_dir: Path) -> dict[str, Any]:
     """Checksum every shard and write manifest.json (atomically) last."""
     env, data = cfg.env, cfg.data
-    cols = schema.columns(env.name, env.num_arms, env.horizon)
+    cols = schema.columns(env)
     splits: dict[str, Any] = {}
     for split, n in store.split_sizes(data).items():
         records, files = [], []

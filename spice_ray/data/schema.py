@@ -1,85 +1,28 @@
-"""The dataset schema: one Parquet row per task. This module is the single place it is defined.
+"""The dataset format: one Parquet row per task, columns as the environment declares them.
 
-Bandit rows (A arms, context length H):
-
-| column          | dtype   | shape | meaning                                               |
-|-----------------|---------|-------|-------------------------------------------------------|
-| task_id         | int64   |       | index of the task within its split                    |
-| means           | float32 | [A]   | arm means mu_a ~ U[0, 1]                               |
-| behaviour_probs | float32 | [A]   | propensities p of the context policy (sum to 1)       |
-| favoured_arm    | uint8   |       | i*, the arm the behaviour mixture favours             |
-| actions         | uint8   | [H]   | context actions a_1..a_H ~ p                          |
-| rewards         | float32 | [H]   | context rewards r_t ~ N(mu_{a_t}, sigma^2)            |
-| optimal_action  | uint8   |       | argmax_a mu_a                                          |
-| label           | uint8   |       | training label a* under the dataset's label rule      |
-
-Darkroom rows (context length H); the behaviour policy is uniform (pi_b = 1/5), so no
-propensities are stored:
-
-| column          | dtype   | shape    | meaning                                              |
-|-----------------|---------|----------|------------------------------------------------------|
-| task_id         | int64   |          | index of the task within its split                   |
-| goal            | uint8   | [2]      | goal cell (x, y)                                     |
-| states          | uint8   | [H+1, 2] | s_1..s_{H+1} (states[0] is the start); see below     |
-| actions         | uint8   | [H]      | uniform-random context actions                       |
-| rewards         | uint8   | [H]      | 1 iff s_{t+1} == goal                                |
-| query_state     | uint8   | [2]      | query state s_qry (uniform over the grid)            |
-| optimal_action  | uint8   |          | shortest-path action at s_qry                        |
-| label           | uint8   |          | training label a* under the dataset's label rule      |
-
-Transition t of a darkroom context is (states[t], actions[t], rewards[t], states[t+1]), so
-s'_t == s_{t+1} holds by construction.
-
-Tensor columns use pyarrow's canonical ``arrow.fixed_shape_tensor`` extension type, which reads
-back without Ray (``to_numpy_ndarray()``) and streams through Ray Data's ``iter_torch_batches``.
-Bump SCHEMA_VERSION whenever a column changes: manifests record it and refuse a mismatch.
+Each environment lists its columns (``Environment.columns()``: name, dtype, per-row shape,
+``task_id`` first) and documents what they mean in its own module; this module packs and
+unpacks them. Tensor columns use pyarrow's canonical ``arrow.fixed_shape_tensor`` extension
+type, which reads back without Ray (``to_numpy_ndarray()``) and streams through Ray Data's
+``iter_torch_batches``. Bump SCHEMA_VERSION whenever the format changes: manifests record it
+and refuse a mismatch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from spice_ray.envs.base import Column
+
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True)
-class Column:
-    """One column: numpy dtype and per-row shape (() for scalars)."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-
-
-def columns(env_name: str, num_arms: int, horizon: int) -> tuple[Column, ...]:
-    """The columns of a dataset of ``env_name`` in storage order."""
-    u8, f32 = np.dtype(np.uint8), np.dtype(np.float32)
-    if env_name == "bandit":
-        return (
-            Column("task_id", np.dtype(np.int64), ()),
-            Column("means", f32, (num_arms,)),
-            Column("behaviour_probs", f32, (num_arms,)),
-            Column("favoured_arm", u8, ()),
-            Column("actions", u8, (horizon,)),
-            Column("rewards", f32, (horizon,)),
-            Column("optimal_action", u8, ()),
-            Column("label", u8, ()),
-        )
-    if env_name == "darkroom":
-        return (
-            Column("task_id", np.dtype(np.int64), ()),
-            Column("goal", u8, (2,)),
-            Column("states", u8, (horizon + 1, 2)),
-            Column("actions", u8, (horizon,)),
-            Column("rewards", u8, (horizon,)),
-            Column("query_state", u8, (2,)),
-            Column("optimal_action", u8, ()),
-            Column("label", u8, ()),
-        )
-    raise ValueError(f"env.name={env_name!r} is invalid: one of bandit, darkroom")
+def columns(env: Any) -> tuple[Column, ...]:
+    """The columns of a dataset of ``env`` (an EnvConfig or an Environment), storage order."""
+    return (env.environment() if hasattr(env, "environment") else env).columns()
 
 
 def arrow_schema(cols: tuple[Column, ...]) -> pa.Schema:

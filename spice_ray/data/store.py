@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from spice_ray import artifacts
 from spice_ray.artifacts import file_sha256
-from spice_ray.config import DataConfig, EnvConfig, RunConfig, config_hash
+from spice_ray.config import DataConfig, EnvConfig, RunConfig, config_hash, env_from_dict
 from spice_ray.data import schema
 from spice_ray.errors import SpiceRayError
 
@@ -52,7 +52,7 @@ class DatasetError(SpiceRayError, RuntimeError):
 def dataset_spec(env: EnvConfig, data: DataConfig) -> dict[str, Any]:
     """The config fields that determine a dataset directory's content and layout."""
     data_fields = {k: v for k, v in vars(data).items() if k not in EXECUTION_FIELDS}
-    return {"schema_version": schema.SCHEMA_VERSION, "env": dict(vars(env)),
+    return {"schema_version": schema.SCHEMA_VERSION, "env": env.to_dict(),
             "data": data_fields}
 
 
@@ -199,7 +199,7 @@ class Manifest:
 
     @property
     def env(self) -> EnvConfig:
-        return EnvConfig(**self.spec["env"])
+        return env_from_dict(self.spec["env"])
 
     def split(self, name: str) -> dict[str, Any]:
         try:
@@ -209,8 +209,7 @@ class Manifest:
                                f"{sorted(self.raw['splits'])}") from exc
 
     def columns(self) -> tuple[schema.Column, ...]:
-        env = self.env
-        return schema.columns(env.name, env.num_arms, env.horizon)
+        return schema.columns(self.env)
 
 
 def _check_manifest_shape(path: Path, raw: dict[str, Any]) -> None:

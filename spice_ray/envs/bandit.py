@@ -1,17 +1,26 @@
 """Gaussian multi-armed bandit, batched and pure (numpy, no per-task loop).
 
-A task is a vector of arm means mu ~ U[0, 1]^A; pulling arm a returns r ~ N(mu_a, sigma^2).
-Bandits have no state: the query/context state is a constant 1-dim zero (PROTOCOL.md).
-Noise is passed in as standard normals so that every controller can see the same stream
-(common random numbers).
+A task is a vector of arm means mu ~ U[0, 1]^A; pulling arm a returns r ~ N(mu_a, sigma^2),
+sigma a *standard deviation* (default 0.3, so the likelihood variance in fusion is 0.09).
+Bandits have no state: the query/context state is a constant 1-dim zero. Noise comes in as
+standard normals so that every agent sees the same stream (common random numbers).
+
+Pretraining data (paper sec. 5): the context policy of a task is the mixture
+p = (1 - omega) Dirichlet(1) + omega delta_{i*}, omega = 0.5 and i* uniform over the arms, and
+each context action is drawn i.i.d. from p; p is stored, since SPICE's importance weights need
+pi_b(a*). The weak label is i* (the paper's main bandit setting).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from spice_ray.envs.base import Column, Encoded, Environment, register
+from spice_ray.envs.labels import make_labels
 from spice_ray.rng import TaskStreams
 
 STATE_DIM = 1
@@ -90,3 +99,118 @@ def regret(tasks: BanditTasks, actions: np.ndarray) -> np.ndarray:
     actions = np.asarray(actions)
     gaps = best.reshape((-1,) + (1,) * (actions.ndim - 1)) - expected_reward(tasks, actions)
     return gaps
+
+
+def dirichlet_mixture(streams: TaskStreams, num_arms: int, omega: float
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-task behaviour distribution p = (1 - omega) Dir(1) + omega delta_{i*}.
+
+    Returns:
+        (probs float64 [B, A] summing to 1, favoured arm i* int64 [B] uniform over arms).
+    """
+    g = streams.exponential("behaviour/dirichlet", (num_arms,))  # Dir(1) = normalised Exp(1)
+    dirichlet = g / g.sum(axis=1, keepdims=True)
+    favoured = streams.integers("behaviour/favoured", num_arms)
+    probs = (1.0 - omega) * dirichlet
+    probs[np.arange(len(streams)), favoured] += omega
+    return probs, favoured
+
+
+@register
+class Bandit(Environment):
+    """The A-armed Gaussian bandit (paper sec. 5)."""
+
+    name = "bandit"
+    stateless = True
+    labels = ("optimal", "weak", "weak-last", "mix")
+    protocols = ("online", "offline", "robustness", "calibration")
+    regret_readings = ("pseudo",)
+    defaults = {
+        "env": {"horizon": 500},
+        "data": {"label": "weak", "num_eval_tasks": 200},
+        "train": {"td_n": 1, "gamma": 0.0, "epochs": 300},
+        "fusion": {"kernel": "uniform", "target": "reward", "td_n": 1, "gamma": 0.0},
+        "eval": {"num_tasks": 200, "online_horizon": 500},
+    }
+
+    @dataclass(frozen=True)
+    class Params:
+        """Bandit fields of the ``env`` config section."""
+
+        num_arms: int = 5
+        """Arms A (in [2, 255])."""
+        sigma: float = 0.3
+        """Reward noise standard deviation of the datasets and of online evaluation (>= 0)."""
+
+        def validate(self) -> None:
+            if not 2 <= self.num_arms <= 255:
+                raise ValueError(f"env.num_arms={self.num_arms!r} is invalid: an integer in "
+                                 "[2, 255]")
+            if not self.sigma >= 0:
+                raise ValueError(f"env.sigma={self.sigma!r} is invalid: a float >= 0")
+
+    @property
+    def num_actions(self) -> int:
+        return int(self.params.num_arms)
+
+    @property
+    def state_dim(self) -> int:
+        return STATE_DIM
+
+    def columns(self) -> tuple[Column, ...]:
+        a, h = self.num_actions, self.horizon
+        u8, f32 = np.dtype(np.uint8), np.dtype(np.float32)
+        return (
+            Column("task_id", np.dtype(np.int64), ()),
+            Column("means", f32, (a,)),
+            Column("behaviour_probs", f32, (a,)),
+            Column("favoured_arm", u8, ()),
+            Column("actions", u8, (h,)),
+            Column("rewards", f32, (h,)),
+            Column("optimal_action", u8, ()),
+            Column("label", u8, ()),
+        )
+
+    def generate(self, data: Any, split: str, streams: TaskStreams) -> dict[str, np.ndarray]:
+        a, h, sigma = self.num_actions, self.horizon, self.params.sigma
+        tasks = sample_tasks(streams, a, sigma)
+        probs, favoured = dirichlet_mixture(streams, a, data.behaviour_omega)
+        actions = streams.categorical("behaviour/actions", probs, h)  # (B, H)
+        noise = streams.normal("context/noise", (h,))
+        rewards = expected_reward(tasks, actions) + sigma * noise
+        optimal = optimal_action(tasks)
+        labels = make_labels(data.label, streams, optimal, actions, a, weak=favoured,
+                             behaviour_probs=probs)
+        return {"means": tasks.means, "behaviour_probs": probs, "favoured_arm": favoured,
+                "actions": actions, "rewards": rewards, "optimal_action": optimal,
+                "label": labels}
+
+    def encode(self, batch: Mapping[str, Any]) -> Encoded:
+        probs = batch["behaviour_probs"]  # (B, A)
+        b, t = batch["actions"].shape
+        zeros = np.zeros((b, t, STATE_DIM), dtype=np.float32)
+        return Encoded(np.zeros((b, STATE_DIM), dtype=np.float32), zeros, zeros, probs)
+
+    def eval_tasks(self, data: Mapping[str, np.ndarray]) -> BanditTasks:
+        return BanditTasks(np.asarray(data["means"], dtype=np.float64), self.params.sigma)
+
+    def reset(self, tasks: BanditTasks) -> np.ndarray:
+        return reset(tasks)
+
+    def step(self, tasks: BanditTasks, states: np.ndarray, actions: np.ndarray,
+             noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return states, step(tasks, actions, noise)
+
+    def optimal_action(self, tasks: BanditTasks, states: np.ndarray) -> np.ndarray:
+        return optimal_action(tasks)
+
+    def regret(self, tasks: BanditTasks, states: np.ndarray, actions: np.ndarray,
+               rewards: np.ndarray, horizon: int, reading: str | None = None) -> np.ndarray:
+        """Pseudo-regret mu* - mu_{a_t} (not the realised reward's)."""
+        return regret(tasks, np.asarray(actions, dtype=np.int64))
+
+    def action_values(self, tasks: BanditTasks) -> np.ndarray:
+        return tasks.means
+
+    def with_noise(self, tasks: BanditTasks, sigma: float) -> BanditTasks:
+        return tasks.with_sigma(sigma)

@@ -1,17 +1,35 @@
 """Darkroom gridworld (the DPT benchmark), batched and pure (numpy, no per-task loop).
 
-PROTOCOL.md: a size x size grid (default 10x10), state (x, y) integers, 5 actions
-(+x, -x, +y, -y, stay), moves clipped at the walls, reward 1 when the state *after* the step is
-the goal, else 0. The goal cells are split 80/20 into train/test with a fixed seed; a test task
-is a held-out goal plus a start state.
+A size x size grid (default 10x10), state (x, y) integers, 5 actions (+x, -x, +y, -y, stay),
+moves clipped at the walls, reward 1 when the state *after* the step is the goal, else 0. The
+goal cells are split 80/20 into train/test with a fixed seed; a test task is a held-out goal
+plus a start state. Pretraining contexts are uniform-random roll-ins of length H from a random
+start (so pi_b = 1/5 for every action and SPICE's importance weight is identically 1); the
+query state is uniform over the grid and independent of the context.
+
+Regret, two readings (``env.reading``):
+
+* ``walker`` (default): r*_t - r_t, r*_t the reward an optimal policy collects at step t from
+  the same start (it walks the Manhattan path, then stays). An agent that does not know the
+  goal cannot go much below ~36 over H = 100 (walk to the nearest unvisited cell, then stay).
+* ``state`` (the paper's text: "the reward of the chosen action compared to the reward of the
+  environment's optimal action at the same state"): max_a r(s_t, a) - r(s_t, a_t), non-zero
+  only next to or on the goal.
+
+The walker/state helpers here take the reward as a function of the next cell, so the
+continuous Darkroom (``darkroom_continuous``) reuses them with its smooth reward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from spice_ray.envs.base import Column, Encoded, Environment, register
+from spice_ray.envs.labels import make_labels
 from spice_ray.rng import TaskStreams
 
 NUM_ACTIONS = 5
@@ -19,6 +37,7 @@ STATE_DIM = 2
 # (dx, dy) per action: +x, -x, +y, -y, stay.
 MOVES = np.array([[1, 0], [-1, 0], [0, 1], [0, -1], [0, 0]], dtype=np.int64)
 ACTION_NAMES = ("+x", "-x", "+y", "-y", "stay")
+READINGS = ("walker", "state")
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,11 @@ def reset(tasks: DarkroomTasks) -> np.ndarray:
     return tasks.starts.copy()
 
 
+def move(states: np.ndarray, actions: np.ndarray, size: int) -> np.ndarray:
+    """The cells after one move per task (clipped at the walls), int64 [..., 2]."""
+    return np.clip(np.asarray(states, dtype=np.int64) + MOVES[np.asarray(actions)], 0, size - 1)
+
+
 def step(
     tasks: DarkroomTasks, states: np.ndarray, actions: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -87,8 +111,7 @@ def step(
     Returns:
         (next_states int64 [B, 2], rewards float64 [B]); reward is 1 iff next state == goal.
     """
-    nxt = np.clip(np.asarray(states, dtype=np.int64) + MOVES[np.asarray(actions)], 0,
-                  tasks.size - 1)
+    nxt = move(states, actions, tasks.size)
     rewards = np.all(nxt == tasks.goals, axis=1).astype(np.float64)
     return nxt, rewards
 
@@ -135,3 +158,162 @@ def rollout_states(tasks: DarkroomTasks, starts: np.ndarray, actions: np.ndarray
     for t in range(h):  # loop over time, vectorised over tasks
         states[:, t + 1], rewards[:, t] = step(tasks, states[:, t], actions[:, t])
     return states, rewards
+
+
+RewardOfCell = Callable[[DarkroomTasks, np.ndarray], np.ndarray]
+"""r(cell [..., 2]) for each task's goal (broadcast over leading dims): the reward of arriving."""
+
+
+def goal_reward(tasks: DarkroomTasks, cells: np.ndarray) -> np.ndarray:
+    """The gridworld's reward: 1 on the goal, else 0; cells [B, ..., 2] -> [B, ...]."""
+    goals = tasks.goals.reshape((tasks.num_tasks,) + (1,) * (cells.ndim - 2) + (2,))
+    return np.all(cells == goals, axis=-1).astype(np.float64)
+
+
+def walker_rewards(tasks: DarkroomTasks, horizon: int, reward: RewardOfCell,
+                   optimal: Callable[[DarkroomTasks, np.ndarray], np.ndarray]) -> np.ndarray:
+    """Rewards [B, H] of ``optimal``'s actions from each start (the walker reading's r*_t)."""
+    cells = tasks.starts.copy()
+    out = np.empty((tasks.num_tasks, horizon), dtype=np.float64)
+    for t in range(horizon):
+        cells = move(cells, optimal(tasks, cells), tasks.size)
+        out[:, t] = reward(tasks, cells[:, None])[:, 0]
+    return out
+
+
+def grid_regret(tasks: DarkroomTasks, cells: np.ndarray, rewards: np.ndarray, horizon: int,
+                reading: str, reward: RewardOfCell,
+                optimal: Callable[[DarkroomTasks, np.ndarray], np.ndarray]) -> np.ndarray:
+    """Per-step regret [B, N] on a grid under either reading.
+
+    Args:
+        cells: int [B, N, 2] the cell each action was taken in.
+        rewards: [B, N] rewards received.
+        horizon: steps per episode; the walker's reward sequence restarts every episode.
+        reading: "walker" or "state".
+        reward: the reward of arriving in a cell.
+        optimal: the optimal action in a cell.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    n = rewards.shape[1]
+    if reading == "walker":
+        best = walker_rewards(tasks, horizon, reward, optimal)  # (B, H)
+        return np.tile(best, (1, -(-n // horizon)))[:, :n] - rewards
+    if reading == "state":
+        reachable = move(np.asarray(cells)[:, :, None, :], np.arange(NUM_ACTIONS)[None, None],
+                         tasks.size)  # (B, N, A, 2)
+        best = reward(tasks, reachable).max(axis=-1)  # (B, N)
+        return best - rewards
+    raise ValueError(f"regret reading {reading!r} is invalid: one of {', '.join(READINGS)}")
+
+
+@register
+class Darkroom(Environment):
+    """The DPT Darkroom gridworld (paper sec. 6)."""
+
+    name = "darkroom"
+    labels = ("optimal", "weak-last", "mix")
+    regret_readings = READINGS
+    defaults = {
+        "env": {"horizon": 100},
+        "data": {"label": "weak-last", "num_eval_tasks": 100},
+        "train": {"td_n": 5, "gamma": 0.95, "epochs": 50},
+        "fusion": {"kernel": "rbf", "tau": 0.5, "target": "nstep", "td_n": 5, "gamma": 0.95},
+        "eval": {"num_tasks": 100, "online_horizon": 100, "dpt_sample": False},
+    }
+
+    @dataclass(frozen=True)
+    class Params:
+        """Darkroom fields of the ``env`` config section."""
+
+        grid_size: int = 10
+        """Side length (in [2, 255]); states are (x, y) in [0, grid_size)^2."""
+        train_goal_fraction: float = 0.8
+        """Fraction of goal cells used for training tasks, in (0, 1)."""
+        goal_split_seed: int = 0
+        """Seed of the fixed train/test goal split."""
+        reading: str = "walker"
+        """Regret reported as the main table: walker (an optimal walker from the same start)
+        or state (max_a r(s_t, a) - r(s_t, a_t)); the other reading's table is made too."""
+
+        def validate(self) -> None:
+            if not 2 <= self.grid_size <= 255:
+                raise ValueError(f"env.grid_size={self.grid_size!r} is invalid: an integer in "
+                                 "[2, 255]")
+            if not 0 < self.train_goal_fraction < 1:
+                raise ValueError(f"env.train_goal_fraction={self.train_goal_fraction!r} is "
+                                 "invalid: a float in (0, 1)")
+            if self.goal_split_seed < 0:
+                raise ValueError(f"env.goal_split_seed={self.goal_split_seed!r} is invalid: "
+                                 ">= 0")
+            if self.reading not in READINGS:
+                raise ValueError(f"env.reading={self.reading!r} is invalid: one of "
+                                 f"{', '.join(READINGS)}")
+
+    @property
+    def num_actions(self) -> int:
+        return NUM_ACTIONS
+
+    @property
+    def state_dim(self) -> int:
+        return STATE_DIM
+
+    def columns(self) -> tuple[Column, ...]:
+        h, u8 = self.horizon, np.dtype(np.uint8)
+        return (
+            Column("task_id", np.dtype(np.int64), ()),
+            Column("goal", u8, (2,)),
+            Column("states", u8, (h + 1, 2)),
+            Column("actions", u8, (h,)),
+            Column("rewards", u8, (h,)),
+            Column("query_state", u8, (2,)),
+            Column("optimal_action", u8, ()),
+            Column("label", u8, ()),
+        )
+
+    def goal_pool(self, split: str) -> np.ndarray:
+        """Training goals for train/validation, held-out goals for eval."""
+        p = self.params
+        train, test = goal_split(p.grid_size, p.train_goal_fraction, p.goal_split_seed)
+        return test if split == "eval" else train
+
+    def generate(self, data: Any, split: str, streams: TaskStreams) -> dict[str, np.ndarray]:
+        size = self.params.grid_size
+        tasks = sample_tasks(streams, self.goal_pool(split), size)
+        actions = streams.integers("behaviour/actions", NUM_ACTIONS, (self.horizon,))
+        states, rewards = rollout_states(tasks, tasks.starts, actions)
+        query = np.stack([streams.integers("query/x", size), streams.integers("query/y", size)],
+                         axis=1)
+        optimal = optimal_action(tasks, query)
+        labels = make_labels(data.label, streams, optimal, actions, NUM_ACTIONS)
+        return {"goal": tasks.goals, "states": states, "actions": actions, "rewards": rewards,
+                "query_state": query, "optimal_action": optimal, "label": labels}
+
+    def encode(self, batch: Mapping[str, Any]) -> Encoded:
+        states = batch["states"]  # (B, T+1, 2): s_1..s_{T+1}
+        b = states.shape[0]
+        probs = np.full((b, NUM_ACTIONS), 1.0 / NUM_ACTIONS, dtype=np.float32)
+        return Encoded(batch["query_state"], states[:, :-1], states[:, 1:], probs)
+
+    def eval_tasks(self, data: Mapping[str, np.ndarray]) -> DarkroomTasks:
+        return DarkroomTasks(np.asarray(data["goal"], dtype=np.int64),
+                             np.asarray(data["states"][:, 0], dtype=np.int64),
+                             self.params.grid_size)
+
+    def reset(self, tasks: DarkroomTasks) -> np.ndarray:
+        return reset(tasks)
+
+    def step(self, tasks: DarkroomTasks, states: np.ndarray, actions: np.ndarray,
+             noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return step(tasks, states, actions)
+
+    def optimal_action(self, tasks: DarkroomTasks, states: np.ndarray) -> np.ndarray:
+        return optimal_action(tasks, states)
+
+    def regret(self, tasks: DarkroomTasks, states: np.ndarray, actions: np.ndarray,
+               rewards: np.ndarray, horizon: int, reading: str | None = None) -> np.ndarray:
+        return grid_regret(tasks, np.asarray(states, dtype=np.int64), rewards, horizon,
+                           reading or self.reading(), goal_reward, optimal_action)
+
+    def positions(self, states: np.ndarray) -> np.ndarray:
+        return np.asarray(states, dtype=np.int64)

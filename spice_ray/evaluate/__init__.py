@@ -1,56 +1,13 @@
-"""Evaluation: test-time controllers, batched offline/online protocols, calibration, Ray actors.
+"""Evaluation: one online loop and the offline curve over any environment and agent, the prior
+calibration diagnostic, tidy rows, and Ray actors that shard tasks."""
 
-``spice_ray.evaluate.actors`` (Ray fan-out) is not imported here; import it explicitly.
-"""
+from spice_ray.evaluate.actors import EvalActor, evaluate_parallel, evaluate_tasks
+from spice_ray.evaluate.calibration import calibration_rows, calibration_stats
+from spice_ray.evaluate.offline import offline_context_lengths, offline_rows, sequence_outputs
+from spice_ray.evaluate.online import Rollout, agent_draws, online_noise, online_rows, run_online
+from spice_ray.evaluate.rows import check_rows, concat_rows, tidy_rows
 
-from spice_ray.evaluate.calibration import (
-    CalibrationStats,
-    calibration_rows,
-    calibration_stats,
-    prior_pseudocounts,
-)
-from spice_ray.evaluate.controllers import (
-    BanditOracle,
-    ContextRunner,
-    Controller,
-    ControllerSpec,
-    DarkroomOracle,
-    PolicyController,
-    SpiceController,
-    make_controller,
-)
-from spice_ray.evaluate.rollout import (
-    ROW_COLUMNS,
-    bandit_offline_rows,
-    bandit_online_rows,
-    concat_rows,
-    darkroom_online_rows,
-    offline_context_lengths,
-    online_noise,
-    run_online_darkroom,
-    tidy_rows,
-)
-
-__all__ = [
-    "ROW_COLUMNS",
-    "BanditOracle",
-    "CalibrationStats",
-    "ContextRunner",
-    "Controller",
-    "ControllerSpec",
-    "DarkroomOracle",
-    "PolicyController",
-    "SpiceController",
-    "bandit_offline_rows",
-    "bandit_online_rows",
-    "calibration_rows",
-    "calibration_stats",
-    "concat_rows",
-    "darkroom_online_rows",
-    "make_controller",
-    "offline_context_lengths",
-    "online_noise",
-    "prior_pseudocounts",
-    "run_online_darkroom",
-    "tidy_rows",
-]
+__all__ = ["EvalActor", "Rollout", "agent_draws", "calibration_rows", "calibration_stats",
+           "check_rows", "concat_rows", "evaluate_parallel", "evaluate_tasks",
+           "offline_context_lengths", "offline_rows", "online_noise", "online_rows",
+           "run_online", "sequence_outputs", "tidy_rows"]

@@ -1,16 +1,16 @@
 """Evaluation over tasks: one shard in-process (:func:`evaluate_tasks`), or fanned out over Ray
 actors (:func:`evaluate_parallel`) with shard retries when an actor dies.
 
-Each :class:`EvalActor` loads the checkpoint once (a path read by
-``spice_ray.train.checkpoint.load_model``, or an in-memory payload from :func:`model_payload`)
-and evaluates whole shards of tasks for a list of :class:`ControllerSpec`. The driver splits the
-N tasks into one shard per actor; if an actor dies (``ray.exceptions.RayActorError``) its shard
-is rerun on a fresh actor, and the gathered table is checked: every key once, every task in
-every (method, controller, config, metric) group, the same x values for every task.
+Each :class:`EvalActor` loads the checkpoint once (a checkpoint directory, or an in-memory
+payload from ``spice_ray.model.registry.model_payload``) and evaluates whole shards of tasks
+for a list of :class:`AgentSpec`. The driver splits the N tasks into one shard per actor; if
+an actor dies (``ray.exceptions.RayActorError``) its shard is rerun on a fresh actor, and the
+gathered table is checked: every key once, every task in every (method, rule, config, metric)
+group, the same x values for every task.
 
-Actors reserve ``EvalConfig.actor_cpus`` (fractional, RAY_NOTES.md) and
-``EvalConfig.actor_gpus`` and run torch on one thread. Ray is imported lazily, so the in-process
-path works without it.
+Actors reserve ``EvalConfig.actor_cpus`` (fractional: on a small machine Ray Data's own tasks
+need the rest) and ``EvalConfig.actor_gpus`` and run torch on one thread. Ray is imported
+lazily, so the in-process path works without it.
 """
 
 from __future__ import annotations
@@ -25,66 +25,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from spice_ray.cluster import TRAINER, placement_resources
+from spice_ray.agents import AgentSpec
 from spice_ray.config import EnvConfig, EvalConfig, FusionConfig
+from spice_ray.envs.base import PROTOCOLS
 from spice_ray.evaluate.calibration import calibration_rows
-from spice_ray.evaluate.controllers import ControllerSpec
-from spice_ray.evaluate.rollout import (
-    KEY_COLUMNS,
-    bandit_offline_rows,
-    bandit_online_rows,
-    concat_rows,
-    darkroom_online_rows,
-    duplicate_keys,
-    offline_context_lengths,
-)
-from spice_ray.model.dpt import DptModel
-from spice_ray.model.spice import SpiceModel
+from spice_ray.evaluate.offline import offline_context_lengths, offline_rows
+from spice_ray.evaluate.online import online_rows
+from spice_ray.evaluate.rows import check_rows, concat_rows
+from spice_ray.model.registry import ModelSource, from_source
 from spice_ray.model.trunk import TrunkModel
+from spice_ray.placement import TRAINER, placement_resources
 
 log = logging.getLogger(__name__)
-
-PROTOCOLS = ("offline", "online", "robustness", "calibration")
-"""offline / robustness / calibration are bandit-only; darkroom has online only."""
-MODEL_CLASSES: dict[str, type[TrunkModel]] = {"spice": SpiceModel, "dpt": DptModel}
-ModelSource = str | os.PathLike | Mapping[str, Any]
-"""A checkpoint directory/path, or a payload {"spec": model.spec(), "state_dict": ...}."""
-
-
-# ---- models ------------------------------------------------------------------------------
-
-
-def model_payload(model: TrunkModel) -> dict[str, Any]:
-    """An in-memory checkpoint: the architecture spec and CPU weights (buffers included)."""
-    return {"spec": model.spec(),
-            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
-
-
-def build_model(source: ModelSource, expect_env: EnvConfig | None = None) -> TrunkModel:
-    """Rebuild a model from a payload, or load a checkpoint path (``train.checkpoint``).
-
-    Raises:
-        ValueError: the payload's kind is unknown or its action / state sizes differ from
-            ``expect_env``'s.
-    """
-    if not isinstance(source, Mapping):
-        from spice_ray.train.checkpoint import load_model  # written alongside; import late
-
-        return load_model(Path(source), expect_env=expect_env)
-    spec = source["spec"]
-    cls = MODEL_CLASSES.get(spec.get("kind", ""))
-    if cls is None:
-        raise ValueError(f"model kind {spec.get('kind')!r} is invalid: one of "
-                         f"{', '.join(MODEL_CLASSES)}")
-    if expect_env is not None and (spec["num_actions"], spec["state_dim"]) != (
-            expect_env.num_actions, expect_env.state_dim):
-        raise ValueError(f"model has {spec['num_actions']} actions and state dim "
-                         f"{spec['state_dim']}; env {expect_env.name} needs "
-                         f"{expect_env.num_actions} and {expect_env.state_dim}")
-    model = cls.from_spec(spec)
-    model.load_state_dict(source["state_dict"])
-    return model.eval()
-
 
 # ---- one shard ---------------------------------------------------------------------------
 
@@ -93,9 +45,9 @@ def evaluate_tasks(
     env: EnvConfig,
     eval_cfg: EvalConfig,
     data: Mapping[str, np.ndarray],
-    specs: Sequence[ControllerSpec],
+    specs: Sequence[AgentSpec],
     model: TrunkModel | None = None,
-    protocols: Sequence[str] = ("offline", "online"),
+    protocols: Sequence[str] = ("online",),
     seed: int = 0,
     calibration_fusion: FusionConfig | None = None,
 ) -> pd.DataFrame:
@@ -104,66 +56,44 @@ def evaluate_tasks(
     Args:
         env: environment config.
         eval_cfg: evaluation protocol settings.
-        data: eval-split columns of the B tasks (task_id and the env's columns).
-        specs: controllers to evaluate (those without a rule for a protocol are skipped there).
+        data: eval-split columns of the B tasks (task_id and the environment's columns).
+        specs: agents to evaluate (those without a rule for a protocol are skipped there).
         model: the checkpoint the learned specs use.
-        protocols: subset of :data:`PROTOCOLS`. "online": cumulative-regret curves at
-            ``env.sigma``; "robustness": final regret at each ``eval_cfg.robustness_sigmas``
-            (a sigma in both runs once).
+        protocols: a subset of the environment's protocols (``PROTOCOLS``). "online":
+            cumulative-regret curves at the environment's noise level; "robustness": final
+            regret at each ``eval_cfg.robustness_sigmas``; "offline": suboptimality vs h;
+            "calibration": the SPICE prior's coverage and pseudo-counts.
         seed: the checkpoint's training seed, written to every row.
         calibration_fusion: noise_var / v_min of the calibration rows (default: the first
-            spice spec's fusion config, else FusionConfig()).
+            fused spec's fusion config, else FusionConfig()).
+
+    Raises:
+        ValueError: a protocol is unknown or the environment does not have it.
     """
     unknown = set(protocols) - set(PROTOCOLS)
     if unknown:
         raise ValueError(f"protocols {sorted(unknown)} are invalid: from {', '.join(PROTOCOLS)}")
-    if env.name == "darkroom":
-        if set(protocols) - {"online"}:
-            raise ValueError(f"darkroom has only the online protocol, got {list(protocols)}")
-        return darkroom_online_rows(env, eval_cfg, data, specs, model, seed)
+    environment = env.environment()
+    missing = set(protocols) - set(environment.protocols)
+    if missing:
+        raise ValueError(f"env.name={env.name} has no {sorted(missing)} protocol; it has "
+                         f"{list(environment.protocols)}")
     frames = []
     if "offline" in protocols:
-        frames.append(bandit_offline_rows(env, eval_cfg, data, specs, model, seed))
-    curves = [env.sigma] if "online" in protocols else []
-    finals = list(eval_cfg.robustness_sigmas) if "robustness" in protocols else []
-    if curves or finals:
-        frames.append(bandit_online_rows(env, eval_cfg, data, specs, model, seed, curves,
-                                         finals))
+        frames.append(offline_rows(env, eval_cfg, data, specs, model, seed))
+    if "online" in protocols or "robustness" in protocols:
+        finals = eval_cfg.robustness_sigmas if "robustness" in protocols else ()
+        frames.append(online_rows(env, eval_cfg, data, specs, model, seed,
+                                  curves="online" in protocols, final_sigmas=finals))
     if "calibration" in protocols:
         if model is None:
             raise ValueError("the calibration protocol needs a SpiceModel")
-        fusion = calibration_fusion or next(
-            (s.fusion for s in specs if s.method == "spice"), FusionConfig())
+        fusion = calibration_fusion or next((s.fusion for s in specs if s.info.fused),
+                                            FusionConfig())
         hs = offline_context_lengths(np.asarray(data["actions"]).shape[1],
                                      eval_cfg.offline_points)
-        frames.append(calibration_rows(model, data, fusion, hs, seed=seed, env=env.name))
+        frames.append(calibration_rows(model, env, data, fusion, hs, seed=seed))
     return concat_rows(frames)
-
-
-def check_rows(df: pd.DataFrame, task_ids: np.ndarray) -> None:
-    """Refuse a result table with lost or duplicated rows.
-
-    Checks: no key (:data:`KEY_COLUMNS`) twice; every (env, method, controller, config, seed,
-    metric) group holds exactly ``task_ids``, each with the same number of x values.
-
-    Raises:
-        RuntimeError: naming the first problem found.
-    """
-    dups = duplicate_keys(df)
-    if len(dups):
-        raise RuntimeError(f"{len(dups)} duplicated result rows, e.g.\n{dups.head()}")
-    expected = np.unique(np.asarray(task_ids, dtype=np.int64))
-    group_cols = [c for c in KEY_COLUMNS if c not in ("task_id", "x")]
-    per_task = df.groupby(group_cols + ["task_id"], sort=True).size()  # rows per task
-    for key, counts in per_task.groupby(level=list(range(len(group_cols)))):
-        tasks = counts.index.get_level_values("task_id").to_numpy()
-        if len(tasks) != len(expected) or not np.array_equal(np.sort(tasks), expected):
-            missing = np.setdiff1d(expected, tasks)
-            raise RuntimeError(f"group {key}: tasks {missing[:10]} missing "
-                               f"({len(tasks)} of {len(expected)} present)")
-        if counts.nunique() != 1:
-            raise RuntimeError(f"group {key}: tasks have different numbers of rows "
-                               f"({counts.min()}..{counts.max()})")
 
 
 # ---- Ray actors --------------------------------------------------------------------------
@@ -173,7 +103,7 @@ class EvalActor:
     """Loads a checkpoint once and evaluates shards of tasks (wrap with ``ray.remote``).
 
     Args:
-        model_source: checkpoint path or :func:`model_payload` dict (an ObjectRef to one is
+        model_source: checkpoint path or ``model_payload`` dict (an ObjectRef to one is
             resolved by Ray); None for baselines only.
         env: environment config (checked against the checkpoint).
         eval_cfg: evaluation settings; ``actor_gpus`` > 0 puts the model on CUDA if present.
@@ -184,7 +114,7 @@ class EvalActor:
 
     def __init__(self, model_source: ModelSource | None, env: EnvConfig, eval_cfg: EvalConfig,
                  fail_once_marker: str | None = None) -> None:
-        torch.set_num_threads(1)  # fractional CPUs: one thread per actor (RAY_NOTES.md)
+        torch.set_num_threads(1)  # fractional CPUs: one thread per actor
         self.env = env
         self.eval_cfg = eval_cfg
         self.fail_once_marker = fail_once_marker
@@ -192,7 +122,7 @@ class EvalActor:
         self.device = torch.device("cuda" if use_cuda else "cpu")
         self.model = None
         if model_source is not None:
-            self.model = build_model(model_source, env).to(self.device)
+            self.model = from_source(model_source, env).to(self.device)
 
     def _maybe_fail(self) -> None:
         if self.fail_once_marker is None:
@@ -205,7 +135,7 @@ class EvalActor:
         os.close(fd)
         os._exit(1)  # simulate a crashed worker: no exception, no cleanup
 
-    def evaluate(self, data: Mapping[str, np.ndarray], specs: Sequence[ControllerSpec],
+    def evaluate(self, data: Mapping[str, np.ndarray], specs: Sequence[AgentSpec],
                  protocols: Sequence[str], seed: int) -> pd.DataFrame:
         """:func:`evaluate_tasks` on one shard; tidy rows."""
         self._maybe_fail()
@@ -221,7 +151,7 @@ def evaluate_parallel(
     env: EnvConfig,
     eval_cfg: EvalConfig,
     data: Mapping[str, np.ndarray],
-    specs: Sequence[ControllerSpec],
+    specs: Sequence[AgentSpec],
     protocols: Sequence[str] = ("offline", "online"),
     seed: int = 0,
     num_actors: int | None = None,
@@ -234,12 +164,12 @@ def evaluate_parallel(
     ``eval_cfg.actor_gpus`` GPUs.
 
     Args:
-        model_source: checkpoint path or :func:`model_payload` dict (put in the object store
+        model_source: checkpoint path or ``model_payload`` dict (put in the object store
             once), or None for baselines only.
         env: environment config.
         eval_cfg: evaluation settings (num_actors, actor_cpus, actor_gpus, ...).
         data: eval-split columns of all N tasks (each array [N, ...], with task_id).
-        specs: controllers.
+        specs: agents.
         protocols: see :func:`evaluate_tasks`.
         seed: the checkpoint's training seed, written to every row.
         num_actors: M (default ``eval_cfg.num_actors``), at most N.

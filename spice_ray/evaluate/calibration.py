@@ -1,4 +1,5 @@
-"""Calibration of SPICE's ensemble prior on bandit eval tasks, as a function of context length h.
+"""Calibration of SPICE's ensemble prior on eval tasks of a stateless environment (bandits), as a
+function of context length h (the environment's action values are the truth).
 
 At position h (the query plus the first h context transitions) the ensemble gives, per arm,
 the prior N(mu_pri, sigma_Q^2). This module measures
@@ -13,7 +14,7 @@ the prior N(mu_pri, sigma_Q^2). This module measures
 
 sigma^2 is the fusion's likelihood variance ``FusionConfig.noise_var`` (floored like the
 posterior's, :data:`spice_ray.fusion.NOISE_VAR_FLOOR`), so N_pri is exactly the prior's weight
-in the posterior the controller uses.
+in the posterior the agent uses.
 """
 
 from __future__ import annotations
@@ -28,20 +29,19 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from spice_ray.config import FusionConfig
-from spice_ray.evaluate.controllers import METHOD_LABELS
-from spice_ray.evaluate.rollout import (
-    concat_rows,
-    offline_context_lengths,
-    sequence_outputs,
-    tidy_rows,
-)
+from spice_ray.agents import METHODS
+from spice_ray.config import EnvConfig, FusionConfig
+from spice_ray.evaluate.offline import offline_context_lengths, sequence_outputs
+from spice_ray.evaluate.rows import concat_rows, tidy_rows
 from spice_ray.fusion import NOISE_VAR_FLOOR
 from spice_ray.fusion.posterior import prior_variance
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
 
 LEVELS = (0.5, 0.9, 0.95)
+METRICS = ("coverage_50", "coverage_90", "coverage_95", "n_pri_mean", "n_pri_min", "n_pri_max",
+           "warm_start", "warm_start_bound")
+"""The metrics of :func:`calibration_rows` (with the default levels)."""
 
 
 def prior_pseudocounts(prior_std: Tensor, noise_var: float, v_min: float) -> Tensor:
@@ -77,6 +77,7 @@ class CalibrationStats:
 
 def calibration_stats(
     model: TrunkModel,
+    env_cfg: EnvConfig,
     data: Mapping[str, np.ndarray],
     fusion: FusionConfig,
     hs: np.ndarray | None = None,
@@ -87,17 +88,21 @@ def calibration_stats(
 
     Args:
         model: a SpiceModel.
-        data: bandit eval-split columns: means, actions, rewards, behaviour_probs, label.
+        env_cfg: a stateless environment with action values (the calibration protocol).
+        data: eval-split columns: actions, rewards, label and the environment's.
         fusion: noise_var (sigma^2) and v_min.
         hs: context lengths (default: :func:`offline_context_lengths` with 25 points).
         levels: central interval probabilities in (0, 1).
         batch_size: tasks per model forward.
     """
-    means = np.asarray(data["means"], dtype=np.float64)  # (B, A)
+    env = env_cfg.environment()
+    if "calibration" not in env.protocols:
+        raise ValueError(f"env.name={env.name} has no calibration protocol (no action values)")
+    means = np.asarray(env.action_values(env.eval_tasks(data)), dtype=np.float64)  # (B, A)
     A = means.shape[1]
     T = np.asarray(data["actions"]).shape[1]
     hs = offline_context_lengths(T) if hs is None else np.asarray(hs, dtype=np.int64)
-    out = sequence_outputs(model, make_tokens(data, "bandit", A), hs, batch_size=batch_size)
+    out = sequence_outputs(model, make_tokens(data, env), hs, batch_size=batch_size)
     if "prior_std" not in out:
         raise ValueError("calibration needs a SpiceModel (a value ensemble)")
     pm = out["prior_mean"].to(torch.float64).numpy()  # (B, P, A)
@@ -120,21 +125,21 @@ def calibration_stats(
 
 def calibration_rows(
     model: TrunkModel,
+    env_cfg: EnvConfig,
     data: Mapping[str, np.ndarray],
     fusion: FusionConfig,
     hs: np.ndarray | None = None,
     levels: Sequence[float] = LEVELS,
     seed: int = 0,
-    env: str = "bandit",
     batch_size: int = 32,
 ) -> pd.DataFrame:
-    """:func:`calibration_stats` as tidy rows (method "SPICE", controller "prior", x = h).
+    """:func:`calibration_stats` as tidy rows (method "SPICE", rule "prior", x = h).
 
     Metrics per task: ``coverage_50`` / ``coverage_90`` / ``coverage_95`` (fraction of arms
     covered), ``n_pri_mean`` / ``n_pri_min`` / ``n_pri_max`` over arms, ``warm_start``,
     ``warm_start_bound``; config holds noise_var and v_min.
     """
-    stats = calibration_stats(model, data, fusion, hs, levels, batch_size)
+    stats = calibration_stats(model, env_cfg, data, fusion, hs, levels, batch_size)
     task_ids = np.asarray(data["task_id"])
     config = json.dumps({"noise_var": fusion.noise_var, "v_min": fusion.v_min}, sort_keys=True,
                         separators=(",", ":"))
@@ -146,6 +151,6 @@ def calibration_rows(
     metrics["n_pri_max"] = stats.n_pri.max(-1)
     metrics["warm_start"] = stats.warm_start
     metrics["warm_start_bound"] = stats.warm_start_bound
-    method = METHOD_LABELS["spice"]
-    return concat_rows(tidy_rows(env, method, "prior", config, seed, task_ids, name, stats.hs,
-                                 values) for name, values in metrics.items())
+    method = METHODS["spice"].label
+    return concat_rows(tidy_rows(env_cfg.name, method, "prior", config, seed, task_ids, name,
+                                 stats.hs, values) for name, values in metrics.items())

@@ -3,9 +3,17 @@
 Plain tensor functions: no Ray, no I/O, no model.
 """
 
+from spice_ray.fusion.evidence import (
+    STATS_DTYPE,
+    context_evidence,
+    fused_posterior,
+    needs_bootstrap,
+    needs_nstep,
+)
 from spice_ray.fusion.kernels import (
     KERNELS,
     cosine_weights,
+    exact_weights,
     kernel_weights,
     rbf_weights,
     uniform_weights,
@@ -33,6 +41,11 @@ from spice_ray.fusion.posterior import (
 )
 
 __all__ = [
+    "STATS_DTYPE",
+    "context_evidence",
+    "fused_posterior",
+    "needs_bootstrap",
+    "needs_nstep",
     "BOOTSTRAPS",
     "bootstrap_values",
     "KERNELS",
@@ -43,6 +56,7 @@ __all__ = [
     "argmax_lowest",
     "beta_at",
     "cosine_weights",
+    "exact_weights",
     "gaussian_posterior",
     "greedy_action",
     "kernel_weights",

@@ -17,8 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-KernelName = Literal["uniform", "rbf", "cosine"]
-KERNELS: tuple[str, ...] = ("uniform", "rbf", "cosine")
+KernelName = Literal["uniform", "rbf", "cosine", "exact"]
 
 _COSINE_EPS = 1e-8
 
@@ -100,6 +99,32 @@ def cosine_weights(query: Tensor, context: Tensor, mask: Tensor | None = None) -
     return _apply_mask(weights, mask)
 
 
+def exact_weights(query: Tensor, context: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Exact-match kernel: w_t = 1 when h_t equals the query exactly, else 0 (tabular
+    counting over discrete states: the count-based explorer's kernel).
+
+    Args:
+        query: [..., D] query feature.
+        context: [..., T, D] context features.
+        mask: optional bool [..., T]; False positions get weight 0.
+
+    Returns:
+        [..., T] weights in {0, 1}.
+    """
+    same = (query.unsqueeze(-2) == context).all(-1)  # (..., T)
+    return _apply_mask(same.to(context.dtype), mask)
+
+
+KERNELS = {
+    "uniform": lambda q, c, tau, mask: uniform_weights(q, c, mask),
+    "rbf": rbf_weights,
+    "cosine": lambda q, c, tau, mask: cosine_weights(q, c, mask),
+    "exact": lambda q, c, tau, mask: exact_weights(q, c, mask),
+}
+"""The kernel registry: name -> weights(query, context, tau, mask). ``FusionConfig.kernel``
+takes its allowed names from here; a new kernel is one function and one entry."""
+
+
 def kernel_weights(
     query: Tensor,
     context: Tensor,
@@ -112,17 +137,15 @@ def kernel_weights(
     Args:
         query: [..., D] query feature.
         context: [..., T, D] context features.
-        kind: "uniform", "rbf" or "cosine".
+        kind: a name in :data:`KERNELS`.
         tau: RBF bandwidth; ignored by the other kernels.
         mask: optional bool [..., T]; False positions get weight 0.
 
     Returns:
         [..., T] weights in [0, 1].
     """
-    if kind == "uniform":
-        return uniform_weights(query, context, mask)
-    if kind == "rbf":
-        return rbf_weights(query, context, tau, mask)
-    if kind == "cosine":
-        return cosine_weights(query, context, mask)
-    raise ValueError(f"kernel={kind!r} is invalid: one of {', '.join(KERNELS)}")
+    try:
+        weights = KERNELS[kind]
+    except KeyError:
+        raise ValueError(f"kernel={kind!r} is invalid: one of {', '.join(KERNELS)}") from None
+    return weights(query, context, tau, mask)

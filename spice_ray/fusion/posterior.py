@@ -10,7 +10,7 @@ action a, with kernel weights w_t in [0, 1]:
     m_post = v_post (mu_pri / v_pri + c_a y~_a / sigma^2)
 
 This module is the project's only implementation of these formulas; the classical baselines
-(``spice_ray.baselines.bandits``) and the learned controllers call it. Everything is pure torch
+(``spice_ray.agents.classical``) and the learned agents call it. Everything is pure torch
 and broadcasts over leading dims, with actions A on the last axis and context T on the last axis
 of per-transition inputs.
 
@@ -379,7 +379,7 @@ def select_action(
     beta: float | Tensor = 1.0,
     generator: RandomSource | None = None,
 ) -> Tensor:
-    """Apply one of the action rules to a posterior (``FusionConfig.controller``).
+    """Apply one of the action rules to a posterior (``FusionConfig.rule``).
 
     Args:
         posterior: Posterior(mean [..., A], var [..., A]).

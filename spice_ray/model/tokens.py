@@ -7,10 +7,10 @@ A sequence is the query token followed by the context transitions (paper sec. 3.
 
 so the trunk output at position t has seen the query and the first t transitions.
 
-State encoding. Bandits have no state: a constant 1-dim zero (S=1). Darkroom states are the raw
-integer (x, y) grid coordinates cast to float (S=2), unscaled, as in the DPT reference; the input
-linear layer learns any scaling it needs, and the shared trunk init keeps the first activations
-small (weights ~ N(0, 0.02), so |embedding| stays O(0.2) for coordinates up to 9).
+State encoding is the environment's (``Environment.encode``): bandits have no state (a constant
+1-dim zero); Darkroom states are the raw integer (x, y) grid coordinates cast to float,
+unscaled, as in the DPT reference (the input linear layer learns any scaling it needs, and the
+trunk's init keeps the first activations small: weights ~ N(0, 0.02)).
 """
 
 from __future__ import annotations
@@ -23,10 +23,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-BANDIT_STATE_DIM = 1
-DARKROOM_STATE_DIM = 2
-DARKROOM_ACTIONS = 5
 
 
 @dataclass(frozen=True)
@@ -88,64 +84,40 @@ def _tensor(x: Any, dtype: torch.dtype, device: torch.device | str | None) -> Te
 
 def make_tokens(
     batch: Mapping[str, Any],
-    env_name: str,
-    num_actions: int,
+    env: Any,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Tokens:
     """Turn a dataset batch (numpy arrays or torch tensors) into :class:`Tokens`.
 
     Args:
-        batch: dataset columns (see ``spice_ray.data.schema``). Bandit: ``actions`` [B, T],
-            ``rewards`` [B, T], ``behaviour_probs`` [B, A], ``label`` [B]. Darkroom: ``states``
-            [B, T+1, 2], ``actions`` [B, T], ``rewards`` [B, T], ``query_state`` [B, 2],
-            ``label`` [B]. Other columns are ignored.
-        env_name: "bandit" or "darkroom".
-        num_actions: A.
+        batch: dataset columns: ``actions`` [B, T], ``rewards`` [B, T], ``label`` [B] and
+            whatever the environment's ``encode`` reads (its states, propensities).
+        env: the environment (an ``Environment``, or an EnvConfig): it says what the query
+            state, the context states and the behaviour propensities are.
         device: target device (default: where the arrays are, CPU for numpy).
         dtype: float dtype of states, rewards and propensities.
 
-    Returns:
-        Tokens with S = 1 (bandit, all-zero states) or S = 2 (darkroom, raw coordinates).
+    Raises:
+        ValueError: a column's shape does not fit the environment (names the column).
     """
+    env = env.environment() if hasattr(env, "environment") else env
     actions = _tensor(batch["actions"], torch.long, device)  # (B, T)
     rewards = _tensor(batch["rewards"], dtype, device)  # (B, T)
     label = _tensor(batch["label"], torch.long, device)  # (B,)
     B, T = actions.shape
     dev = actions.device
-    if env_name == "bandit":
-        probs = _tensor(batch["behaviour_probs"], dtype, device)  # (B, A)
-        if probs.shape != (B, num_actions):
-            raise ValueError(f"behaviour_probs has shape {tuple(probs.shape)}, "
-                             f"expected {(B, num_actions)}")
-        zeros = torch.zeros(B, T, BANDIT_STATE_DIM, dtype=dtype, device=dev)
-        return Tokens(
-            query_state=torch.zeros(B, BANDIT_STATE_DIM, dtype=dtype, device=dev),
-            states=zeros,
-            actions=actions,
-            rewards=rewards,
-            next_states=zeros,
-            label=label,
-            behaviour_probs=probs,
-        )
-    if env_name == "darkroom":
-        if num_actions != DARKROOM_ACTIONS:
-            raise ValueError(f"darkroom has {DARKROOM_ACTIONS} actions, got {num_actions}")
-        states = _tensor(batch["states"], dtype, device)  # (B, T+1, 2)
-        if states.shape != (B, T + 1, DARKROOM_STATE_DIM):
-            raise ValueError(f"states has shape {tuple(states.shape)}, expected "
-                             f"{(B, T + 1, DARKROOM_STATE_DIM)}")
-        return Tokens(
-            query_state=_tensor(batch["query_state"], dtype, device),  # (B, 2)
-            states=states[:, :-1],  # (B, T, 2): s_1..s_T
-            actions=actions,
-            rewards=rewards,
-            next_states=states[:, 1:],  # (B, T, 2): s_2..s_{T+1}
-            label=label,
-            behaviour_probs=torch.full((B, num_actions), 1.0 / num_actions, dtype=dtype,
-                                       device=dev),
-        )
-    raise ValueError(f"env.name={env_name!r} is invalid: one of bandit, darkroom")
+    enc = env.encode(batch)
+    out = {name: _tensor(getattr(enc, name), dtype, dev)
+           for name in ("query_state", "states", "next_states", "behaviour_probs")}
+    S, A = env.state_dim, env.num_actions
+    want = {"query_state": (B, S), "states": (B, T, S), "next_states": (B, T, S),
+            "behaviour_probs": (B, A)}
+    for name, shape in want.items():
+        if tuple(out[name].shape) != shape:
+            raise ValueError(f"{name} of env.name={env.name} has shape "
+                             f"{tuple(out[name].shape)}, expected {shape}")
+    return Tokens(actions=actions, rewards=rewards, label=label, **out)
 
 
 def token_dim(state_dim: int, num_actions: int) -> int:

@@ -313,14 +313,17 @@ class TrunkModel(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, expect_env: Any = None) -> Self:
-        """Rebuild from a checkpoint directory alone (see ``spice_ray.train.checkpoint``).
+        """Rebuild from a checkpoint directory alone (see ``spice_ray.model.checkpoint``).
 
         Args:
             expect_env: an EnvConfig; a checkpoint trained for another A or S is refused.
         """
-        from spice_ray.train.checkpoint import load_model  # checkpoint I/O lives in train/
+        from spice_ray.model.checkpoint import load_state
 
-        return load_model(path, expect_env=expect_env, kind=cls.KIND)  # type: ignore[return-value]
+        meta, state = load_state(path, expect_env=expect_env, kind=cls.KIND)
+        model = cls.from_spec(meta["spec"])
+        model.load_state_dict(state)
+        return model.eval()
 
     def init_cache(
         self,

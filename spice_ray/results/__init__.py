@@ -1,20 +1,13 @@
-"""Result tables: one tidy schema, load/summarise, figures and the report.
+"""Result tables: one tidy schema, load/summarise, query, figures and the report.
 
-``spice_ray.results.load(run_dir, experiment)`` returns a pandas DataFrame of one experiment;
-``python -m spice_ray.results RUN_DIR [EXPERIMENT] --by method --where "metric == 'x'"`` prints
+``spice_ray.results.load(run_dir, table)`` returns a pandas DataFrame of one table;
+``python -m spice_ray.results RUN_DIR [TABLE] --by method --where "metric == 'x'"`` prints
 summaries (mean, SEM, n) without writing Python.
 """
 
-from spice_ray.results.tables import (
-    COLUMNS,
-    EXPERIMENTS,
-    ResultsError,
-    list_experiments,
-    load,
-    summarise,
-    task_means,
-    write,
-)
+from spice_ray.results.schema import COLUMNS
+from spice_ray.results.summary import final_values, summarise, task_means
+from spice_ray.results.tables import ResultsError, describe, list_experiments, load, write
 
-__all__ = ["COLUMNS", "EXPERIMENTS", "ResultsError", "list_experiments", "load", "summarise",
-           "task_means", "write"]
+__all__ = ["COLUMNS", "ResultsError", "describe", "final_values", "list_experiments", "load",
+           "summarise", "task_means", "write"]

@@ -14,14 +14,8 @@ import sys
 import pandas as pd
 
 from spice_ray.results.query import QueryError, filter_rows
-from spice_ray.results.tables import (
-    EXPERIMENTS,
-    ResultsError,
-    list_experiments,
-    list_sweeps,
-    load,
-    summarise,
-)
+from spice_ray.results.summary import summarise
+from spice_ray.results.tables import ResultsError, describe, list_experiments, list_sweeps, load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             if not names:
                 raise ResultsError(f"no result tables under {args.run_dir}")
             for name in names:
-                print(f"{name:22s} {EXPERIMENTS.get(name, '')}")
+                print(f"{name:22s} {describe(args.run_dir, name)}")
             return 0
         df = load(args.run_dir, args.experiment)
         if args.where:

@@ -17,9 +17,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from spice_ray.results.tables import summarise  # noqa: E402
+from spice_ray.results.summary import summarise  # noqa: E402
 
-METHOD_ORDER = ("SPICE", "DPT", "DPT/AD-BC", "AD-BC", "UCB", "TS", "Emp", "LCB", "PPO")
+METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "Count-UCB", "DPT", "AD-BC", "UCB", "TS", "Emp",
+                "LCB", "Random", "PPO")
 
 
 def _config_label(config: str) -> str:
@@ -32,7 +33,7 @@ def _config_label(config: str) -> str:
 
 
 def curve_labels(summary: pd.DataFrame) -> pd.Series:
-    """A readable label per (method, variant, controller, config) curve."""
+    """A readable label per (method, variant, rule, config) curve."""
     parts = summary["method"].astype(str)
     if "variant" in summary and (summary["variant"] != "").any():
         parts = parts + summary["variant"].map(lambda v: f" [{v}]" if v else "")
@@ -49,7 +50,7 @@ def _order(label: str) -> tuple[int, str]:
 
 def _curves(ax, df: pd.DataFrame, metric: str, logx: bool = False) -> None:
     sub = df[df["metric"] == metric]
-    summ = summarise(sub, ["method", "variant", "controller", "config", "x"])
+    summ = summarise(sub, ["method", "variant", "rule", "config", "x"])
     summ["label"] = curve_labels(summ)
     for label in sorted(summ["label"].unique(), key=_order):
         s = summ[summ["label"] == label].sort_values("x")
@@ -100,7 +101,7 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Final regret vs test-time sigma, one bar group per sigma (log y: DPT is far larger)."""
     sub = df[df["metric"] == "final_regret"].copy()
     sub["sigma"] = sub["config"].map(lambda c: json.loads(c).get("sigma", np.nan))
-    summ = summarise(sub, ["method", "controller", "sigma"])
+    summ = summarise(sub, ["method", "rule", "sigma"])
     methods = sorted(summ["method"].unique(), key=lambda m: _order(m))
     sigmas = sorted(summ["sigma"].unique())
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -117,8 +118,8 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
-def plot_darkroom(df: pd.DataFrame, path: Path, title: str) -> Path:
-    """Darkroom online cumulative return (left) and cumulative regret (right)."""
+def plot_online_return(df: pd.DataFrame, path: Path, title: str) -> Path:
+    """Online cumulative return (left) and cumulative regret (right)."""
     fig, (ret, reg) = plt.subplots(1, 2, figsize=(10, 4))
     _curves(ret, df, "cumulative_return")
     ret.set(xlabel="step t", ylabel="cumulative return", title=f"{title}: return")
@@ -163,3 +164,14 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
     npri.grid(alpha=0.3)
     cov.grid(alpha=0.3)
     return _save(fig, path)
+
+
+PLOTS = {
+    "offline": plot_offline,
+    "online": plot_online,
+    "robustness": plot_robustness,
+    "online_return": plot_online_return,
+    "weights": plot_weights,
+    "calibration": plot_calibration,
+}
+"""Plot kinds by name (``Table.figure`` of ``spice_ray.experiments``)."""

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from spice_ray.results.tables import EXPERIMENTS, list_experiments, load, summarise
+from spice_ray.results.summary import summarise
+from spice_ray.results.tables import describe, list_experiments, load
 
 
 def _fmt(mean: float, sem: float) -> str:
@@ -27,10 +28,10 @@ def _label(row: pd.Series) -> str:
 
 
 def final_regret_table(df: pd.DataFrame, metric: str = "cumulative_regret") -> pd.DataFrame:
-    """Mean +- SEM of the last step's value per method/controller/config/variant."""
+    """Mean +- SEM of the last step's value per method/rule/config/variant."""
     sub = df[df["metric"] == metric]
     last = sub[sub["x"] == sub["x"].max()]
-    summ = summarise(last, ["method", "variant", "controller", "config"])
+    summ = summarise(last, ["method", "variant", "rule", "config"])
     summ["label"] = summ.apply(_label, axis=1)
     return summ.sort_values("mean")
 
@@ -42,7 +43,7 @@ def offline_table(df: pd.DataFrame, hs: tuple[int, ...]) -> pd.DataFrame:
     picked = {h: min(measured, key=lambda m, h=h: abs(m - h)) for h in hs}
     rows = []
     summ = summarise(sub[sub["x"].isin(set(picked.values()))],
-                     ["method", "variant", "controller", "config", "x"])
+                     ["method", "variant", "rule", "config", "x"])
     summ["label"] = summ.apply(_label, axis=1)
     for label, g in summ.groupby("label", sort=False):
         row = {"method": label}
@@ -62,8 +63,8 @@ def _md_table(df: pd.DataFrame) -> str:
 
 
 def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: dict[str, str],
-                 notes: list[str] | None = None, horizon_points: tuple[int, ...] = (10, 50, 500)
-                 ) -> Path:
+                 notes: list[str] | None = None, descriptions: dict[str, str] | None = None,
+                 horizon_points: tuple[int, ...] = (10, 50, 500)) -> Path:
     """Write ``<run_dir>/report.md`` and return its path."""
     run_dir = Path(run_dir)
     out = ["# spice-ray study report", ""]
@@ -76,13 +77,14 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
     have = list_experiments(run_dir)
     for exp in have:
         df = load(run_dir, exp)
-        out += [f"## {exp}", "", EXPERIMENTS.get(exp, ""), ""]
+        out += [f"## {exp}", "", (descriptions or {}).get(exp) or describe(run_dir, exp), ""]
         metrics = set(df["metric"].unique())
+        calibration = any(m.startswith("coverage_") for m in metrics)
         if "suboptimality" in metrics:
             out += ["Offline suboptimality (lower is better):", "",
                     _md_table(offline_table(df, horizon_points)), ""]
         for metric in ("cumulative_regret", "cumulative_return", "final_regret"):
-            if metric in metrics and exp != "calibration":
+            if metric in metrics and not calibration:
                 t = final_regret_table(df, metric)
                 if metric == "final_regret":
                     t = t.assign(sigma=t["config"].map(lambda c: json.loads(c).get("sigma")))
@@ -95,7 +97,7 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
                          "final_regret": "Final regret by test-time sigma"}[metric]
                 out += [f"{title}:", "",
                         _md_table(shown.round(4)), ""]
-        if exp == "calibration":
+        if calibration:
             summ = summarise(df, ["metric", "x"])
             wide = summ.pivot(index="x", columns="metric", values="mean").round(3)
             out += ["Calibration by context length h (means over tasks):", "",

@@ -1,24 +1,7 @@
-"""The result-table schema, storage under ``<run_dir>/results/<experiment>.parquet``, and
-summaries (seeds averaged per task first, then mean +- SEM over tasks, the paper's way).
+"""Result tables on disk: ``<run_dir>/results/<table>.parquet``, checked on every read.
 
-Schema: one row per measured value (tidy).
-
-| column     | dtype   | meaning                                                            |
-|------------|---------|--------------------------------------------------------------------|
-| experiment | string  | named experiment (see EXPERIMENTS)                                 |
-| env        | string  | bandit or darkroom                                                 |
-| method     | string  | SPICE, DPT, AD-BC, Emp, UCB, LCB, TS, PPO, ...                     |
-| controller | string  | action rule (ucb, greedy, thompson, sample, ...)                   |
-| config     | string  | compact JSON of the settings that change the result (sigma, beta)  |
-| variant    | string  | model variant (e.g. the weight ablation "iw"), "" for the default   |
-| seed       | int64   | training seed of the checkpoint (baselines: paired with the seed)  |
-| task_id    | int64   | eval task                                                          |
-| metric     | string  | suboptimality, cumulative_regret, cumulative_return, coverage_90...|
-| x          | int64   | context length h (offline) or step t (online); -1 when unused      |
-| value      | float64 | the measurement                                                    |
-
-Each (experiment, env, method, controller, config, variant, seed, task_id, metric, x) key
-appears at most once; :func:`write` refuses duplicates and non-finite values.
+The row schema is ``spice_ray.results.schema``. Every key appears at most once in a table;
+:func:`write` refuses duplicates and non-finite values.
 
 Every table has a SHA-256 sidecar ``<table>.parquet.sha256`` (``spice_ray.artifacts``) that
 also records the hash of the inputs it was computed from. :func:`load` refuses a table whose
@@ -37,26 +20,7 @@ import pyarrow as pa
 
 from spice_ray import artifacts
 from spice_ray.errors import SpiceRayError
-
-COLUMNS = ("experiment", "env", "method", "controller", "config", "variant", "seed", "task_id",
-           "metric", "x", "value")
-KEY = COLUMNS[:-1]
-DTYPES = {"experiment": "string", "env": "string", "method": "string", "controller": "string",
-          "config": "string", "variant": "string", "seed": "int64", "task_id": "int64",
-          "metric": "string", "x": "int64", "value": "float64"}
-
-EXPERIMENTS = {
-    "bandit_offline": "bandit A=5 weak labels: offline suboptimality vs context length h",
-    "bandit_online": "bandit A=5 weak labels: online cumulative regret",
-    "bandit_robustness": "bandit A=5: final online regret vs test-time sigma",
-    "bandit20_offline": "bandit A=20 weakmix80: offline suboptimality vs h",
-    "bandit20_online": "bandit A=20 weakmix80: online cumulative regret",
-    "bandit20_robustness": "bandit A=20 weakmix80: final online regret vs sigma",
-    "darkroom_online": "darkroom weak-last: online cumulative regret and return",
-    "darkroom_weights": "darkroom: SPICE weight ablation (none / iw / adv / epi / all)",
-    "calibration": "bandit A=5: ensemble prior coverage, pseudo-counts, warm-start term",
-}
-
+from spice_ray.results.schema import COLUMNS, DTYPES, KEY
 
 SWEEPS_PREFIX = "sweeps/"
 """Table names starting with this read ``<run_dir>/sweeps/<name>.parquet`` (sweep tables)."""
@@ -110,7 +74,7 @@ def conform(df: pd.DataFrame, experiment: str | None = None) -> pd.DataFrame:
     df = df.copy()
     if experiment is not None:
         df["experiment"] = experiment
-    defaults = {"variant": "", "config": "{}", "controller": "", "x": -1, "seed": -1}
+    defaults = {"variant": "", "config": "{}", "rule": "", "x": -1, "seed": -1}
     for col, default in defaults.items():
         df[col] = df[col].fillna(default) if col in df.columns else default
     missing = [c for c in COLUMNS if c not in df.columns]
@@ -124,13 +88,14 @@ def conform(df: pd.DataFrame, experiment: str | None = None) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def write(run_dir: str | Path, experiment: str, df: pd.DataFrame, inputs: str | None = None
-          ) -> Path:
+def write(run_dir: str | Path, experiment: str, df: pd.DataFrame, inputs: str | None = None,
+          description: str = "") -> Path:
     """Write one experiment's table atomically with its checksum sidecar; returns its path.
 
     Args:
         inputs: hash of what the table was computed from, recorded in the sidecar (see
             :func:`spice_ray.artifacts.is_current`).
+        description: one line saying what the table holds (listed by the results CLI).
 
     Raises:
         ResultsError: duplicated keys or non-finite values.
@@ -138,7 +103,7 @@ def write(run_dir: str | Path, experiment: str, df: pd.DataFrame, inputs: str | 
     path = table_path(run_dir, experiment)
     table = conform(df, experiment)
     check_finite(table, str(path))
-    write_frame(path, table, inputs=inputs)
+    write_frame(path, table, inputs=inputs, description=description)
     return path
 
 
@@ -175,6 +140,12 @@ def _check_run_dir(run_dir: str | Path) -> Path:
     if not run_dir.is_dir():
         raise ResultsError(f"run directory {run_dir} does not exist")
     return run_dir
+
+
+def describe(run_dir: str | Path, name: str) -> str:
+    """The one-line description recorded with a table ("" when none or unreadable)."""
+    record, _ = artifacts.verify(table_path(run_dir, name))
+    return str((record or {}).get("description", ""))
 
 
 def list_experiments(run_dir: str | Path) -> list[str]:
@@ -216,39 +187,3 @@ def load(run_dir: str | Path, experiment: str | None = None) -> pd.DataFrame:
     if experiment and experiment.startswith(SWEEPS_PREFIX):
         return frames[0]
     return pd.concat(frames, ignore_index=True).astype(DTYPES)
-
-
-def _keys(df: pd.DataFrame) -> list[str]:
-    """Key columns of ``df``: the schema's key plus any derived column (e.g. sigma)."""
-    return [c for c in df.columns if c not in ("value", "seed")]
-
-
-def task_means(df: pd.DataFrame) -> pd.DataFrame:
-    """Average over training seeds per task (the paper's first step)."""
-    keys = _keys(df)
-    return df.groupby(keys, dropna=False, observed=True)["value"].mean().reset_index()
-
-
-def summarise(df: pd.DataFrame, by: list[str] | tuple[str, ...] | None = None) -> pd.DataFrame:
-    """Mean, SEM and n over tasks, after averaging seeds per task.
-
-    Args:
-        by: grouping columns (default: every key column except seed and task_id).
-
-    Returns:
-        One row per group with columns ``mean``, ``sem``, ``n`` (tasks) and ``seeds``.
-    """
-    seeds = df.groupby(_keys(df), dropna=False,
-                       observed=True)["seed"].nunique().rename("seeds").reset_index()
-    per_task = task_means(df).merge(seeds, how="left")
-    if by is None:
-        by = [c for c in KEY if c not in ("seed", "task_id")]
-    by = list(by)
-    unknown = [c for c in by if c not in per_task.columns]
-    if unknown:
-        raise ResultsError(f"cannot group by {unknown}; columns are {list(per_task.columns)}")
-    g = per_task.groupby(by, dropna=False, observed=True)
-    out = g["value"].agg(mean="mean", std="std", n="count").reset_index()
-    out["sem"] = out["std"] / np.sqrt(out["n"].clip(lower=1))
-    out["seeds"] = g["seeds"].max().to_numpy()
-    return out.drop(columns="std")[[*by, "mean", "sem", "n", "seeds"]]

@@ -27,9 +27,10 @@ from torch import Tensor, nn
 from spice_ray.config import RunConfig, config_hash, from_dict
 from spice_ray.data import store
 from spice_ray.errors import SpiceRayError
+from spice_ray.model import checkpoint as ckpt
+from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
-from spice_ray.train import checkpoint as ckpt
 from spice_ray.train.losses import dpt_loss, spice_loss
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ def unwrap(model: nn.Module) -> TrunkModel:
 def compute_loss(model: nn.Module, batch: dict[str, Any], job_kind: str, cfg: RunConfig,
                  device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one batch and return (loss, detached components)."""
-    tokens = make_tokens(batch, cfg.env.name, cfg.env.num_actions, device=device)
+    tokens = make_tokens(batch, cfg.env, device=device)
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
                         enabled=device.type == "cuda"):
         out = model(tokens)
@@ -162,7 +163,7 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1
     cfg = job.cfg
     tc = cfg.train
     torch_seed = int(np.random.SeedSequence([job.seed, 7]).generate_state(1)[0])
-    model: nn.Module = ckpt.build_model(job.kind, cfg,
+    model: nn.Module = build_model(job.kind, cfg,
                                         generator=torch.Generator().manual_seed(torch_seed))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from spice_ray.cluster import TRAINER, declared_labels, placement_resources
 from spice_ray.config import RunConfig
 from spice_ray.data import store
+from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.tokens import make_tokens
-from spice_ray.train import checkpoint as ckpt
+from spice_ray.placement import TRAINER, declared_labels, placement_resources
 from spice_ray.train.loop import (
     LocalContext,
     TrainingDiverged,
@@ -118,7 +118,7 @@ def probe_outputs(model: nn.Module, job: TrainJob, num_tasks: int = 4) -> list[f
     fingerprint to compare an in-memory model with its reloaded checkpoint."""
     cfg = job.cfg
     batch = store.load_split(job.dataset_dir, "validation", limit=num_tasks)
-    tokens = make_tokens(batch, cfg.env.name, cfg.env.num_actions)
+    tokens = make_tokens(batch, cfg.env)
     model = model.cpu().float().eval()
     with torch.no_grad():
         out = model(tokens)

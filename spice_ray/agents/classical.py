@@ -1,4 +1,7 @@
-"""Classical bandit baselines (PROTOCOL.md, paper app. "Bandit Algorithms"), vectorised over tasks.
+"""Classical agents: the bandit baselines, a uniform-random agent and the oracle.
+
+Bandit baselines (paper app. "Bandit Algorithms"), vectorised over tasks, for stateless
+environments:
 
     Emp  argmax of empirical means; offline over arms seen at least once, online one pull per
          arm first.
@@ -11,29 +14,22 @@
 They are built on the fusion module's counting (:class:`RunningStats`,
 :func:`weighted_action_stats`) and its Normal-Normal posterior (:func:`gaussian_posterior`), so
 each formula exists once in the project. Statistics are float64 torch tensors [B, A] on the CPU.
-
 Tie-breaking everywhere: the lowest arm index. "Unpulled arms first" therefore means
 round-robin over the unpulled arms in index order. If no arm has been seen, Emp and LCB pick
 arm 0 offline.
-
-A controller follows the small protocol :class:`BanditController` (``reset`` / ``act`` /
-``observe``), shared with the learned controllers; :func:`run_online_bandit` drives any of them
-with common random numbers.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from spice_ray.config import EvalConfig
-from spice_ray.envs import bandit
-from spice_ray.fusion.posterior import (
-    ActionRule,
-    BetaSchedule,
+from spice_ray.fusion import (
+    STATS_DTYPE,
     Posterior,
     RandomSource,
     RunningStats,
@@ -44,42 +40,7 @@ from spice_ray.fusion.posterior import (
     select_action,
     weighted_action_stats,
 )
-
-STATS_DTYPE = torch.float64
-ONLINE_BASELINES = ("emp", "ucb", "ts")
-OFFLINE_BASELINES = ("emp", "lcb", "ts")
-
-
-@runtime_checkable
-class BanditController(Protocol):
-    """An online controller acting in B tasks at once."""
-
-    name: str
-
-    def reset(
-        self, num_tasks: int, num_actions: int, generator: RandomSource | None = None
-    ) -> None:
-        """Start B = ``num_tasks`` fresh runs with an empty context."""
-        ...
-
-    def act(self, t: int) -> Tensor:
-        """Actions for step t (0-based; t transitions observed so far), long [B]."""
-        ...
-
-    def observe(self, actions: Tensor, rewards: Tensor) -> None:
-        """Add one transition per task: actions long [B], rewards float [B]. O(A) work."""
-        ...
-
-
-@runtime_checkable
-class OfflinePicker(Protocol):
-    """Picks one arm per task from a fixed context."""
-
-    name: str
-
-    def offline_pick(self, actions: Tensor, rewards: Tensor, num_actions: int) -> Tensor:
-        """One arm per task from contexts actions long [B, h], rewards [B, h] -> long [B]."""
-        ...
+from spice_ray.fusion.posterior import ActionRule, BetaSchedule
 
 
 def _unpulled_first(counts: Tensor, scores: Tensor) -> Tensor:
@@ -118,17 +79,18 @@ class CountingBandit:
         return self._stats
 
     def reset(
-        self, num_tasks: int, num_actions: int, generator: RandomSource | None = None
+        self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
     ) -> None:
         """Empty statistics for ``num_tasks`` tasks and ``num_actions`` arms."""
         self._stats = RunningStats.zeros(num_tasks, num_actions, dtype=STATS_DTYPE)
-        self._generator = generator
+        self._generator = draws
 
-    def observe(self, actions: Tensor, rewards: Tensor) -> None:
-        """In-place O(A) update with one pull per task."""
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor | None = None,
+                next_states: Tensor | None = None) -> None:
+        """In-place O(A) update with one pull per task (states are ignored: one state)."""
         self.stats.update(actions.cpu(), rewards.cpu())
 
-    def act(self, t: int) -> Tensor:
+    def act(self, t: int, states: Tensor | None = None) -> Tensor:
         """Actions long [B] from the running statistics."""
         return self._online(self.stats.counts, self.stats.mean, t)
 
@@ -209,7 +171,7 @@ class LCB(_ConfidenceBound):
 class PosteriorBandit(CountingBandit):
     """A fixed Gaussian prior per arm fused with the running counts by the fusion posterior.
 
-    This is SPICE's controller with a constant prior instead of the learned ensemble: online it
+    This is SPICE's action rule with a constant prior instead of the learned ensemble: online it
     applies ``rule`` to N(m_post, v_post); offline it is greedy on m_post. Thompson sampling is
     the special case ``rule="thompson"`` with the prior N(1/2, 1/12); a huge ``prior_var`` with
     ``rule="ucb"`` and beta = c / sigma reproduces UCB (v_post -> sigma^2 / n).
@@ -298,66 +260,49 @@ def make_baseline(name: str, cfg: EvalConfig, sigma: float) -> CountingBandit:
     raise ValueError(f"baseline={name!r} is invalid: one of emp, ucb, lcb, ts")
 
 
-# ---- running and scoring -----------------------------------------------------------------
 
 
-def _as_numpy(x: np.ndarray | Tensor, dtype: type) -> np.ndarray:
-    if isinstance(x, Tensor):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=dtype)
+class RandomAgent:
+    """Uniform over the actions, from the per-task draws (a reference row)."""
+
+    name = "random"
+
+    def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
+              ) -> None:
+        if draws is None:
+            raise ValueError("the random agent needs a torch.Generator or StepDraws in reset()")
+        self._draws = draws
+        self._probs = torch.full((num_tasks, num_actions), 1.0 / num_actions,
+                                 dtype=STATS_DTYPE)
+
+    def act(self, t: int, states: Tensor | None = None) -> Tensor:
+        from spice_ray.fusion import sample_categorical
+
+        return sample_categorical(self._probs, self._draws)
+
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor | None = None,
+                next_states: Tensor | None = None) -> None:
+        """Ignores the transition."""
 
 
-def run_online_bandit(
-    controller: BanditController,
-    means: np.ndarray | Tensor,
-    sigma: float,
-    noise: np.ndarray | Tensor,
-    generator: RandomSource | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Run a controller for H steps from an empty context in B bandit tasks.
+class OracleAgent:
+    """Plays the environment's optimal action (zero regret by construction)."""
 
-    Rewards come from :func:`spice_ray.envs.bandit.step`: r = mu_a + sigma * noise[b, t]. Pass
-    the same ``noise`` to every controller (common random numbers).
+    name = "optimal"
 
-    Args:
-        controller: anything following :class:`BanditController`.
-        means: [B, A] arm means.
-        sigma: reward noise std (>= 0).
-        noise: [B, H] standard normals; H is the horizon.
-        generator: handed to ``controller.reset`` (needed by TS / sampling controllers).
+    def __init__(self, env: Any, tasks: Any) -> None:
+        self.env = env
+        self.tasks = tasks
 
-    Returns:
-        (actions long [B, H], rewards float64 [B, H]), CPU tensors.
-    """
-    tasks = bandit.BanditTasks(_as_numpy(means, np.float64), float(sigma))
-    noise_np = _as_numpy(noise, np.float64)
-    num_tasks, horizon = noise_np.shape
-    if num_tasks != tasks.num_tasks:
-        raise ValueError(f"noise has {num_tasks} rows but means has {tasks.num_tasks} tasks")
-    controller.reset(num_tasks, tasks.num_arms, generator)
-    actions = np.empty((num_tasks, horizon), dtype=np.int64)
-    rewards = np.empty((num_tasks, horizon), dtype=np.float64)
-    for t in range(horizon):
-        a = controller.act(t)  # (B,)
-        actions[:, t] = a.detach().cpu().numpy()
-        rewards[:, t] = bandit.step(tasks, actions[:, t], noise_np[:, t])
-        controller.observe(a, torch.from_numpy(rewards[:, t]).to(a.device))
-    return torch.from_numpy(actions), torch.from_numpy(rewards)
+    def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
+              ) -> None:
+        """Nothing to reset."""
 
+    def act(self, t: int, states: Tensor) -> Tensor:
+        return torch.from_numpy(np.asarray(self.env.optimal_action(self.tasks,
+                                                                   states.cpu().numpy()),
+                                           dtype=np.int64))
 
-def instant_regret(means: np.ndarray | Tensor, actions: np.ndarray | Tensor) -> np.ndarray:
-    """Per-step pseudo-regret mu* - mu_{a_t}: means [B, A], actions [B, H] -> float64 [B, H]."""
-    tasks = bandit.BanditTasks(_as_numpy(means, np.float64), 0.0)
-    acts = _as_numpy(actions, np.int64)
-    best = tasks.means.max(axis=1, keepdims=True)  # (B, 1)
-    return best - bandit.expected_reward(tasks, acts)
-
-
-def cumulative_regret(means: np.ndarray | Tensor, actions: np.ndarray | Tensor) -> np.ndarray:
-    """Cumulative pseudo-regret sum_{s <= t} (mu* - mu_{a_s}), float64 [B, H]."""
-    return np.cumsum(instant_regret(means, actions), axis=1)
-
-
-def offline_suboptimality(means: np.ndarray | Tensor, picks: np.ndarray | Tensor) -> np.ndarray:
-    """mu* - mu_{a_hat} of one pick per task: means [B, A], picks [B] -> float64 [B]."""
-    return instant_regret(means, _as_numpy(picks, np.int64)[:, None])[:, 0]
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor | None = None,
+                next_states: Tensor | None = None) -> None:
+        """Ignores the transition."""

@@ -1,4 +1,8 @@
-"""Checkpoints: a directory that rebuilds a model with nothing else.
+"""The checkpoint format: a directory that rebuilds a model with nothing else.
+
+This module reads and writes the files; it imports no model class (the registry in
+``spice_ray.model.registry`` turns a checkpoint into a model), so models can load themselves
+(``TrunkModel.from_checkpoint``) without an import cycle.
 
 Layout::
 
@@ -26,32 +30,19 @@ import torch
 from spice_ray.artifacts import file_sha256
 from spice_ray.config import EnvConfig, RunConfig
 from spice_ray.errors import SpiceRayError
-from spice_ray.model.dpt import DptModel
-from spice_ray.model.spice import SpiceModel
-from spice_ray.model.trunk import TrunkModel
 
 META = "meta.json"
 WEIGHTS = "weights.pt"
 OPTIMIZER = "optimizer.pt"
-MODEL_KINDS: dict[str, type[TrunkModel]] = {"spice": SpiceModel, "dpt": DptModel}
 
 
 class CheckpointError(SpiceRayError, RuntimeError):
     """A checkpoint is missing, corrupted, or does not fit the environment."""
 
 
-def build_model(kind: str, cfg: RunConfig, generator: torch.Generator | None = None
-                ) -> TrunkModel:
-    """A freshly initialised SPICE or DPT model for ``cfg``'s environment."""
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"model kind {kind!r} is invalid: one of {sorted(MODEL_KINDS)}")
-    return MODEL_KINDS[kind](cfg.model, cfg.env.num_actions, cfg.env.state_dim,
-                             cfg.env.horizon + 1, generator=generator)
-
-
 def save_checkpoint(
     directory: str | Path,
-    model: TrunkModel,
+    model: Any,
     cfg: RunConfig,
     dataset_hash: str,
     epoch: int,
@@ -59,7 +50,11 @@ def save_checkpoint(
     optimizer_state: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint directory atomically (temp dir + rename) and return its path."""
+    """Write a checkpoint directory atomically (temp dir + rename) and return its path.
+
+    Args:
+        model: any module with ``KIND``, ``spec()`` and ``state_dict()`` (a TrunkModel).
+    """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
@@ -140,9 +135,9 @@ def check_env(meta: dict[str, Any], env: EnvConfig, where: str) -> None:
                               f"transitions, env.horizon={env.horizon} is longer")
 
 
-def load_model(directory: str | Path, expect_env: EnvConfig | None = None,
-               kind: str | None = None) -> TrunkModel:
-    """Rebuild a model from a checkpoint directory (weights verified, weights_only load).
+def load_state(directory: str | Path, expect_env: EnvConfig | None = None,
+               kind: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(meta, verified weights) of a checkpoint, refusing the wrong environment or kind.
 
     Args:
         expect_env: refuse the checkpoint if its A or S does not match this environment.
@@ -155,12 +150,7 @@ def load_model(directory: str | Path, expect_env: EnvConfig | None = None,
                               f"not {kind!r}")
     if expect_env is not None:
         check_env(meta, expect_env, str(directory))
-    cls = MODEL_KINDS[meta["kind"]]
-    model = cls.from_spec(meta["spec"])
-    state = _load_file(directory, WEIGHTS, meta)
-    model.load_state_dict(state)
-    model.eval()
-    return model
+    return meta, _load_file(directory, WEIGHTS, meta)
 
 
 def load_training_state(directory: str | Path) -> tuple[dict[str, Any], dict[str, Any],

@@ -1,13 +1,13 @@
-"""Single-task PPO on Darkroom: the paper's online-only sample-efficiency reference.
+"""Single-task PPO: the paper's online-only sample-efficiency reference (any environment).
 
 The paper (appendix "Proximal Policy Optimisation (PPO)") trains PPO from scratch on each test
 task, with no pretraining, and "hyperparameters follow common practice (SB3 defaults in our
 code)". Here each eval task gets its own stable-baselines3 ``PPO("MlpPolicy", ...)`` on a
-:class:`spice_ray.envs.gym.DarkroomEnv` of that task, trained for a budget of ``episodes``
+:class:`spice_ray.envs.gym.TaskEnv` of that task, trained for a budget of ``episodes``
 episodes of H = ``EvalConfig.online_horizon`` steps (``total_timesteps = episodes * H``). Every
-episode starts at the task's start state (PROTOCOL.md), so the rewards PPO collects *while
-training* are the online protocol's rewards: episode k's per-step regret is r*_t - r_t with
-r*_t from :func:`spice_ray.envs.darkroom.optimal_rewards`.
+episode starts at the task's start state, as in the online protocol, so the rewards PPO
+collects *while training* are the online protocol's rewards, and episode k's regret is the
+environment's (``Environment.regret``) of what PPO did in that episode.
 
 **SB3 defaults and small budgets.** SB3's PPO updates the policy once per rollout of
 ``n_steps`` steps (default 2048). In a few-episode budget (episodes * H < 2048, e.g. 20
@@ -35,16 +35,15 @@ import pandas as pd
 import torch
 
 from spice_ray.config import EnvConfig, EvalConfig
-from spice_ray.envs import darkroom
-from spice_ray.envs.gym import DarkroomEnv
-from spice_ray.evaluate.rollout import concat_rows, darkroom_tasks, tidy_rows
+from spice_ray.envs.gym import TaskEnv
+from spice_ray.evaluate.rows import concat_rows, tidy_rows
 
 log = logging.getLogger(__name__)
 
 METHOD = "PPO"
 """The ``method`` label of PPO rows (as in ``spice_ray.results``)."""
-CONTROLLER = "ppo"
-"""The ``controller`` of PPO rows."""
+RULE = "ppo"
+"""The ``rule`` of PPO rows."""
 SB3_DEFAULT_N_STEPS = 2048
 """SB3 PPO's default rollout length: no policy update before this many steps."""
 RESERVED_KWARGS = ("policy", "env", "seed", "device")
@@ -86,22 +85,21 @@ def ppo_config_json(episode: int, episodes: int, horizon: int,
                       sort_keys=True, separators=(",", ":"), default=_json_default)
 
 
-def train_ppo_darkroom(
-    goal: tuple[int, int],
-    start: tuple[int, int],
-    size: int,
+def train_ppo(
+    env: Any,
+    tasks: Any,
+    index: int,
     horizon: int,
     episodes: int,
     seed: int,
     ppo_kwargs: Mapping[str, Any] | None = None,
-) -> np.ndarray:
-    """Train a fresh SB3 PPO on one Darkroom task and return every training step's reward.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Train a fresh SB3 PPO on task ``index`` of ``tasks`` and return what it did.
 
     Args:
-        goal, start: the task's cells (x, y).
-        size: grid side length.
+        env: the environment (``spice_ray.envs.Environment``); ``tasks``: a batch of its tasks.
         horizon: steps per episode H (the env truncates after H steps and SB3 resets it to
-            ``start``).
+            the task's start).
         episodes: budget E; training stops after exactly E * H environment steps.
         seed: PPO's ``seed`` (python, numpy, torch and the env's seeds). The global python /
             numpy / torch RNG states that SB3 reseeds are restored afterwards.
@@ -109,7 +107,8 @@ def train_ppo_darkroom(
             ``env``, ``seed`` or ``device``.
 
     Returns:
-        float64 [E * H] rewards in step order; episode k (0-based) is ``[k*H:(k+1)*H]``.
+        (states [E*H, S], actions int64 [E*H], rewards float64 [E*H]) in step order; episode k
+        (0-based) is ``[k*H:(k+1)*H]``.
     """
     PPO, BaseCallback = _import_ppo()
     kwargs = dict(ppo_kwargs or {})
@@ -120,36 +119,37 @@ def train_ppo_darkroom(
         raise ValueError(f"episodes={episodes} and horizon={horizon} must be >= 1")
     budget = episodes * horizon
 
-    class _RecordRewards(BaseCallback):
-        """Records each env step's reward and stops collection at the budget."""
+    class _Record(BaseCallback):
+        """Records each env step (state, action, reward) and stops at the budget."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.rewards: list[float] = []
+            self.steps: list[tuple[np.ndarray, int, float]] = []
 
         def _on_step(self) -> bool:
-            self.rewards.append(float(self.locals["rewards"][0]))  # one env: index 0
+            info = self.locals["infos"][0]  # one env: index 0
+            self.steps.append((info["state"], info["action"], float(self.locals["rewards"][0])))
             return self.num_timesteps < budget
 
     # SB3 reseeds the global python / legacy numpy / torch generators: put them back after.
     saved = random.getstate(), np.random.get_state(), torch.get_rng_state()  # noqa: NPY002
     try:
-        env = DarkroomEnv(tuple(int(v) for v in goal), tuple(int(v) for v in start), size,
-                          horizon)
-        model = PPO("MlpPolicy", env, seed=seed, device="cpu", **kwargs)
-        recorder = _RecordRewards()
+        model = PPO("MlpPolicy", TaskEnv(env, tasks, index, horizon), seed=seed, device="cpu",
+                    **kwargs)
+        recorder = _Record()
         model.learn(total_timesteps=budget, callback=recorder)
     finally:
         random.setstate(saved[0])
         np.random.set_state(saved[1])  # noqa: NPY002
         torch.set_rng_state(saved[2])
-    rewards = np.asarray(recorder.rewards, dtype=np.float64)
-    if rewards.shape != (budget,):
-        raise RuntimeError(f"PPO took {rewards.size} steps, expected the budget {budget}")
-    return rewards
+    if len(recorder.steps) != budget:
+        raise RuntimeError(f"PPO took {len(recorder.steps)} steps, expected the budget {budget}")
+    states, actions, rewards = zip(*recorder.steps, strict=True)
+    return (np.asarray(states, dtype=np.float64), np.asarray(actions, dtype=np.int64),
+            np.asarray(rewards, dtype=np.float64))
 
 
-def ppo_darkroom_rows(
+def ppo_rows(
     data: Mapping[str, np.ndarray],
     env_cfg: EnvConfig,
     eval_cfg: EvalConfig,
@@ -157,39 +157,32 @@ def ppo_darkroom_rows(
     seed: int = 0,
     ppo_kwargs: dict | None = None,
 ) -> pd.DataFrame:
-    """PPO from scratch on each eval task: regret and return of its first and last episode.
+    """PPO from scratch on each eval task: regret (and return) of its first and last episode.
 
-    For each task (a plain loop: a single-task reference), :func:`train_ppo_darkroom` trains
-    for ``episodes`` episodes of H = ``eval_cfg.online_horizon`` steps with seed
-    ``SeedSequence([seed, task_id])``. The rewards PPO collects in its first and its last
-    training episode give the rows, as :func:`spice_ray.evaluate.rollout.darkroom_online_rows`
-    does for one episode: metrics "cumulative_regret" (cumsum of r*_t - r_t, r*_t the optimal
-    policy's reward from the same start) and "cumulative_return", x = step 1..H within the
-    episode, method "PPO", controller "ppo". ``config`` (:func:`ppo_config_json`) names the
-    episode (1 or ``episodes``; one set of rows when ``episodes == 1``), the budget and the
-    PPO kwargs.
+    For each task (a plain loop: a single-task reference), :func:`train_ppo` trains for
+    ``episodes`` episodes of H = ``eval_cfg.online_horizon`` steps with seed
+    ``SeedSequence([seed, task_id])``. What PPO did in its first and its last training episode
+    gives the rows, as the online protocol's do for one episode: "cumulative_regret" (the
+    environment's configured reading) and "cumulative_return", x = step 1..H within the
+    episode, method "PPO", rule "ppo". ``config`` (:func:`ppo_config_json`) names the episode
+    (1 or ``episodes``; one set of rows when ``episodes == 1``), the budget and the kwargs.
 
     SB3 defaults (``ppo_kwargs=None``) update only every 2048 steps, so budgets under 2048
     steps never update the policy (see the module docstring); set e.g. ``{"n_steps": 128}``.
 
     Args:
-        data: eval-split columns: task_id, goal, states (``states[:, 0]`` is the start).
-        env_cfg: the darkroom config (grid_size, name).
+        data: eval-split columns (task_id and the environment's).
+        env_cfg: the environment config.
         eval_cfg: online_horizon (H per episode). ``eval_cfg.episodes`` is not used: the
             budget is ``episodes``.
         episodes: training budget E in episodes (total_timesteps = E * H).
         seed: base seed, also the rows' ``seed`` (pass the paired checkpoint's training seed).
         ppo_kwargs: extra ``PPO(...)`` arguments, e.g. ``{"n_steps": 128, "batch_size": 64}``.
 
-    Returns:
-        Tidy rows (:data:`spice_ray.evaluate.rollout.ROW_COLUMNS`).
-
     Raises:
         ImportError: stable-baselines3 is missing (``pip install -e '.[ppo]'``).
     """
     _import_ppo()  # fail fast, before any work
-    if env_cfg.name != "darkroom":
-        raise ValueError(f"the PPO baseline runs on darkroom, not {env_cfg.name!r}")
     if episodes < 1:
         raise ValueError(f"episodes={episodes} is invalid: >= 1")
     kwargs = dict(ppo_kwargs or {})
@@ -197,21 +190,26 @@ def ppo_darkroom_rows(
     if kwargs.get("n_steps", SB3_DEFAULT_N_STEPS) >= episodes * H:
         log.warning("PPO n_steps=%d >= budget %d steps: the policy is never updated",
                     kwargs.get("n_steps", SB3_DEFAULT_N_STEPS), episodes * H)
+    env = env_cfg.environment()
     task_ids = np.asarray(data["task_id"], dtype=np.int64)
-    tasks = darkroom_tasks(data, env_cfg.grid_size)
-    best = darkroom.optimal_rewards(tasks, H)  # (B, H): the same every episode
-    rewards = np.stack([
-        train_ppo_darkroom(tasks.goals[i], tasks.starts[i], tasks.size, H, episodes,
-                           task_seed(seed, int(tid)), kwargs)
-        for i, tid in enumerate(task_ids)
-    ]) if len(task_ids) else np.empty((0, episodes * H))  # (B, E*H)
+    tasks = env.eval_tasks(data)
+    runs = [train_ppo(env, tasks, i, H, episodes, task_seed(seed, int(tid)), kwargs)
+            for i, tid in enumerate(task_ids)]
     steps = np.arange(1, H + 1)
     frames = []
     for episode in dict.fromkeys((1, episodes)):
-        ep = rewards[:, (episode - 1) * H:episode * H]  # (B, H)
+        ep = slice((episode - 1) * H, episode * H)
+        if runs:
+            states = np.stack([r[0][ep] for r in runs])  # (B, H, S)
+            actions = np.stack([r[1][ep] for r in runs])  # (B, H)
+            rewards = np.stack([r[2][ep] for r in runs])  # (B, H)
+        else:
+            states = np.empty((0, H, env.state_dim))
+            actions, rewards = np.empty((0, H), np.int64), np.empty((0, H))
+        regret = env.regret(tasks, states, actions, rewards, H)
         config = ppo_config_json(episode, episodes, H, kwargs)
-        for metric, values in (("cumulative_regret", np.cumsum(best - ep, axis=1)),
-                               ("cumulative_return", np.cumsum(ep, axis=1))):
-            frames.append(tidy_rows(env_cfg.name, METHOD, CONTROLLER, config, seed, task_ids,
+        for metric, values in (("cumulative_regret", np.cumsum(regret, axis=1)),
+                               ("cumulative_return", np.cumsum(rewards, axis=1))):
+            frames.append(tidy_rows(env_cfg.name, METHOD, RULE, config, seed, task_ids,
                                     metric, steps, values))
     return concat_rows(frames)

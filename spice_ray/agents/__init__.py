@@ -1,0 +1,60 @@
+"""Agents: one protocol (:class:`~spice_ray.agents.base.Agent`) for learned and classical
+agents, the method registry and :func:`make_agent`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spice_ray.agents.base import METHODS, Agent, AgentSpec, Method, OfflinePicker
+from spice_ray.agents.classical import (
+    LCB,
+    UCB,
+    CountingBandit,
+    EmpiricalMean,
+    OracleAgent,
+    PosteriorBandit,
+    RandomAgent,
+    ThompsonSampling,
+    make_baseline,
+)
+from spice_ray.agents.policy import PolicyAgent
+from spice_ray.agents.spice import FlatPrior, SpiceAgent, state_features
+from spice_ray.config import EvalConfig
+from spice_ray.model.trunk import TrunkModel
+
+
+def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel | None = None,
+               eval_cfg: EvalConfig | None = None, sigma: float = 0.3) -> Agent:
+    """Build the agent a spec describes for environment ``env`` (an Environment).
+
+    Args:
+        tasks: the tasks it will act in (the oracle needs them).
+        model: required by methods that read a model (spice, dpt, ad-bc).
+        eval_cfg: baseline constants (UCB/LCB c, TS prior); default EvalConfig().
+        sigma: test-time reward noise std (TS uses sigma^2).
+    """
+    info = spec.info
+    if info.stateless_only and not env.stateless:
+        raise ValueError(f"method {spec.method!r} needs a stateless environment; "
+                         f"{env.name} has states")
+    if info.model is not None:
+        if model is None:
+            raise ValueError(f"method {spec.method!r} needs a model")
+        if info.fused:
+            return SpiceAgent(spec.fusion, model=model, stateless=env.stateless,
+                              use_cache=spec.use_cache, name=spec.method)
+        return PolicyAgent(model, env.stateless, spec.sample, spec.use_cache, spec.method)
+    if info.fused:
+        return SpiceAgent(spec.fusion, prior=FlatPrior(*spec.prior), stateless=env.stateless,
+                          name=spec.method)
+    if spec.method == "random":
+        return RandomAgent()
+    if spec.method == "optimal":
+        return OracleAgent(env, tasks)
+    return make_baseline(spec.method, eval_cfg or EvalConfig(), sigma)
+
+
+__all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "CountingBandit", "EmpiricalMean",
+           "FlatPrior", "Method", "OfflinePicker", "OracleAgent", "PolicyAgent",
+           "PosteriorBandit", "RandomAgent", "SpiceAgent", "ThompsonSampling", "make_agent",
+           "make_baseline", "state_features"]

@@ -1,0 +1,181 @@
+"""One protocol for every agent, learned or classical, and the registry of methods.
+
+An agent acts in B tasks at once::
+
+    reset(num_tasks, num_actions, draws)     start B empty contexts (draws: RandomSource)
+    act(t, states) -> long [B]               t = transitions observed so far; states [B, S]
+    observe(actions, rewards, states, next_states)   append one transition per task
+
+Stateless environments (bandits) pass their constant state like any other, so one online loop
+(:func:`spice_ray.evaluate.online.run_online`) drives every agent in every environment. Agents
+that pick one action from a fixed context also implement :class:`OfflinePicker`.
+
+An :class:`AgentSpec` describes what to evaluate (picklable, shipped to evaluation actors); its
+``method`` names an entry of :data:`METHODS`, which says what the method needs (a model kind,
+a stateless environment) and which protocols it has. ``spice_ray.agents.make_agent`` builds
+the agent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from spice_ray.config import EvalConfig, FusionConfig
+from spice_ray.fusion import RandomSource
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """An online agent acting in B tasks at once."""
+
+    name: str
+
+    def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
+              ) -> None:
+        """Start B = ``num_tasks`` fresh runs with an empty context."""
+        ...
+
+    def act(self, t: int, states: Tensor) -> Tensor:
+        """Actions long [B] for step t (t transitions observed) in ``states`` [B, S]."""
+        ...
+
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
+                ) -> None:
+        """Append one transition per task: actions [B], rewards [B], states [B, S] twice."""
+        ...
+
+
+@runtime_checkable
+class OfflinePicker(Protocol):
+    """Picks one action per task from a fixed context (stateless environments)."""
+
+    name: str
+
+    def offline_pick(self, actions: Tensor, rewards: Tensor, num_actions: int) -> Tensor:
+        """One action per task from contexts actions long [B, h], rewards [B, h] -> long [B]."""
+        ...
+
+
+@dataclass(frozen=True)
+class Method:
+    """What a method is: its label in the results and what it needs."""
+
+    label: str
+    """The ``method`` column of the result rows."""
+    model: str | None = None
+    """The model kind it reads (spice, dpt), or None."""
+    online: bool = True
+    offline: bool = False
+    stateless_only: bool = False
+    """Needs a stateless environment (the classical bandit algorithms)."""
+    fused: bool = False
+    """Acts on the Normal-Normal posterior of ``spice_ray.fusion`` (its settings matter)."""
+
+
+METHODS: dict[str, Method] = {
+    "spice": Method("SPICE", model="spice", offline=True, fused=True),
+    "spice-flat": Method("SPICE (flat prior)", offline=True, fused=True),
+    "count": Method("Count-UCB", fused=True),
+    "dpt": Method("DPT", model="dpt", offline=True),
+    "ad-bc": Method("AD-BC", model="dpt", offline=True),
+    "emp": Method("Emp", offline=True, stateless_only=True),
+    "ucb": Method("UCB", stateless_only=True),
+    "lcb": Method("LCB", online=False, offline=True, stateless_only=True),
+    "ts": Method("TS", offline=True, stateless_only=True),
+    "random": Method("Random"),
+    "optimal": Method("Optimal"),
+}
+"""Every method by name. ``spice-flat`` is SPICE's fusion and action rule with a constant prior
+and no network (the prior ablation); ``count`` is tabular posterior-UCB over exact states with
+that constant prior (a count-based explorer)."""
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What to evaluate: a method and its test-time settings (picklable, shipped to actors)."""
+
+    method: str
+    """A key of :data:`METHODS`."""
+    fusion: FusionConfig = field(default_factory=FusionConfig)
+    """Fused methods: kernel, targets, noise variance, v_min, beta and the action rule."""
+    sample: bool = True
+    """DPT / AD-BC online: sample from the policy (True) or act greedily (False)."""
+    use_cache: bool = True
+    """Model agents in stateless environments: KV-cache decoding (True) or a full forward every
+    step. An execution detail (the actions are the same), so it is not part of the config."""
+    prior: tuple[float, float] = (0.5, 1.0 / 12.0)
+    """spice-flat and count: the constant prior (mean, variance) of every action."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is invalid: one of {', '.join(METHODS)}")
+
+    @classmethod
+    def dpt(cls, eval_cfg: EvalConfig, name: str = "dpt", use_cache: bool = True) -> AgentSpec:
+        """A DPT (or ``name="ad-bc"``) spec acting as ``EvalConfig.dpt_sample`` says."""
+        return cls(name, sample=eval_cfg.dpt_sample, use_cache=use_cache)
+
+    @property
+    def info(self) -> Method:
+        return METHODS[self.method]
+
+    @property
+    def label(self) -> str:
+        """The method's name in the result rows."""
+        return self.info.label
+
+    @property
+    def uses_model(self) -> bool:
+        """True when the agent reads a model (spice, dpt, ad-bc)."""
+        return self.info.model is not None
+
+    def rule(self, online: bool = True) -> str:
+        """The action rule named in the results' ``rule`` column.
+
+        Fused methods online: ``fusion.rule`` (greedy / ucb / thompson), greedy offline (the
+        paper's offline pick); DPT online: sample or greedy; other methods: their own name.
+        """
+        if self.info.fused:
+            return self.fusion.rule if online else "greedy"
+        if self.info.model == "dpt":
+            return "sample" if (online and self.sample) else "greedy"
+        return self.method
+
+    def config_dict(self, eval_cfg: EvalConfig, online: bool = True) -> dict[str, Any]:
+        """The settings that change this agent's results, as plain values.
+
+        Offline, the online-only settings (beta, its schedule) are left out, so specs that
+        differ only there share one offline curve.
+        """
+        if self.info.fused:
+            out = {k: v for k, v in dataclasses.asdict(self.fusion).items() if k != "rule"}
+            if not online:
+                out.pop("beta")
+                out.pop("beta_schedule")
+            if self.info.model is None:
+                out["prior_mean"], out["prior_var"] = self.prior
+            return out
+        if self.method == "ucb":
+            return {"c": eval_cfg.ucb_c}
+        if self.method == "lcb":
+            return {"c": eval_cfg.lcb_c}
+        if self.method == "ts":
+            return {"prior_mean": eval_cfg.ts_prior_mean, "prior_var": eval_cfg.ts_prior_var}
+        return {}
+
+    def config_json(self, eval_cfg: EvalConfig, online: bool = True, **extra: Any) -> str:
+        """:meth:`config_dict` plus ``extra`` (e.g. the test-time sigma) as compact JSON."""
+        return json.dumps({**self.config_dict(eval_cfg, online), **extra}, sort_keys=True,
+                          separators=(",", ":"))
+
+    def applies_to(self, env: Any, online: bool = True) -> bool:
+        """Whether this method has the protocol in environment ``env`` (an Environment)."""
+        info = self.info
+        has = info.online if online else info.offline
+        return has and (env.stateless or not info.stateless_only) and (
+            online or "offline" in env.protocols)

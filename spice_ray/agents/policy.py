@@ -1,0 +1,53 @@
+"""DPT / AD-BC at test time: act from the policy head's logits at the current position."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from spice_ray.agents.runner import ContextRunner
+from spice_ray.fusion import STATS_DTYPE, RandomSource, argmax_lowest, sample_categorical
+from spice_ray.model.trunk import TrunkModel
+
+
+class PolicyAgent:
+    """Sample from softmax(logits) (DPT's bandit protocol) or take the argmax.
+
+    Args:
+        model: a DptModel (or any model whose heads return logits).
+        stateless: the environment has one constant state (KV cache allowed).
+        sample: sample (True) or act greedily.
+        use_cache: stateless environments: KV-cache decoding.
+        name: "dpt" or "ad-bc" (the same agent on a model trained on weak labels).
+    """
+
+    def __init__(self, model: TrunkModel, stateless: bool, sample: bool = True,
+                 use_cache: bool = True, name: str = "dpt") -> None:
+        self.model = model.eval()
+        self.runner = ContextRunner(self.model, stateless, use_cache)
+        self.sample = sample
+        self.name = name
+        self._draws: RandomSource | None = None
+
+    def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
+              ) -> None:
+        if num_actions != self.model.num_actions:
+            raise ValueError(f"num_actions={num_actions} but the model has "
+                             f"{self.model.num_actions} actions")
+        self.runner.reset(num_tasks)
+        self._draws = draws
+
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
+                ) -> None:
+        """Append one transition per task; the model is stepped lazily at the next act()."""
+        self.runner.append(states, actions, rewards, next_states)
+
+    def act(self, t: int, states: Tensor) -> Tensor:
+        """Sampled or greedy actions, long [B] on the CPU."""
+        logits = self.runner.view(states).head.logits.to("cpu", STATS_DTYPE)
+        if not self.sample:
+            return argmax_lowest(logits)
+        if self._draws is None:
+            raise ValueError("a sampling policy agent needs a torch.Generator or StepDraws in "
+                             "reset()")
+        return sample_categorical(torch.softmax(logits, dim=-1), self._draws)  # (B,)

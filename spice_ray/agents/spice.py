@@ -1,0 +1,200 @@
+"""SPICE at test time: a per-action prior fused with kernel-weighted evidence from the context.
+
+The prior is the learned ensemble's N(Q-bar, max(sigma_Q^2, v_min)) at the current position
+(paper sec. 3.3), or, for the prior ablation and the count-based explorer, one constant
+N(mu_0, v_0) for every action (:class:`FlatPrior`: no network at all). Everything else, the
+kernel weights, the n-step targets, the Normal-Normal posterior and the action rule, is the
+same code (``spice_ray.fusion``), so the difference between the rows is the prior alone.
+
+Kernel features (``fusion.kernel_space``): ``state`` compares raw states; ``latent`` the
+trunk's output for a state alone (the query token [s, 0, 0, 0], the paper's reading); and
+``context`` the latents the value heads read, position T for the current state and position
+t-1 (which has seen s_t as the next state of its token) for context state s_t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from spice_ray.agents.runner import ContextRunner, ContextView, _Growing
+from spice_ray.config import FusionConfig
+from spice_ray.fusion import (
+    STATS_DTYPE,
+    Posterior,
+    RandomSource,
+    RunningStats,
+    beta_at,
+    bootstrap_values,
+    context_evidence,
+    fused_posterior,
+    needs_bootstrap,
+    needs_nstep,
+    select_action,
+)
+from spice_ray.model.tokens import query_features
+from spice_ray.model.trunk import TrunkModel
+
+
+@torch.no_grad()
+def state_features(model: TrunkModel, states: Tensor) -> Tensor:
+    """The trunk's latent of a state alone: the output of the query token [s, 0, 0, 0].
+
+    The query position's output is a learned function of the state only (a length-1 sequence,
+    no context). Contexts repeat states (bandits: one; darkroom: at most 100 cells), so the
+    trunk runs on the distinct states only: an online step costs O(#states), not O(B T).
+
+    Args:
+        states: [..., S].
+
+    Returns:
+        [..., D] in the model's dtype.
+    """
+    lead = states.shape[:-1]
+    dtype = model.trunk.embed.weight.dtype
+    flat = states.reshape(-1, states.shape[-1]).to(dtype)  # (N, S)
+    uniq, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (U, S), (N,)
+    x = query_features(uniq, model.num_actions)  # (U, F)
+    h = model.trunk(x[:, None, :])[:, 0]  # (U, D): position 0 of a 1-token sequence
+    return h[inverse].reshape(*lead, h.shape[-1])
+
+
+@dataclass(frozen=True)
+class FlatPrior:
+    """The same prior N(mean, var) for every action and state (no network)."""
+
+    mean: float
+    var: float
+
+
+class _Context:
+    """A model-free growing context: actions, rewards and states of B rollouts."""
+
+    def __init__(self, num_tasks: int, state_dim: int) -> None:
+        self.actions = _Growing(num_tasks, (), torch.long, torch.device("cpu"))
+        self.rewards = _Growing(num_tasks, (), STATS_DTYPE, torch.device("cpu"))
+        self.states = _Growing(num_tasks, (state_dim,), STATS_DTYPE, torch.device("cpu"))
+
+    def view(self) -> ContextView:
+        return ContextView(head=None, actions=self.actions.view(), rewards=self.rewards.view(),
+                           states=self.states.view())
+
+
+class SpiceAgent:
+    """SPICE: the prior at the current step fused with kernel-weighted context evidence.
+
+    Args:
+        fusion: kernel, kernel space, targets, noise_var, v_min, beta (+ schedule), the rule.
+        model: a SpiceModel for the learned prior (anything whose heads return prior_mean,
+            prior_std and latent), or None with ``prior``.
+        prior: a :class:`FlatPrior` instead of the model (kernels on raw states only).
+        stateless: the environment has one constant state (KV cache allowed).
+        use_cache: stateless environments: KV-cache decoding (see ``ContextRunner``).
+        name: the method name.
+    """
+
+    def __init__(self, fusion: FusionConfig, model: TrunkModel | None = None,
+                 prior: FlatPrior | None = None, stateless: bool = False,
+                 use_cache: bool = True, name: str = "spice") -> None:
+        if (model is None) == (prior is None):
+            raise ValueError("SpiceAgent needs either a model or a flat prior")
+        if model is None and fusion.kernel != "uniform" and fusion.kernel_space != "state":
+            raise ValueError(f"fusion.kernel_space={fusion.kernel_space!r} needs a model; a "
+                             "flat prior compares raw states (kernel_space=state)")
+        if model is not None and not hasattr(model, "ensemble"):
+            raise ValueError("SPICE needs a SpiceModel (a value ensemble)")
+        self.fusion = fusion
+        self.model = model
+        self.prior = prior
+        self.name = name
+        self.runner = None if model is None else ContextRunner(
+            model.eval(), stateless, use_cache,
+            keep_latents=fusion.kernel != "uniform" and fusion.kernel_space == "context",
+            keep_prior_means=needs_bootstrap(fusion))
+        # Uniform weights and reward targets never change once observed: keep running sums.
+        self.incremental = fusion.kernel == "uniform" and not needs_nstep(fusion)
+        self._stats: RunningStats | None = None
+        self._context: _Context | None = None
+        self._draws: RandomSource | None = None
+
+    def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
+              ) -> None:
+        if self.model is not None and num_actions != self.model.num_actions:
+            raise ValueError(f"num_actions={num_actions} but the model has "
+                             f"{self.model.num_actions} actions")
+        self.num_actions = num_actions
+        if self.runner is not None:
+            self.runner.reset(num_tasks)
+        self._stats = RunningStats.zeros(num_tasks, num_actions, dtype=STATS_DTYPE)
+        self._context = None
+        self._num_tasks = num_tasks
+        self._draws = draws
+
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
+                ) -> None:
+        if self.runner is not None:
+            self.runner.append(states, actions, rewards, next_states)
+        else:
+            if self._context is None:
+                self._context = _Context(self._num_tasks, states.shape[-1])
+            self._context.actions.append(actions.cpu())
+            self._context.rewards.append(rewards.cpu())
+            self._context.states.append(states.cpu())
+        if self.incremental:
+            assert self._stats is not None
+            self._stats.update(actions.cpu(), rewards.cpu())  # O(A) per task
+
+    def _view(self, states: Tensor) -> ContextView:
+        if self.runner is not None:
+            return self.runner.view(states)
+        if self._context is None:  # nothing observed yet
+            empty = _Context(self._num_tasks, states.shape[-1])
+            return empty.view()
+        return self._context.view()
+
+    def evidence(self, view: ContextView, query_states: Tensor) -> tuple[Tensor, Tensor]:
+        """(counts [B, A], weighted mean [B, A]) from the context of ``view``."""
+        if self.incremental:
+            assert self._stats is not None
+            return self._stats.counts, self._stats.mean
+        f = self.fusion
+        query = context = None
+        if f.kernel != "uniform":
+            context = view.states
+            query = query_states.to(context)
+            if f.kernel_space == "latent":
+                query = state_features(self.model, query)  # (B, D)
+                context = state_features(self.model, context)  # (B, T, D)
+            elif f.kernel_space == "context":
+                assert view.latents is not None
+                query = view.latents[:, -1]  # (B, D): position T, the current state
+                context = view.latents[:, :-1]  # (B, T, D): position t-1 for s_t
+        next_values = None
+        if needs_bootstrap(f):
+            if self.prior is not None:
+                next_values = torch.full(view.rewards.shape, self.prior.mean, dtype=STATS_DTYPE)
+            else:
+                assert view.prior_means is not None
+                next_values = bootstrap_values(view.prior_means, f.bootstrap)  # (B, T)
+        return context_evidence(f, view.actions, view.rewards, self.num_actions, query,
+                                context, next_values)
+
+    def posterior(self, states: Tensor) -> Posterior:
+        """The fused posterior at the current step, (mean [B, A], var [B, A]) on the CPU."""
+        view = self._view(states)
+        counts, mean = self.evidence(view, states)
+        if self.prior is not None:
+            shape = (self._num_tasks, self.num_actions)
+            prior_mean = torch.full(shape, self.prior.mean, dtype=STATS_DTYPE)
+            prior_std = torch.full(shape, self.prior.var ** 0.5, dtype=STATS_DTYPE)
+        else:
+            prior_mean, prior_std = view.head.prior_mean, view.head.prior_std
+        return fused_posterior(self.fusion, prior_mean, prior_std, counts, mean)
+
+    def act(self, t: int, states: Tensor) -> Tensor:
+        """The fusion rule's actions, long [B] on the CPU."""
+        post = self.posterior(states)
+        beta = beta_at(t, self.fusion.beta, self.fusion.beta_schedule)
+        return select_action(post, self.fusion.rule, beta, self._draws)

@@ -1,0 +1,56 @@
+"""Presets: what the smoke, small and paper scales change, per environment.
+
+``paper`` is each environment's defaults (``Environment.defaults``) plus seeds and GPU workers;
+``small`` is the laptop study; ``smoke`` runs in seconds and is what the tests use. An
+environment without an entry here runs at its defaults in that preset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Presets only set what differs from the paper-scale defaults (each environment's own).
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "smoke": {
+        "bandit": {
+            "env": {"horizon": 24},
+            "data": {"num_train_tasks": 96, "num_val_tasks": 16, "num_eval_tasks": 16,
+                     "shard_size": 48, "batch_size": 32},
+            "model": {"n_layer": 2, "n_embd": 16, "ensemble_size": 3, "head_hidden": 16},
+            "train": {"epochs": 2, "batch_size": 16, "lr": 1e-3, "checkpoint_every": 1,
+                      "num_workers": 0},
+            "eval": {"num_tasks": 16, "online_horizon": 24, "offline_points": 20,
+                     "num_actors": 1},
+        },
+        "darkroom": {
+            "env": {"horizon": 20},
+            "data": {"num_train_tasks": 96, "num_val_tasks": 16, "num_eval_tasks": 16,
+                     "shard_size": 48, "batch_size": 32},
+            "model": {"n_layer": 2, "n_embd": 16, "ensemble_size": 3, "head_hidden": 16},
+            "train": {"epochs": 2, "batch_size": 16, "lr": 1e-3, "checkpoint_every": 1,
+                      "num_workers": 0},
+            "eval": {"num_tasks": 16, "online_horizon": 20, "offline_points": 20,
+                     "num_actors": 1},
+        },
+    },
+    "small": {
+        "bandit": {
+            "data": {"num_train_tasks": 2_000, "num_val_tasks": 200, "shard_size": 1_000,
+                     "batch_size": 500},
+            "model": {"n_layer": 3, "n_embd": 32, "head_hidden": 32},
+            "train": {"epochs": 5, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 5},
+        },
+        "darkroom": {
+            "data": {"num_train_tasks": 2_000, "num_val_tasks": 200, "shard_size": 1_000,
+                     "batch_size": 500},
+            "model": {"n_layer": 3, "n_embd": 32, "head_hidden": 32},
+            "train": {"epochs": 5, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 5},
+        },
+    },
+    "paper": {
+        "bandit": {"seeds": [0, 1, 2], "train": {"num_workers": 4, "use_gpu": True}},
+        "darkroom": {"seeds": [0, 1, 2], "train": {"num_workers": 4, "use_gpu": True}},
+    },
+}
+
+

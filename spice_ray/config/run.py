@@ -1,0 +1,237 @@
+"""Test-time sections (fusion, evaluation, sweeps) and the run config that holds every section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from spice_ray import envs
+from spice_ray.config.sections import (
+    ACTION_RULES,
+    KERNEL_SPACES,
+    PRESET_NAMES,
+    DataConfig,
+    EnvConfig,
+    ModelConfig,
+    TrainConfig,
+    _check,
+    _check_finite,
+    _fail,
+    to_plain,
+)
+from spice_ray.envs.labels import parse_label
+from spice_ray.fusion.kernels import KERNELS
+
+
+@dataclass(frozen=True)
+class FusionConfig:
+    """Test-time Bayesian fusion of the ensemble prior with kernel-weighted context evidence."""
+
+    kernel: str = "uniform"
+    """State-similarity kernel w_t in [0, 1], one of ``spice_ray.fusion.kernels.KERNELS``."""
+    kernel_space: Literal["latent", "context", "state"] = "latent"
+    """What the kernel compares: "latent" (the trunk's output for a state alone, the query
+    token [s, 0, 0, 0]), "context" (the latents the value heads read: position T for the
+    current state, position t-1 for context state s_t) or "state" (raw states)."""
+    tau: float = 0.5
+    """RBF bandwidth (> 0)."""
+    noise_var: float = 0.09
+    """Likelihood variance sigma^2 of the targets (>= 0; floored internally to avoid 1/0)."""
+    v_min: float = 1e-2
+    """Floor of the prior variance v_pri = max(sigma_Q^2, v_min) (> 0)."""
+    beta: float = 1.0
+    """Posterior-UCB optimism (>= 0) when beta_schedule is fixed."""
+    beta_schedule: Literal["fixed", "sqrt2logt"] = "fixed"
+    """Fixed beta, or the theory schedule beta_t = sqrt(2 log t)."""
+    rule: Literal["greedy", "ucb", "thompson"] = "ucb"
+    """Online action rule on the posterior: greedy, posterior-UCB or Thompson sampling."""
+    target: Literal["reward", "nstep"] = "reward"
+    """Evidence targets y_t: immediate reward or the n-step bootstrapped return."""
+    td_n: int = 1
+    """n of the n-step targets (>= 1)."""
+    gamma: float = 0.0
+    """Discount of the n-step targets in [0, 1]."""
+    bootstrap: Literal["max", "mean"] = "max"
+    """V(s_{t+n}) in the n-step targets: max_a' Q-bar (the paper) or the mean over actions."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "fusion")
+        _check(self.kernel in KERNELS, "fusion.kernel", self.kernel,
+               f"one of {', '.join(KERNELS)}")
+        _check(self.kernel_space in KERNEL_SPACES, "fusion.kernel_space", self.kernel_space,
+               f"one of {', '.join(KERNEL_SPACES)}")
+        _check(self.tau > 0, "fusion.tau", self.tau, "a float > 0")
+        _check(self.noise_var >= 0, "fusion.noise_var", self.noise_var, "a float >= 0")
+        _check(self.v_min > 0, "fusion.v_min", self.v_min, "a float > 0")
+        _check(self.beta >= 0, "fusion.beta", self.beta, "a float >= 0")
+        _check(self.beta_schedule in ("fixed", "sqrt2logt"), "fusion.beta_schedule",
+               self.beta_schedule, "one of fixed, sqrt2logt")
+        _check(self.rule in ACTION_RULES, "fusion.rule", self.rule,
+               f"one of {', '.join(ACTION_RULES)}")
+        _check(self.target in ("reward", "nstep"), "fusion.target", self.target,
+               "one of reward, nstep")
+        _check(self.td_n >= 1, "fusion.td_n", self.td_n, "an integer >= 1")
+        _check(0.0 <= self.gamma <= 1.0, "fusion.gamma", self.gamma, "a float in [0, 1]")
+        _check(self.bootstrap in ("max", "mean"), "fusion.bootstrap", self.bootstrap,
+               "one of max, mean")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Offline and online evaluation protocol."""
+
+    num_tasks: int = 200
+    """Evaluation tasks taken from the eval split (>= 1, <= data.num_eval_tasks)."""
+    online_horizon: int = 500
+    """Online interaction steps H from an empty context (>= 1)."""
+    offline_points: int = 25
+    """Context lengths h on the offline curve (>= 2, <= env.horizon)."""
+    robustness_sigmas: tuple[float, ...] = (0.0, 0.3, 0.5)
+    """Test-time reward noise levels of the robustness sweep (each >= 0)."""
+    episodes: int = 1
+    """Darkroom episodes per online run, context kept across them (>= 1)."""
+    seed: int = 1234
+    """Seed of the evaluation noise streams (common random numbers across agents)."""
+    num_actors: int = 2
+    """Parallel evaluation actors (>= 1)."""
+    actor_cpus: float = 0.5
+    """CPUs per evaluation actor (> 0)."""
+    actor_gpus: float = 0.0
+    """GPUs per evaluation actor (>= 0; fractional GPUs allowed)."""
+    dpt_sample: bool = True
+    """DPT online: sample from the policy (True) or act greedily (False)."""
+    ucb_c: float = 1.0
+    """UCB bonus scale c in mu_hat + c * sqrt(1/n) (>= 0)."""
+    lcb_c: float = 1.0
+    """LCB penalty scale c in mu_hat - c * sqrt(1/n) (>= 0)."""
+    ts_prior_mean: float = 0.5
+    """Thompson sampling Gaussian prior mean."""
+    ts_prior_var: float = 1.0 / 12.0
+    """Thompson sampling Gaussian prior variance (> 0)."""
+    ppo_episodes: int = 0
+    """Darkroom single-task PPO reference: training budget in episodes per task (0: off;
+    needs the `ppo` extra, stable-baselines3 with its defaults)."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "eval")
+        _check(self.ppo_episodes >= 0, "eval.ppo_episodes", self.ppo_episodes, "an integer >= 0")
+        for name in ("num_tasks", "online_horizon", "episodes", "num_actors"):
+            value = getattr(self, name)
+            _check(value >= 1, f"eval.{name}", value, "an integer >= 1")
+        _check(self.offline_points >= 2, "eval.offline_points", self.offline_points,
+               "an integer >= 2")
+        for s in self.robustness_sigmas:
+            _check(s >= 0, "eval.robustness_sigmas", self.robustness_sigmas, "each >= 0")
+        _check(self.seed >= 0, "eval.seed", self.seed, "an integer >= 0")
+        _check(self.actor_cpus > 0, "eval.actor_cpus", self.actor_cpus, "a float > 0")
+        _check(self.actor_gpus >= 0, "eval.actor_gpus", self.actor_gpus, "a float >= 0")
+        _check(self.ucb_c >= 0, "eval.ucb_c", self.ucb_c, "a float >= 0")
+        _check(self.lcb_c >= 0, "eval.lcb_c", self.lcb_c, "a float >= 0")
+        _check(self.ts_prior_var > 0, "eval.ts_prior_var", self.ts_prior_var, "a float > 0")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Ray Tune sweep settings (the search spaces themselves live in sweeps/*.py)."""
+
+    max_concurrent_trials: int = 0
+    """Trials running at once; 0 derives it from the cluster's CPUs (keeping one CPU for Ray's
+    own tasks), >= 1 fixes it. Keep trials x actors x actor_cpus <= CPUs."""
+    actors_per_trial: int = 2
+    """Evaluation actors each trial dispatches (>= 1)."""
+    actor_cpus: float = 0.5
+    """CPUs per evaluation actor inside a trial's placement group (> 0)."""
+    num_samples: int = 1
+    """Repeats of the grid (>= 1)."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "sweep")
+        for name in ("actors_per_trial", "num_samples"):
+            value = getattr(self, name)
+            _check(value >= 1, f"sweep.{name}", value, "an integer >= 1")
+        _check(self.max_concurrent_trials >= 0, "sweep.max_concurrent_trials",
+               self.max_concurrent_trials, "an integer >= 0 (0: derive from the cluster)")
+        _check(self.actor_cpus > 0, "sweep.actor_cpus", self.actor_cpus, "a float > 0")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One experiment: an environment, its dataset, models, fusion and evaluation."""
+
+    preset: Literal["smoke", "small", "paper"] = "small"
+    """Preset the run was built from."""
+    seeds: tuple[int, ...] = (0,)
+    """Training seeds (paper: 0, 1, 2)."""
+    out_dir: str = "runs/default"
+    """Run directory for datasets, checkpoints, results and figures."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Dataset generation."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model architecture."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Pretraining."""
+    fusion: FusionConfig = field(default_factory=FusionConfig)
+    """Test-time fusion."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation protocol."""
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    """Ray Tune sweeps."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "")
+        _check(self.preset in PRESET_NAMES, "preset", self.preset, f"one of {PRESET_NAMES}")
+        _check(len(self.seeds) >= 1, "seeds", self.seeds, "at least one seed")
+        for s in self.seeds:
+            _check(s >= 0, "seeds", self.seeds, "each seed >= 0")
+        _check(len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds,
+               "each seed once (a repeated seed would train and count the same model twice)")
+        kind, _ = parse_label(self.data.label)
+        supported = envs.env_class(self.env.name).labels
+        if kind not in supported:
+            _fail("data.label", self.data.label,
+                  f"env.name={self.env.name} supports the label rules {', '.join(supported)}")
+        _check(self.eval.num_tasks <= self.data.num_eval_tasks, "eval.num_tasks",
+               self.eval.num_tasks, f"<= data.num_eval_tasks={self.data.num_eval_tasks}")
+        _check(self.eval.offline_points <= self.env.horizon, "eval.offline_points",
+               self.eval.offline_points, f"<= env.horizon={self.env.horizon}")
+
+    # ---- helpers -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (tuples as lists) suitable for YAML and JSON."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = (value.to_dict() if isinstance(value, EnvConfig)
+                           else dataclasses.asdict(value) if dataclasses.is_dataclass(value)
+                           else value)
+        return to_plain(out)
+
+    def environment(self) -> envs.Environment:
+        """The environment object of this run."""
+        return self.env.environment()
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML text."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def write(self, directory: str | Path, name: str = "config.yaml") -> Path:
+        """Write the resolved config beside a stage's outputs and return its path."""
+        path = Path(directory) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_yaml())
+        return path
+
+    def replace(self, **sections: Any) -> RunConfig:
+        """A copy with whole sections or top-level fields replaced (validated again)."""
+        return dataclasses.replace(self, **sections)
+
+
+
+

@@ -1,0 +1,180 @@
+"""The online protocol: every agent in every environment, through one loop.
+
+From an empty context, each task acts H steps per episode (``EvalConfig.episodes`` episodes,
+the context kept across them, each restarting at the task's start state), appending every
+transition to its context. Every agent sees the same randomness: the environment's noise of
+(task, step) is ``TaskStreams.from_seed(eval_seed, "eval", task_ids).normal("online/noise",
+(E*H,))`` (common random numbers, also across the robustness sweep's noise levels), and
+randomised agents (TS, DPT sampling, SPICE-Thompson, random) draw from per-task
+:class:`~spice_ray.rng.StepDraws` keyed by (eval seed, task id, request), so a task's rows do
+not depend on how tasks are sharded over actors.
+
+Metrics per (task, step): ``cumulative_regret`` under the environment's configured regret
+reading, ``cumulative_regret_<reading>`` under each other reading it has, and, in environments
+with states, ``cumulative_return``; with robustness noise levels, ``final_regret`` (x = H).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from spice_ray.agents import Agent, AgentSpec, make_agent
+from spice_ray.config import EnvConfig, EvalConfig
+from spice_ray.evaluate.rows import concat_rows, tidy_rows
+from spice_ray.fusion import RandomSource
+from spice_ray.model.trunk import TrunkModel
+from spice_ray.rng import StepDraws, TaskStreams
+
+log = logging.getLogger(__name__)
+
+NOISE_STREAM = "online/noise"
+"""TaskStreams stream of the online environment noise (common random numbers)."""
+AGENT_STREAM = "online/controller"
+"""StepDraws stream of randomised agents' draws (Thompson noise, policy samples). The key is
+the first release's: changing it would change every randomised agent's draws."""
+
+
+def online_noise(eval_seed: int, task_ids: np.ndarray, steps: int) -> np.ndarray:
+    """Standard-normal noise [B, steps] per (task, step): the common random numbers."""
+    return TaskStreams.from_seed(eval_seed, "eval", np.asarray(task_ids)).normal(
+        NOISE_STREAM, (steps,))
+
+
+def agent_draws(eval_seed: int, task_ids: np.ndarray) -> StepDraws:
+    """Fresh per-task draws for one randomised agent's run over ``task_ids``: every agent gets
+    the same draws, and a task's draws depend on (eval seed, task id, step) only."""
+    return StepDraws(TaskStreams.from_seed(eval_seed, "eval", np.asarray(task_ids)),
+                     AGENT_STREAM)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What an online run did, per task and step (N = episodes * horizon).
+
+    Attributes:
+        states: [B, N, S] the state each action was taken in.
+        actions: int64 [B, N].
+        rewards: float64 [B, N].
+    """
+
+    states: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+
+
+def run_online(agent: Agent, env, tasks, horizon: int, noise: np.ndarray,
+               episodes: int = 1, draws: RandomSource | None = None) -> Rollout:
+    """Act ``episodes`` episodes of ``horizon`` steps in every task, the context kept.
+
+    Args:
+        agent: any :class:`~spice_ray.agents.Agent`.
+        env: the environment (``spice_ray.envs.Environment``).
+        tasks: its tasks (``env.eval_tasks(...)``).
+        horizon: steps per episode.
+        noise: [B, >= episodes * horizon] standard normals (common random numbers).
+        episodes: episodes per run; each restarts at the task's start state.
+        draws: handed to ``agent.reset`` (randomised agents need it).
+    """
+    B, N = tasks.num_tasks, episodes * horizon
+    if noise.shape[0] != B or noise.shape[1] < N:
+        raise ValueError(f"noise has shape {noise.shape}, need ({B}, >= {N})")
+    agent.reset(B, env.num_actions, draws)
+    states_log = np.empty((B, N, env.state_dim), dtype=np.float64)
+    actions = np.empty((B, N), dtype=np.int64)
+    rewards = np.empty((B, N), dtype=np.float64)
+    t = 0
+    for _ in range(episodes):
+        states = env.reset(tasks)  # (B, S)
+        for _ in range(horizon):
+            s = torch.from_numpy(states)
+            a = agent.act(t, s)  # (B,)
+            actions[:, t] = a.detach().cpu().numpy()
+            states_log[:, t] = states
+            nxt, rewards[:, t] = env.step(tasks, states, actions[:, t], noise[:, t])
+            agent.observe(torch.from_numpy(actions[:, t]), torch.from_numpy(rewards[:, t]), s,
+                          torch.from_numpy(nxt))
+            states = nxt
+            t += 1
+    return Rollout(states_log, actions, rewards)
+
+
+def _applicable(specs: Sequence[AgentSpec], env, eval_cfg: EvalConfig, online: bool
+                ) -> list[AgentSpec]:
+    """Specs that have this protocol here, one per (method, rule, config) result key."""
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for spec in specs:
+        if not spec.applies_to(env, online):
+            log.debug("%s has no %s protocol in %s; skipped", spec.method,
+                      "online" if online else "offline", env.name)
+            continue
+        key = (spec.method, spec.rule(online), spec.config_json(eval_cfg, online))
+        if key not in seen:
+            seen.add(key)
+            out.append(spec)
+    return out
+
+
+def online_rows(
+    env_cfg: EnvConfig,
+    eval_cfg: EvalConfig,
+    data: Mapping[str, np.ndarray],
+    specs: Sequence[AgentSpec],
+    model: TrunkModel | None = None,
+    seed: int = 0,
+    curves: bool = True,
+    final_sigmas: Sequence[float] = (),
+) -> pd.DataFrame:
+    """Online rows of every applicable spec (see the module docstring for the metrics).
+
+    Args:
+        env_cfg: the environment config.
+        eval_cfg: online_horizon, episodes, seed (of the noise streams), baseline constants.
+        data: eval-split columns (task_id and whatever the environment's tasks need).
+        specs: agents; those without an online protocol here are skipped.
+        model: the checkpoint the learned specs use.
+        seed: the checkpoint's training seed (the rows' ``seed``).
+        curves: write the per-step curves at the environment's own noise level.
+        final_sigmas: robustness noise levels (environments with that protocol): the final
+            regret at each; a level equal to the environment's own is run once.
+    """
+    env = env_cfg.environment()
+    task_ids = np.asarray(data["task_id"])
+    H, E = eval_cfg.online_horizon, eval_cfg.episodes
+    base = env.eval_tasks(data)
+    noise = online_noise(eval_cfg.seed, task_ids, E * H)  # (B, E*H)
+    steps = np.arange(1, E * H + 1)
+    has_noise = "robustness" in env.protocols
+    own = float(env.params.sigma) if has_noise else None
+    levels = ([own] if curves else []) + [float(s) for s in final_sigmas]
+    frames = []
+    for level in dict.fromkeys(levels):
+        tasks = env.with_noise(base, level) if has_noise else base
+        for spec in _applicable(specs, env, eval_cfg, online=True):
+            agent = make_agent(spec, env, tasks, model, eval_cfg, sigma=level or 0.0)
+            run = run_online(agent, env, tasks, H, noise, E, agent_draws(eval_cfg.seed, task_ids))
+            extra = {"sigma": level} if has_noise else {"episodes": E}
+            config = spec.config_json(eval_cfg, **extra)
+
+            def add(metric: str, values: np.ndarray, x: np.ndarray = steps,
+                    spec: AgentSpec = spec, config: str = config) -> None:
+                frames.append(tidy_rows(env.name, spec.label, spec.rule(), config, seed,
+                                        task_ids, metric, x, values))
+
+            for reading in env.regret_readings:
+                regret = np.cumsum(env.regret(tasks, run.states, run.actions, run.rewards, H,
+                                              reading), axis=1)
+                main = reading == env.reading()
+                if curves and level == own:
+                    add("cumulative_regret" if main else f"cumulative_regret_{reading}", regret)
+                if main and level in final_sigmas:
+                    add("final_regret", regret[:, -1:], steps[-1:])
+            if curves and level == own and not env.stateless:
+                add("cumulative_return", np.cumsum(run.rewards, axis=1))
+    return concat_rows(frames)

@@ -1,0 +1,203 @@
+"""The study's experiments, declared as data (as bsuite declares its sweeps).
+
+An :class:`Experiment` says which environment it runs (with which overrides per preset), which
+models it trains (:class:`ModelRef`: a kind and a variant's train settings), which
+evaluations it runs (:class:`Evaluation`: a model, agents and protocols), and how their rows
+become tables (:class:`Table`: a selection of rows and metrics, a figure, a description). The
+study (``spice_ray.study``) runs any experiment the same way; adding one is an entry in
+:data:`EXPERIMENTS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from spice_ray.agents import AgentSpec
+from spice_ray.config import RunConfig
+from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
+
+DARKROOM_BETAS = (0.5, 1.0, 2.0)
+WEIGHT_VARIANTS = {  # name -> (use_iw, use_adv, use_epi); "all" is the main SPICE model
+    "none": (False, False, False),
+    "iw": (True, False, False),
+    "adv": (False, True, False),
+    "epi": (False, False, True),
+}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model an experiment trains (once per training seed)."""
+
+    kind: str
+    """Model kind (``spice_ray.model.registry.MODELS``)."""
+    variant: str = ""
+    """Variant name ("" for the main model), the rows' ``variant``."""
+    train: Mapping[str, Any] = field(default_factory=dict)
+    """Train-section overrides of the variant."""
+
+    def config(self, cfg: RunConfig) -> RunConfig:
+        """``cfg`` with this variant's train settings."""
+        return cfg.replace(train=dataclasses.replace(cfg.train, **self.train)) if self.train \
+            else cfg
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Agents evaluated under some protocols, with one model (per seed) or none."""
+
+    name: str
+    agents: Callable[[RunConfig], list[AgentSpec]]
+    protocols: tuple[str, ...]
+    model: ModelRef | None = None
+    """None: model-free agents, evaluated once (their rows' seed is -1)."""
+
+
+@dataclass(frozen=True)
+class Select:
+    """Rows of one evaluation that go into a table."""
+
+    evaluation: str
+    where: Callable[[pd.DataFrame, RunConfig], pd.Series] | None = None
+    """Optional row filter (rows, the experiment's config) -> bool mask."""
+    variant: str | None = None
+    """Relabel the rows' ``variant`` (e.g. the main model as the ablation's "all")."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """One result table: selected rows, the metrics it keeps, its figure."""
+
+    name: str
+    description: str
+    metrics: tuple[str, ...]
+    rows: tuple[Select, ...]
+    figure: str | None = None
+    """A plot kind of ``spice_ray.results.plots.PLOTS``."""
+    title: str = ""
+    rename: Mapping[str, str] = field(default_factory=dict)
+    """Metric renames (e.g. another regret reading's rows as this table's regret)."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An environment, its models, evaluations and tables."""
+
+    name: str
+    env: str
+    models: tuple[ModelRef, ...]
+    evaluations: tuple[Evaluation, ...]
+    tables: tuple[Table, ...]
+    overrides: tuple[str, ...] = ()
+    """``--set`` overrides applied before the user's."""
+    preset_overrides: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per preset, more overrides (before the user's)."""
+    notes: tuple[str, ...] = ()
+    """Sentences for the report."""
+
+    def evaluation(self, name: str) -> Evaluation:
+        return next(e for e in self.evaluations if e.name == name)
+
+
+# ---- agents ----------------------------------------------------------------------------------
+
+
+def _spice(cfg: RunConfig) -> list[AgentSpec]:
+    return [AgentSpec("spice", fusion=cfg.fusion)]
+
+
+def _dpt(cfg: RunConfig) -> list[AgentSpec]:
+    return [AgentSpec.dpt(cfg.eval)]
+
+
+def _bandit_baselines(cfg: RunConfig) -> list[AgentSpec]:
+    return [AgentSpec(m) for m in ("emp", "ucb", "lcb", "ts")]
+
+
+def _spice_betas(cfg: RunConfig) -> list[AgentSpec]:
+    return [AgentSpec("spice", fusion=dataclasses.replace(cfg.fusion, beta=b))
+            for b in DARKROOM_BETAS]
+
+
+def _main_beta(rows: pd.DataFrame, cfg: RunConfig) -> pd.Series:
+    return rows["config"].map(lambda c: json.loads(c)["beta"] == cfg.fusion.beta)
+
+
+def _variants() -> tuple[ModelRef, ...]:
+    return tuple(ModelRef("spice", name, {"use_iw": iw, "use_adv": adv, "use_epi": epi})
+                 for name, (iw, adv, epi) in WEIGHT_VARIANTS.items())
+
+
+# ---- the experiments -------------------------------------------------------------------------
+
+
+def bandit_experiment(name: str, title: str, overrides: tuple[str, ...] = (),
+                      preset_overrides: Mapping[str, tuple[str, ...]] | None = None,
+                      calibration: bool = False) -> Experiment:
+    """A bandit experiment: offline, online and robustness tables (and the prior's
+    calibration): SPICE and DPT per seed, the classical baselines once."""
+    spice_protocols = ("offline", "online", "robustness") + (("calibration",)
+                                                            if calibration else ())
+    evaluations = (
+        Evaluation("baselines", _bandit_baselines, ("offline", "online", "robustness")),
+        Evaluation("spice", _spice, spice_protocols, ModelRef("spice")),
+        Evaluation("dpt", _dpt, ("offline", "online", "robustness"), ModelRef("dpt")),
+    )
+    everyone = tuple(Select(e.name) for e in evaluations)
+    tables = [
+        Table(f"{name}_offline", f"{title}: offline suboptimality vs context length h",
+              ("suboptimality",), everyone, "offline", f"{title} offline"),
+        Table(f"{name}_online", f"{title}: online cumulative regret", ("cumulative_regret",),
+              everyone, "online", f"{title} online"),
+        Table(f"{name}_robustness", f"{title}: final online regret vs test-time sigma",
+              ("final_regret",), everyone, "robustness", f"{title}: final regret vs sigma"),
+    ]
+    if calibration:
+        tables.append(Table("calibration", f"{title}: ensemble prior coverage, pseudo-counts, "
+                            "warm-start term", CALIBRATION_METRICS, (Select("spice"),),
+                            "calibration", f"{title} prior"))
+    return Experiment(name, "bandit", (ModelRef("spice"), ModelRef("dpt")), evaluations,
+                      tuple(tables), overrides, preset_overrides or {})
+
+
+DARKROOM = Experiment(
+    name="darkroom",
+    env="darkroom",
+    models=(ModelRef("spice"), ModelRef("dpt"), *_variants()),
+    evaluations=(
+        Evaluation("spice", _spice_betas, ("online",), ModelRef("spice")),
+        Evaluation("dpt", _dpt, ("online",), ModelRef("dpt")),
+        *(Evaluation(m.variant, _spice, ("online",), m) for m in _variants()),
+    ),
+    tables=(
+        Table("darkroom_online", "darkroom weak-last: online cumulative regret and return",
+              ("cumulative_regret", "cumulative_return"),
+              (Select("spice"), Select("dpt"), Select("ppo")), "online_return", "Darkroom"),
+        Table("darkroom_weights", "darkroom: SPICE weight ablation (none / iw / adv / epi / all)",
+              ("cumulative_regret",),
+              (Select("spice", _main_beta, "all"),
+               *(Select(v) for v in WEIGHT_VARIANTS), Select("dpt")),
+              "weights", "Darkroom weight ablation"),
+    ),
+    notes=("Darkroom: with weak-last labels DPT and AD-BC are the same model (same trunk, loss "
+           "and labels), reported once as DPT.",),
+)
+"""Darkroom; ``Select("ppo")`` takes the single-task PPO reference's rows when
+``eval.ppo_episodes > 0`` (the ``ppo`` extra)."""
+
+EXPERIMENTS: dict[str, Experiment] = {
+    "bandit": bandit_experiment("bandit", "bandit A=5 weak labels", calibration=True),
+    "bandit20": bandit_experiment(
+        "bandit20", "bandit A=20 weakmix80", ("env.num_arms=20", "data.label=weakmix80"),
+        {"small": ("env.horizon=200", "eval.online_horizon=200", "data.num_train_tasks=1000"),
+         "paper": ("train.epochs=100",)}),  # the paper's 20-arm ablation: 100 epochs
+    "darkroom": DARKROOM,
+}
+"""Every experiment by name, in the study's order."""
+DEFAULT_EXPERIMENTS = ("bandit", "bandit20", "darkroom")

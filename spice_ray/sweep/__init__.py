@@ -1,0 +1,44 @@
+"""Ray Tune sweeps over test-time fusion settings and retrained model variants.
+
+``params``: trial parameters over a base config; ``resources``: a trial's placement group and
+concurrency; ``trial``: one trial (evaluation actors in its placement group); ``driver``:
+build or restore the Tuner (guarded), gather ``<out>/sweeps/<name>.parquet`` and its summary.
+"""
+
+from spice_ray.sweep.driver import (
+    SWEEPS_DIR,
+    SweepResult,
+    add_sweep_args,
+    check_restorable,
+    format_best,
+    format_result,
+    run_sweep,
+    start_sweep,
+    summarise_sweep,
+    sweep_kwargs,
+)
+from spice_ray.sweep.params import (
+    SweepError,
+    SweepFault,
+    apply_params,
+    expand_grid,
+    flatten_params,
+    params_json,
+)
+from spice_ray.sweep.resources import auto_max_concurrent, bundles_total, trial_bundles
+from spice_ray.sweep.trial import (
+    curve_steps,
+    downsample,
+    ensure_models,
+    evaluate_config,
+    pretrain_grid,
+    regret_stats,
+    resolve_checkpoint,
+)
+
+__all__ = ["SWEEPS_DIR", "SweepError", "SweepFault", "SweepResult", "add_sweep_args",
+           "apply_params", "auto_max_concurrent", "bundles_total", "check_restorable",
+           "curve_steps", "downsample", "ensure_models", "evaluate_config", "expand_grid",
+           "flatten_params", "format_best", "format_result", "params_json", "pretrain_grid",
+           "regret_stats", "resolve_checkpoint", "run_sweep", "start_sweep", "summarise_sweep",
+           "sweep_kwargs", "trial_bundles"]

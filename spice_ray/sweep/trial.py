@@ -1,0 +1,266 @@
+"""One trial: evaluate one configuration with evaluation actors inside its placement group.
+
+:func:`sweep_trainable` builds the trial's config from the base config and the trial's
+parameters (:func:`~spice_ray.sweep.params.apply_params`), runs SPICE online on the eval tasks
+of every training seed with ``evaluate_parallel`` (``sweep.actors_per_trial`` actors of
+``sweep.actor_cpus`` CPUs each), reports the final regret (mean and SEM over tasks, seeds
+averaged per task first) and the mean regret curve, and attaches its tidy per-task rows as a
+Parquet file in the trial's checkpoint (``rows.parquet``, persisted by Tune).
+
+Retraining sweeps (ensemble size, weight ablation) pass ``checkpoints=None``: each trial then
+finds its seed's checkpoint from the trial's config. By default these checkpoints are trained
+before the sweep, in the driver (:func:`pretrain_grid`); with ``train_in_trial=True`` a trial
+trains a missing checkpoint itself, in-process, and its placement group's head bundle reserves
+``train.worker_cpus`` for that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from spice_ray.config import RunConfig, from_dict
+from spice_ray.results.summary import summarise
+from spice_ray.sweep.params import (
+    SweepError,
+    SweepFault,
+    _matches,
+    apply_params,
+    expand_grid,
+    params_json,
+)
+from spice_ray.sweep.resources import trial_resources
+
+log = logging.getLogger(__name__)
+
+TRIAL_ROWS = "rows.parquet"
+"""File name of a trial's tidy rows inside its Tune checkpoint."""
+FAULT_ENV = "SPICE_RAY_SWEEP_FAIL"
+"""Fault-injection switch read by :func:`run_sweep`: JSON of flattened params, e.g.
+``{"fusion.beta": 2.0}``; trials whose params match raise :class:`SweepFault`."""
+REGRET_METRIC = "cumulative_regret"
+"""Metric of the rows the summary and the trial metrics are computed from."""
+OPTIMISE_METRIC = "regret_mean"
+"""Trial metric Tune ranks by (lower is better)."""
+
+
+def curve_steps(horizon: int, points: int | None) -> np.ndarray:
+    """Steps kept on a regret curve: ``points`` evenly spaced in [1, horizon] (both included),
+    or every step when ``points`` is None or >= horizon."""
+    if points is None or points >= horizon:
+        return np.arange(1, horizon + 1, dtype=np.int64)
+    return np.unique(np.round(np.linspace(1, horizon, max(2, points)))).astype(np.int64)
+
+
+def downsample(rows: pd.DataFrame, points: int | None) -> pd.DataFrame:
+    """Keep the rows at :func:`curve_steps` of their largest x (per metric)."""
+    if points is None or rows.empty:
+        return rows
+    keep = []
+    for _, group in rows.groupby("metric", sort=False):
+        steps = curve_steps(int(group["x"].max()), points)
+        keep.append(group[group["x"].isin(steps)])
+    return pd.concat(keep, ignore_index=True)
+
+
+def resolve_checkpoint(cfg: RunConfig, seed: int, dataset_dir: str | Path,
+                       train_in_trial: bool = False) -> Path:
+    """The SPICE checkpoint of ``cfg`` and ``seed`` (for retraining sweeps).
+
+    Returns the current final checkpoint; trains it in this process (``train.num_workers=0``)
+    when it is missing and ``train_in_trial``.
+
+    Raises:
+        SweepError: the checkpoint is missing and training in the trial is off.
+    """
+    from spice_ray.train.ray_train import final_is_current, plan_job, pretrain
+
+    job, run_dir = plan_job(cfg, "spice", seed, dataset_dir)
+    final = run_dir / "final"
+    if final_is_current(final, job):
+        return final
+    if not train_in_trial:
+        raise SweepError(f"no current SPICE checkpoint at {final} for this trial's model/train "
+                         "settings; pretrain before the sweep (pretrain_grid) or run with "
+                         "train_in_trial=True")
+    local = cfg.replace(train=dataclasses.replace(cfg.train, num_workers=0, use_gpu=False))
+    return pretrain(local, "spice", seed, dataset_dir)
+
+
+def evaluate_config(
+    cfg: RunConfig,
+    dataset_dir: str | Path,
+    checkpoints: Mapping[int, str] | None = None,
+    curve_points: int | None = None,
+    train_in_trial: bool = False,
+) -> pd.DataFrame:
+    """SPICE online on the eval tasks for every seed, with ``cfg.fusion``; tidy rows.
+
+    Args:
+        cfg: the trial's config; ``sweep.actors_per_trial`` actors of ``sweep.actor_cpus``
+            CPUs each evaluate the tasks.
+        dataset_dir: dataset with the eval split.
+        checkpoints: {seed: checkpoint dir}; None: per ``cfg.seeds``, found (or trained) by
+            :func:`resolve_checkpoint`.
+        curve_points: steps kept per curve (:func:`curve_steps`); None keeps every step.
+        train_in_trial: see :func:`resolve_checkpoint`.
+
+    Returns:
+        Rows of the online protocol (``spice_ray.evaluate.online``).
+    """
+    from spice_ray.agents import AgentSpec
+    from spice_ray.data.store import load_split
+    from spice_ray.evaluate import concat_rows, evaluate_parallel
+
+    eval_cfg = dataclasses.replace(cfg.eval, num_actors=cfg.sweep.actors_per_trial,
+                                   actor_cpus=cfg.sweep.actor_cpus)
+    data = load_split(dataset_dir, "eval", limit=eval_cfg.num_tasks)
+    spec = AgentSpec("spice", fusion=cfg.fusion)
+    seeds = sorted(int(s) for s in checkpoints) if checkpoints is not None else list(cfg.seeds)
+    frames = []
+    for seed in seeds:
+        source = (str(checkpoints[seed]) if checkpoints is not None
+                  else str(resolve_checkpoint(cfg, seed, dataset_dir, train_in_trial)))
+        rows = evaluate_parallel(source, cfg.env, eval_cfg, data, [spec], ("online",),
+                                 seed=seed, num_actors=cfg.sweep.actors_per_trial)
+        frames.append(downsample(rows, curve_points))
+    return concat_rows(frames)
+
+
+def regret_stats(rows: pd.DataFrame) -> dict[str, Any]:
+    """Final regret mean and SEM over tasks (seeds averaged per task first, by
+    ``spice_ray.results.summarise``) and the mean curve.
+
+    Returns:
+        regret_mean, regret_sem, n_tasks, n_seeds, regret_curve (mean cumulative regret over
+        tasks at each kept step) and curve_steps.
+    """
+    reg = rows[rows["metric"] == REGRET_METRIC]
+    if reg.empty:
+        raise SweepError(f"no {REGRET_METRIC} rows to summarise")
+    curve = summarise(reg[["x", "task_id", "seed", "value"]], ["x"]).sort_values("x")
+    final = curve.iloc[-1]
+    return {"regret_mean": float(final["mean"]), "regret_sem": float(final["sem"]),
+            "n_tasks": int(final["n"]), "n_seeds": int(reg["seed"].nunique()),
+            "regret_curve": [float(v) for v in curve["mean"]],
+            "curve_steps": [int(x) for x in curve["x"]]}
+
+
+def sweep_trainable(
+    config: dict[str, Any],
+    base: dict[str, Any] | None = None,
+    dataset_dir: str = "",
+    checkpoints: dict[int, str] | None = None,
+    curve_points: int | None = None,
+    train_in_trial: bool = False,
+    fail_if: dict[str, Any] | None = None,
+) -> None:
+    """Tune function trainable: evaluate one configuration and report it once.
+
+    Wrapped by :func:`make_trainable` (``tune.with_parameters`` supplies everything but
+    ``config``). Reports the :func:`regret_stats` metrics, the trial's wall time, its placement
+    group id, and a checkpoint holding :data:`TRIAL_ROWS`.
+
+    Args:
+        config: the trial's parameters (see :func:`apply_params`).
+        base: the base RunConfig as a dict (absolute ``out_dir``).
+        dataset_dir: absolute dataset directory.
+        checkpoints: {seed: absolute checkpoint dir}, or None for retraining sweeps.
+        curve_points: steps kept per curve.
+        train_in_trial: train missing checkpoints in this process.
+        fail_if: fault injection: raise :class:`SweepFault` when the trial's flattened params
+            match this selector.
+
+    Raises:
+        SweepError: the trial does not run in a placement group that captures its actors.
+        SweepFault: selected by ``fail_if``.
+    """
+    import ray
+    import torch
+    from ray import tune
+
+    from spice_ray.results.tables import write_frame
+
+    t0 = time.perf_counter()
+    ctx = ray.get_runtime_context()
+    pg = ray.util.get_current_placement_group()
+    if pg is None or not ctx.should_capture_child_tasks_in_placement_group:
+        raise SweepError("the trial does not run in a placement group that captures child "
+                         "actors; wrap the trainable with trial_resources() (make_trainable)")
+    cfg = apply_params(from_dict(base or {}), config)
+    torch.set_num_threads(max(1, math.floor(cfg.train.worker_cpus)) if train_in_trial else 1)
+    if _matches(config, fail_if):
+        raise SweepFault(f"fault injection: trial {params_json(config)} fails on purpose")
+    rows = evaluate_config(cfg, dataset_dir, checkpoints, curve_points, train_in_trial)
+    metrics = regret_stats(rows)
+    metrics |= {"seconds": time.perf_counter() - t0, "finished_at": time.time(),
+                "placement_group": pg.id.hex(), "captures_actors": True}
+    with tempfile.TemporaryDirectory(prefix="spice_sweep_") as tmp:
+        write_frame(Path(tmp) / TRIAL_ROWS, rows)
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def make_trainable(
+    cfg: RunConfig,
+    dataset_dir: str | Path,
+    checkpoints: Mapping[int, str | Path] | None,
+    curve_points: int | None = None,
+    train_in_trial: bool = False,
+    fail_if: Mapping[str, Any] | None = None,
+) -> Any:
+    """:func:`sweep_trainable` with its constants bound and its placement group declared."""
+    from ray import tune
+
+    fn = tune.with_parameters(
+        sweep_trainable, base=cfg.to_dict(), dataset_dir=str(dataset_dir),
+        checkpoints=None if checkpoints is None else {int(k): str(v)
+                                                      for k, v in checkpoints.items()},
+        curve_points=curve_points, train_in_trial=train_in_trial,
+        fail_if=dict(fail_if) if fail_if else None)
+    return tune.with_resources(fn, trial_resources(cfg, train_in_trial))
+
+
+
+def ensure_models(cfg: RunConfig, kind: str = "spice") -> tuple[Path, dict[int, str]]:
+    """Generate the dataset and pretrain ``kind`` for every seed (each skipped when current).
+
+    Returns:
+        (dataset dir, {seed: final checkpoint dir}), absolute.
+    """
+    from spice_ray.stages import generate_stage
+    from spice_ray.train.ray_train import pretrain
+
+    ds_dir = Path(generate_stage(cfg).dataset_dir).resolve()
+    finals = {seed: str(Path(pretrain(cfg, kind, seed, ds_dir)).resolve()) for seed in cfg.seeds}
+    return ds_dir, finals
+
+
+def pretrain_grid(cfg: RunConfig, search_space: Mapping[str, Any], dataset_dir: str | Path
+                  ) -> list[Path]:
+    """Pretrain SPICE for every trial's model/train settings and every seed, before a
+    retraining sweep (each skipped when current; identical models trained once)."""
+    from spice_ray.train.ray_train import plan_job, pretrain
+
+    seen: dict[str, Path] = {}
+    params_list = expand_grid(search_space)
+    for i, params in enumerate(params_list, 1):
+        c = apply_params(cfg, params)
+        for seed in c.seeds:
+            job, _ = plan_job(c, "spice", seed, dataset_dir)
+            if job.identity() in seen:
+                continue
+            log.info("[pretrain %d/%d] %s seed %d", i, len(params_list), params_json(params),
+                     seed)
+            seen[job.identity()] = pretrain(c, "spice", seed, dataset_dir)
+    return list(seen.values())
+
+

@@ -1,0 +1,1 @@
+"""Operator tools around the library: cluster launcher checks, local multi-node Ray."""
