@@ -191,6 +191,19 @@ DARKROOM = Experiment(
 """Darkroom; ``Select("ppo")`` takes the single-task PPO reference's rows when
 ``eval.ppo_episodes > 0`` (the ``ppo`` extra)."""
 
+DARKROOM_CONTINUOUS = Experiment(
+    name="darkroom_continuous",
+    env="darkroom_continuous",
+    models=(ModelRef("spice"), ModelRef("dpt")),
+    evaluations=(Evaluation("spice", _spice, ("online",), ModelRef("spice")),
+                 Evaluation("dpt", _dpt, ("online",), ModelRef("dpt"))),
+    tables=(Table("darkroom_continuous_online", "continuous darkroom (d=10 feature-vector "
+                  "states, smooth reward): online cumulative regret and return",
+                  ("cumulative_regret", "cumulative_return"), (Select("spice"), Select("dpt")),
+                  "online_return", "Continuous Darkroom"),),
+)
+"""The paper's continuous Darkroom (opt-in: ``--experiments ...,darkroom_continuous``)."""
+
 EXPERIMENTS: dict[str, Experiment] = {
     "bandit": bandit_experiment("bandit", "bandit A=5 weak labels", calibration=True),
     "bandit20": bandit_experiment(
@@ -198,6 +211,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         {"small": ("env.horizon=200", "eval.online_horizon=200", "data.num_train_tasks=1000"),
          "paper": ("train.epochs=100",)}),  # the paper's 20-arm ablation: 100 epochs
     "darkroom": DARKROOM,
+    "darkroom_continuous": DARKROOM_CONTINUOUS,
 }
 """Every experiment by name, in the study's order."""
 DEFAULT_EXPERIMENTS = ("bandit", "bandit20", "darkroom")

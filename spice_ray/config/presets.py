@@ -54,3 +54,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+
+for _scale in PRESETS.values():  # the continuous Darkroom runs at Darkroom's scale
+    _scale["darkroom_continuous"] = _scale["darkroom"]
