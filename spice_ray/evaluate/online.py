@@ -12,6 +12,8 @@ not depend on how tasks are sharded over actors.
 Metrics per (task, step): ``cumulative_regret`` under the environment's configured regret
 reading, ``cumulative_regret_<reading>`` under each other reading it has, and, in environments
 with states, ``cumulative_return``; with robustness noise levels, ``final_regret`` (x = H).
+In environments whose states have grid positions, ``visits`` counts, per task, the steps at
+which the agent acted from each cell (x = the cell index x * size + y; they sum to H).
 """
 
 from __future__ import annotations
@@ -104,6 +106,19 @@ def run_online(agent: Agent, env, tasks, horizon: int, noise: np.ndarray,
     return Rollout(states_log, actions, rewards)
 
 
+def visit_counts(env, states: np.ndarray) -> np.ndarray | None:
+    """How often each grid cell was visited, [B, size * size] (cell index x * size + y), for
+    environments whose states have grid positions; None otherwise."""
+    cells = env.positions(states)
+    size = getattr(env.params, "grid_size", None)
+    if cells is None or size is None:
+        return None
+    index = cells[..., 0] * size + cells[..., 1]  # (B, N)
+    counts = np.zeros((len(index), size * size))
+    np.add.at(counts, (np.arange(len(index))[:, None], index), 1.0)
+    return counts
+
+
 def _applicable(specs: Sequence[AgentSpec], env, eval_cfg: EvalConfig, online: bool
                 ) -> list[AgentSpec]:
     """Specs that have this protocol here, one per (method, rule, config) result key."""
@@ -177,4 +192,7 @@ def online_rows(
                     add("final_regret", regret[:, -1:], steps[-1:])
             if curves and level == own and not env.stateless:
                 add("cumulative_return", np.cumsum(run.rewards, axis=1))
+                visits = visit_counts(env, run.states)
+                if visits is not None:
+                    add("visits", visits, np.arange(visits.shape[1]))
     return concat_rows(frames)

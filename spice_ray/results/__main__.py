@@ -4,17 +4,20 @@
     python -m spice_ray.results RUN_DIR bandit_online --by method \
         --where "metric == 'cumulative_regret' and x == 500"
     python -m spice_ray.results RUN_DIR bandit_offline --by method,x --format csv
+    python -m spice_ray.results RUN_DIR bandit_online --by method --stat bootstrap
+    python -m spice_ray.results RUN_DIR compare SPICE DPT       # P(SPICE beats DPT) per table
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import pandas as pd
 
 from spice_ray.results.query import QueryError, filter_rows
-from spice_ray.results.summary import summarise
+from spice_ray.results.summary import STATS, improvement, summarise
 from spice_ray.results.tables import ResultsError, describe, list_experiments, list_sweeps, load
 
 
@@ -22,7 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m spice_ray.results", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir")
-    p.add_argument("experiment", nargs="?")
+    p.add_argument("experiment", nargs="?", help="a table, or 'compare'")
+    p.add_argument("methods", nargs="*", help="compare: the two methods (e.g. SPICE DPT)")
+    p.add_argument("--stat", choices=STATS, default="sem",
+                   help="sem: mean +- SEM (the paper's); bootstrap: mean and a 95%% bootstrap "
+                        "interval over tasks; iqm: interquartile mean and its interval")
+    p.add_argument("--table", default=None, help="compare: only this table")
     p.add_argument("--by", default=None,
                    help="comma-separated grouping columns (default: all but seed and task_id)")
     p.add_argument("--where", default=None,
@@ -39,8 +47,16 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 print(f"{name:22s} {describe(args.run_dir, name)}")
             return 0
-        df = load(args.run_dir, args.experiment)
-        if args.where:
+        if args.experiment == "compare":
+            out = compare(args.run_dir, args.methods, args.table)
+            args.raw = True
+            df = out
+        else:
+            if args.methods:
+                raise ResultsError(f"unexpected arguments {args.methods}: only 'compare' "
+                                   "takes methods")
+            df = load(args.run_dir, args.experiment)
+        if args.where and args.experiment != "compare":
             try:
                 df = filter_rows(df, args.where)
             except QueryError as exc:
@@ -48,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         if df.empty:
             print("no rows match", file=sys.stderr)
             return 1
-        out = df if args.raw else summarise(df, args.by.split(",") if args.by else None)
+        out = df if args.raw else summarise(df, args.by.split(",") if args.by else None,
+                                            args.stat)
     except ResultsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -61,6 +78,48 @@ def main(argv: list[str] | None = None) -> int:
                                "display.max_columns", 20):
             print(out.to_string(index=False))
     return 0
+
+
+def _settings(config: str, siblings: list[str]) -> str:
+    """The fields of a config that differ among a method's configs (e.g. beta_schedule)."""
+    if len(siblings) < 2:
+        return ""
+    mine = json.loads(config)
+    others = [json.loads(c) for c in siblings]
+    return ", ".join(f"{k}={v}" for k, v in sorted(mine.items())
+                     if any(o.get(k) != v for o in others))
+
+
+def compare(run_dir: str, methods: list[str], table: str | None = None) -> pd.DataFrame:
+    """P(first method beats the second on a random task) per table where both have a final
+    cumulative regret or suboptimality (lower is better), with a 95% bootstrap interval."""
+    if len(methods) != 2:
+        raise ResultsError("compare takes two methods, e.g. compare SPICE DPT")
+    rows = []
+    for name in [table] if table else list_experiments(run_dir):
+        df = load(run_dir, name)
+        df = df[df["variant"] == ""]  # the main models (not ablation variants)
+        metric = next((m for m in ("cumulative_regret", "suboptimality")
+                       if m in set(df["metric"])), None)
+        if metric is None or not set(methods) <= set(df[df["metric"] == metric]["method"]):
+            continue
+        configs = {m: sorted(set(df[(df["method"] == m) & (df["metric"] == metric)]["config"]))
+                   for m in methods}
+        for ca in configs[methods[0]]:
+            for cb in configs[methods[1]]:
+                pair = df[((df["method"] == methods[0]) & (df["config"] == ca))
+                          | ((df["method"] == methods[1]) & (df["config"] == cb))]
+                got = improvement(pair, methods[0], methods[1], metric)
+                settings = " vs ".join(filter(None, (_settings(ca, configs[methods[0]]),
+                                                     _settings(cb, configs[methods[1]]))))
+                rows.append({"table": name, "metric": metric, "settings": settings,
+                             f"P({methods[0]} beats {methods[1]})":
+                                 round(got["probability"], 4),
+                             "ci_low": round(got["ci_low"], 4),
+                             "ci_high": round(got["ci_high"], 4), "tasks": got["n"]})
+    if not rows:
+        raise ResultsError(f"no table has both {methods[0]!r} and {methods[1]!r}")
+    return pd.DataFrame(rows)
 
 
 if __name__ == "__main__":

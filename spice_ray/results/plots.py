@@ -166,6 +166,56 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
+def plot_final_distribution(df: pd.DataFrame, path: Path, title: str,
+                            metric: str = "cumulative_regret") -> Path:
+    """Per-task final values, one box per curve (seeds averaged per task): the spread and the
+    heavy tail that a mean hides (e.g. tasks that lock onto a wrong arm)."""
+    sub = df[df["metric"] == metric]
+    last = sub[sub["x"] == sub["x"].max()]
+    per_task = last.groupby(["method", "variant", "rule", "config", "task_id"],
+                            observed=True)["value"].mean().reset_index()
+    curves = per_task.groupby(["method", "variant", "rule", "config"], observed=True)
+    labels = curve_labels(curves.size().reset_index())
+    order = sorted(range(len(labels)), key=lambda i: _order(labels.iloc[i]))
+    groups = [g["value"].to_numpy() for _, g in curves]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups)), 4))
+    ax.boxplot([groups[i] for i in order], whis=(5, 95), showmeans=True,
+               flierprops={"markersize": 3})
+    ax.set_xticks(range(1, len(order) + 1), [labels.iloc[i] for i in order], rotation=30,
+                  ha="right", fontsize=8)
+    ax.set(ylabel=f"final {metric.replace('_', ' ')} per task",
+           title=f"{title}: per-task distribution (whiskers 5-95%, triangle = mean)")
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Path:
+    """Where each agent went: visit counts on the grid for the first ``tasks`` tasks (rows)
+    and each method (columns), seed 0 (or the lowest seed)."""
+    sub = df[(df["metric"] == "visits")]
+    sub = sub[sub["seed"] == sub.groupby("method")["seed"].transform("min")]
+    methods = sorted(sub["method"].unique(), key=_order)
+    ids = sorted(sub["task_id"].unique())[:tasks]
+    size = int(round(np.sqrt(sub["x"].max() + 1)))
+    fig, axes = plt.subplots(len(ids), len(methods), figsize=(2.1 * len(methods), 2.1 * len(ids)),
+                             squeeze=False)
+    for r, task in enumerate(ids):
+        for c, method in enumerate(methods):
+            rows = sub[(sub["task_id"] == task) & (sub["method"] == method)]
+            grid = np.zeros(size * size)
+            grid[rows["x"].to_numpy()] = rows["value"].to_numpy()
+            ax = axes[r, c]
+            ax.imshow(grid.reshape(size, size).T, origin="lower", cmap="viridis")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(method, fontsize=8)
+            if c == 0:
+                ax.set_ylabel(f"task {task}", fontsize=8)
+    fig.suptitle(f"{title}: state visits (x right, y up)", fontsize=10)
+    return _save(fig, path)
+
+
 PLOTS = {
     "offline": plot_offline,
     "online": plot_online,
@@ -173,5 +223,7 @@ PLOTS = {
     "online_return": plot_online_return,
     "weights": plot_weights,
     "calibration": plot_calibration,
+    "distribution": plot_final_distribution,
+    "visits": plot_visits,
 }
-"""Plot kinds by name (``Table.figure`` of ``spice_ray.experiments``)."""
+"""Plot kinds by name (``Table.figures`` of ``spice_ray.experiments``)."""

@@ -1,6 +1,12 @@
-"""The one summary of result rows: average training seeds per task, then mean +- SEM over
-tasks (the paper's convention). The report, the figures, the results CLI and the sweeps all
-call :func:`summarise`."""
+"""The one summary of result rows: average training seeds per task, then a statistic over tasks.
+
+``stat="sem"`` (the paper's convention, the default) gives mean +- SEM. ``"bootstrap"`` gives
+the mean with a percentile bootstrap confidence interval over tasks and ``"iqm"`` the
+interquartile mean with its bootstrap interval, both from ``scipy.stats.bootstrap`` (tasks are
+resampled; each task's seeds are averaged first, as for the SEM). :func:`improvement` is the
+probability that one method beats another on a random task, paired by task, with its interval.
+The report, the figures, the results CLI and the sweeps all call :func:`summarise`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from spice_ray.results.schema import KEY
 from spice_ray.results.tables import ResultsError
@@ -23,18 +30,46 @@ def task_means(df: pd.DataFrame) -> pd.DataFrame:
     return df.groupby(_keys(df), dropna=False, observed=True)["value"].mean().reset_index()
 
 
-def summarise(df: pd.DataFrame, by: Sequence[str] | None = None) -> pd.DataFrame:
-    """Mean, SEM and n over tasks, after averaging seeds per task.
+STATS = ("sem", "bootstrap", "iqm")
+RESAMPLES = 2000
+"""Bootstrap resamples; the generator is seeded, so intervals are the same on every call."""
+
+
+def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Interquartile mean: the mean of the middle 50% of the values."""
+    return stats.trim_mean(values, 0.25, axis=axis)
+
+
+def bootstrap_ci(values: np.ndarray, statistic=np.mean, confidence: float = 0.95,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``statistic`` over the values (resampled with
+    replacement); (nan, nan) for fewer than two values."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    if np.all(values == values[0]):
+        return float(values[0]), float(values[0])
+    res = stats.bootstrap((values,), statistic, n_resamples=RESAMPLES,
+                          confidence_level=confidence, method="percentile", vectorized=True,
+                          axis=-1, random_state=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "sem"
+              ) -> pd.DataFrame:
+    """A statistic over tasks, after averaging seeds per task.
 
     Args:
         df: rows with ``value``, ``seed``, ``task_id`` and key columns (a result table, a sweep
             table, or any subset of one).
         by: grouping columns (default: every key column of the result schema except seed and
             task_id that ``df`` has).
+        stat: "sem": columns ``mean``, ``sem``; "bootstrap": ``mean``, ``ci_low``,
+            ``ci_high`` (95%); "iqm": ``iqm``, ``ci_low``, ``ci_high``.
 
     Returns:
-        One row per group with columns ``mean``, ``sem``, ``n`` (tasks) and ``seeds``; the SEM
-        of a single task is NaN.
+        One row per group with the stat's columns, ``n`` (tasks) and ``seeds``; the SEM of a
+        single task is NaN.
 
     Raises:
         ResultsError: a grouping column is not in the rows.
@@ -48,11 +83,49 @@ def summarise(df: pd.DataFrame, by: Sequence[str] | None = None) -> pd.DataFrame
     unknown = [c for c in by if c not in per_task.columns]
     if unknown:
         raise ResultsError(f"cannot group by {unknown}; columns are {list(per_task.columns)}")
+    if stat not in STATS:
+        raise ResultsError(f"stat={stat!r} is invalid: one of {', '.join(STATS)}")
     g = per_task.groupby(by, dropna=False, observed=True)
     out = g["value"].agg(mean="mean", std="std", n="count").reset_index()
-    out["sem"] = out["std"] / np.sqrt(out["n"].clip(lower=1))
     out["seeds"] = g["seeds"].max().to_numpy()
-    return out.drop(columns="std")[[*by, "mean", "sem", "n", "seeds"]]
+    if stat == "sem":
+        out["sem"] = out["std"] / np.sqrt(out["n"].clip(lower=1))
+        return out.drop(columns="std")[[*by, "mean", "sem", "n", "seeds"]]
+    fn = np.mean if stat == "bootstrap" else iqm
+    cis = [bootstrap_ci(v.to_numpy(), fn) for _, v in g["value"]]
+    out["ci_low"] = [c[0] for c in cis]
+    out["ci_high"] = [c[1] for c in cis]
+    if stat == "iqm":
+        out["iqm"] = [float(iqm(v.to_numpy())) for _, v in g["value"]]
+        return out[[*by, "iqm", "ci_low", "ci_high", "n", "seeds"]]
+    return out[[*by, "mean", "ci_low", "ci_high", "n", "seeds"]]
+
+
+def improvement(df: pd.DataFrame, method_a: str, method_b: str, metric: str,
+                lower_is_better: bool = True) -> dict[str, float]:
+    """P(a beats b on a random task): the fraction of tasks where ``a``'s final ``metric`` is
+    better than ``b``'s (ties count a half), paired by task after averaging seeds per task,
+    with a 95% bootstrap interval over tasks.
+
+    Raises:
+        ResultsError: a method has no rows of ``metric``, or they share no task.
+    """
+    final = final_values(df, metric)
+    per = {}
+    for method in (method_a, method_b):
+        rows = final[final["method"] == method]
+        if rows.empty:
+            raise ResultsError(f"no {metric} rows of method {method!r}; methods are "
+                               f"{sorted(final['method'].unique())}")
+        per[method] = rows.groupby("task_id")["value"].mean()
+    a, b = per[method_a].align(per[method_b], join="inner")
+    if a.empty:
+        raise ResultsError(f"{method_a} and {method_b} share no task")
+    sign = -1.0 if lower_is_better else 1.0
+    wins = 0.5 * (1 + np.sign(sign * (a.to_numpy() - b.to_numpy())))  # 1, 0.5 or 0 per task
+    low, high = bootstrap_ci(wins)
+    return {"probability": float(wins.mean()), "ci_low": low, "ci_high": high,
+            "n": int(len(wins))}
 
 
 def final_values(df: pd.DataFrame, metric: str) -> pd.DataFrame:

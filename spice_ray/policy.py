@@ -1,0 +1,136 @@
+"""Deploy a trained model in your own environment: act, observe, read the posterior.
+
+::
+
+    from spice_ray import SpicePolicy
+    policy = SpicePolicy.from_checkpoint("runs/small/checkpoints/<dataset>/spice-<id>-seed0/final")
+    policy.reset()                       # one environment (or reset(num_envs=8) for a batch)
+    a = policy.act(state)                # an int (or an int64 array for a batch)
+    policy.observe(state, a, reward, next_state)
+    mean, var = policy.posterior()       # per-action posterior of the current step
+
+The policy runs the evaluation's own agent (:class:`spice_ray.agents.SpiceAgent`: the same
+KV-cached decoding in stateless environments, the same fusion and action rules), so it acts
+exactly as the evaluation does on the same rewards. No gradient step is taken. The action rule
+is chosen at construction: greedy, posterior-UCB with a fixed beta or the sqrt(2 log t)
+schedule, or Thompson sampling. :class:`DptPolicy` does the same for DPT / AD-BC checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from spice_ray.agents import PolicyAgent, SpiceAgent
+from spice_ray.config import FusionConfig, from_dict
+from spice_ray.fusion import RandomSource
+from spice_ray.model import checkpoint as ckpt
+from spice_ray.model.registry import load_model
+
+
+class _Policy:
+    """Shared plumbing: one agent, batch or single environment, numpy in and out."""
+
+    def __init__(self, agent: Any, env: Any, device: torch.device) -> None:
+        self.agent = agent
+        self.env = env
+        self.device = device
+        self._single = True
+        self.num_envs = 1
+        self._t = 0
+
+    @staticmethod
+    def _load(path: str | Path, kind: str, device: str | torch.device) -> tuple[Any, Any]:
+        meta = ckpt.read_meta(path)
+        cfg = from_dict(meta["config"])
+        model = load_model(path, expect_env=cfg.env, kind=kind).to(device)
+        return model, cfg
+
+    def reset(self, num_envs: int | None = None,
+              draws: RandomSource | int | None = None) -> None:
+        """Start empty contexts for ``num_envs`` environments (None: one, with scalar
+        actions).
+
+        Args:
+            draws: randomness of Thompson sampling / policy sampling: a seed, a
+                ``torch.Generator`` or per-task ``StepDraws`` (what the evaluation uses).
+        """
+        self._single = num_envs is None
+        self.num_envs = num_envs or 1
+        if isinstance(draws, int):
+            draws = torch.Generator().manual_seed(draws)
+        self.agent.reset(num_envs or 1, self.env.num_actions, draws)
+        self._t = 0
+
+    def _states(self, state: Any) -> torch.Tensor:
+        x = torch.as_tensor(np.asarray(state, dtype=np.float64))
+        return x.reshape(1, -1) if self._single else x.reshape(x.shape[0], -1)
+
+    def act(self, state: Any) -> Any:
+        """The action(s) for the current state(s): an int, or int64 [B] for a batch."""
+        a = self.agent.act(self._t, self._states(state)).cpu().numpy()
+        return int(a[0]) if self._single else a
+
+    def observe(self, state: Any, action: Any, reward: Any, next_state: Any) -> None:
+        """Append the transition (state, action, reward, next state) to the context(s)."""
+        actions = torch.as_tensor(np.atleast_1d(np.asarray(action, dtype=np.int64)))
+        rewards = torch.as_tensor(np.atleast_1d(np.asarray(reward, dtype=np.float64)))
+        self.agent.observe(actions, rewards, self._states(state), self._states(next_state))
+        self._t += 1
+
+
+class SpicePolicy(_Policy):
+    """SPICE from a checkpoint: the ensemble prior fused with the context, then an action rule.
+
+    Args (of :meth:`from_checkpoint`):
+        path: the checkpoint directory (``.../final``).
+        rule: "greedy", "ucb" (posterior-UCB) or "thompson".
+        beta: the UCB coefficient; ``beta_schedule="sqrt2logt"`` uses sqrt(2 log t) instead.
+        fusion: other fusion settings (default: those the checkpoint was trained with).
+        device: "cpu" or "cuda".
+    """
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, rule: str = "ucb", beta: float | None = None,
+                        beta_schedule: str | None = None, fusion: FusionConfig | None = None,
+                        device: str | torch.device = "cpu") -> SpicePolicy:
+        model, cfg = cls._load(path, "spice", device)
+        fusion = fusion or cfg.fusion
+        changes: dict[str, Any] = {"rule": rule}
+        if beta is not None:
+            changes["beta"] = float(beta)
+        if beta_schedule is not None:
+            changes["beta_schedule"] = beta_schedule
+        fusion = dataclasses.replace(fusion, **changes)  # validated: bad values name the field
+        env = cfg.environment()
+        agent = SpiceAgent(fusion, model=model, stateless=env.stateless)
+        policy = cls(agent, env, torch.device(device))
+        policy.fusion = fusion
+        return policy
+
+    def posterior(self, state: Any | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per-action posterior (mean, variance) at the current step, float64 [A] or [B, A].
+
+        Args:
+            state: the current state(s) (needed in environments with states; bandits: None).
+        """
+        if state is None:
+            state = np.zeros((self.num_envs, self.env.state_dim))
+        post = self.agent.posterior(self._states(state))
+        mean, var = post.mean.numpy(), post.var.numpy()
+        return (mean[0], var[0]) if self._single else (mean, var)
+
+
+class DptPolicy(_Policy):
+    """DPT or AD-BC from a checkpoint: sample from the policy head, or act greedily."""
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, sample: bool = False,
+                        device: str | torch.device = "cpu") -> DptPolicy:
+        model, cfg = cls._load(path, "dpt", device)
+        env = cfg.environment()
+        return cls(PolicyAgent(model, env.stateless, sample=sample), env, torch.device(device))

@@ -1,0 +1,74 @@
+"""Statistics beside mean +- SEM: bootstrap intervals, the interquartile mean, and the
+probability of improvement (``spice_ray.results.summary``, the results CLI)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spice_ray.results import summarise, write
+from spice_ray.results.__main__ import main as results_main
+from spice_ray.results.summary import bootstrap_ci, improvement, iqm
+
+
+def _rows(values: dict[str, np.ndarray], seeds: int = 1, x: int = 10) -> pd.DataFrame:
+    rows = []
+    for method, vals in values.items():
+        for seed in range(seeds):
+            for task, v in enumerate(vals):
+                rows.append({"env": "bandit", "method": method, "rule": "r", "config": "{}",
+                             "seed": seed, "task_id": task, "metric": "cumulative_regret",
+                             "x": x, "value": float(v) + 0.1 * seed})
+    return pd.DataFrame(rows)
+
+
+def test_bootstrap_interval_covers_the_mean_of_a_known_distribution() -> None:
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(40):
+        low, high = bootstrap_ci(rng.normal(1.0, 1.0, 200))
+        hits += low <= 1.0 <= high
+        assert 0.2 < high - low < 0.4  # ~2 * 1.96 / sqrt(200) = 0.28
+    assert hits >= 35  # a 95% interval: ~38 of 40
+    assert bootstrap_ci(np.ones(5)) == (1.0, 1.0) and np.isnan(bootstrap_ci(np.ones(1))[0])
+
+
+def test_summaries_by_stat() -> None:
+    rng = np.random.default_rng(1)
+    vals = rng.normal(2.0, 1.0, 100)
+    vals[:5] = 50.0  # a heavy tail: the mean moves, the IQM barely does
+    df = _rows({"A": vals}, seeds=2)
+    sem = summarise(df, ["method"]).iloc[0]
+    boot = summarise(df, ["method"], "bootstrap").iloc[0]
+    mid = summarise(df, ["method"], "iqm").iloc[0]
+    per_task = vals + 0.05  # seeds 0 and 1 averaged per task
+    assert sem["mean"] == pytest.approx(per_task.mean()) and sem["n"] == 100
+    assert boot["mean"] == pytest.approx(per_task.mean())
+    assert boot["ci_low"] < boot["mean"] < boot["ci_high"]
+    assert mid["iqm"] == pytest.approx(iqm(per_task)) and abs(mid["iqm"] - 2.05) < 0.3
+    assert mid["ci_low"] <= mid["iqm"] <= mid["ci_high"]
+    assert summarise(df, ["method"], "bootstrap").equals(summarise(df, ["method"], "bootstrap"))
+
+
+def test_probability_of_improvement_is_paired_by_task() -> None:
+    a = np.arange(20.0)
+    b = a + np.r_[np.full(15, 1.0), np.full(5, -1.0)]  # a is lower (better) on 15 of 20 tasks
+    got = improvement(_rows({"A": a, "B": b}), "A", "B", "cumulative_regret")
+    assert got["probability"] == pytest.approx(0.75) and got["n"] == 20
+    assert got["ci_low"] < 0.75 < got["ci_high"]
+    tie = improvement(_rows({"A": a, "B": a}), "A", "B", "cumulative_regret")
+    assert tie["probability"] == 0.5
+
+
+def test_cli_stats_and_compare(tmp_path, capsys) -> None:
+    a = np.arange(20.0)
+    write(tmp_path, "bandit_online", _rows({"SPICE": a, "DPT": a + 3.0}))
+    assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--stat",
+                         "bootstrap", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "method,mean,ci_low,ci_high,n,seeds"
+    assert results_main([str(tmp_path), "compare", "SPICE", "DPT"]) == 0
+    out = capsys.readouterr().out
+    assert "P(SPICE beats DPT)" in out and "1.0" in out
+    assert results_main([str(tmp_path), "compare", "SPICE"]) == 2
+    assert "two methods" in capsys.readouterr().err
