@@ -19,8 +19,9 @@ from typing import Any
 import pandas as pd
 
 from spice_ray.agents import AgentSpec
-from spice_ray.config import RunConfig
+from spice_ray.config import FusionConfig, RunConfig
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
+from spice_ray.results.analysis import prior_contribution
 
 DARKROOM_BETAS = (0.5, 1.0, 2.0)
 WEIGHT_VARIANTS = {  # name -> (use_iw, use_adv, use_epi); "all" is the main SPICE model
@@ -78,11 +79,17 @@ class Table:
     description: str
     metrics: tuple[str, ...]
     rows: tuple[Select, ...]
-    figure: str | None = None
-    """A plot kind of ``spice_ray.results.plots.PLOTS``."""
+    figures: tuple[str, ...] = ()
+    """Plot kinds of ``spice_ray.results.plots.PLOTS``: the first is drawn to
+    ``figures/<name>.png``, each other one to ``figures/<name>_<kind>.png``."""
     title: str = ""
     rename: Mapping[str, str] = field(default_factory=dict)
     """Metric renames (e.g. another regret reading's rows as this table's regret)."""
+    analysis: Callable[[pd.DataFrame], list[str]] | None = None
+    """Sentences for the report from the table's rows (``spice_ray.results.analysis``)."""
+    other_readings: bool = False
+    """Instead of this table, one per regret reading of the environment other than the
+    configured one, named ``<name>_<reading>``, with that reading as cumulative_regret."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,26 @@ class Experiment:
     def evaluation(self, name: str) -> Evaluation:
         return next(e for e in self.evaluations if e.name == name)
 
+    def tables_for(self, cfg: RunConfig) -> list[Table]:
+        """The tables this experiment writes under ``cfg`` (other-reading tables expanded)."""
+        env = cfg.environment()
+        out = []
+        for table in self.tables:
+            if not table.other_readings:
+                out.append(table)
+                continue
+            for reading in env.regret_readings:
+                if reading != env.reading():
+                    metric = f"cumulative_regret_{reading}"
+                    out.append(dataclasses.replace(
+                        table, name=f"{table.name}_{reading}", other_readings=False,
+                        metrics=(metric, *(m for m in table.metrics
+                                           if m != "cumulative_regret")),
+                        rename={metric: "cumulative_regret"},
+                        description=f"{table.description} ({reading} regret)",
+                        title=f"{table.title} ({reading} regret)"))
+        return out
+
 
 # ---- agents ----------------------------------------------------------------------------------
 
@@ -118,6 +145,32 @@ def _dpt(cfg: RunConfig) -> list[AgentSpec]:
 
 def _bandit_baselines(cfg: RunConfig) -> list[AgentSpec]:
     return [AgentSpec(m) for m in ("emp", "ucb", "lcb", "ts")]
+
+
+def _flat_fusion(cfg: RunConfig) -> FusionConfig:
+    """SPICE's fusion for the model-free references: the same settings, on raw states."""
+    return dataclasses.replace(cfg.fusion, kernel_space="state")
+
+
+def _spice_flat(cfg: RunConfig) -> list[AgentSpec]:
+    """SPICE's fusion and rule with a constant prior (the study fills in the prior)."""
+    return [AgentSpec("spice-flat", fusion=_flat_fusion(cfg))]
+
+
+def _spice_theory(cfg: RunConfig) -> list[AgentSpec]:
+    """SPICE with the theory schedule beta_t = sqrt(2 log t)."""
+    return [AgentSpec("spice", fusion=dataclasses.replace(cfg.fusion,
+                                                          beta_schedule="sqrt2logt"))]
+
+
+def _count(cfg: RunConfig) -> list[AgentSpec]:
+    """Tabular posterior-UCB over exact states with the constant prior."""
+    return [AgentSpec("count", fusion=dataclasses.replace(cfg.fusion, kernel="exact",
+                                                          kernel_space="state"))]
+
+
+def _random(cfg: RunConfig) -> list[AgentSpec]:
+    return [AgentSpec("random")]
 
 
 def _spice_betas(cfg: RunConfig) -> list[AgentSpec]:
@@ -147,24 +200,31 @@ def bandit_experiment(name: str, title: str, overrides: tuple[str, ...] = (),
     evaluations = (
         Evaluation("baselines", _bandit_baselines, ("offline", "online", "robustness")),
         Evaluation("spice", _spice, spice_protocols, ModelRef("spice")),
+        Evaluation("spice_theory", _spice_theory, ("online",), ModelRef("spice")),
         Evaluation("dpt", _dpt, ("offline", "online", "robustness"), ModelRef("dpt")),
+        Evaluation("flat", _spice_flat, ("offline", "online")),
     )
-    everyone = tuple(Select(e.name) for e in evaluations)
+    main = tuple(Select(e) for e in ("baselines", "spice", "dpt"))
     tables = [
         Table(f"{name}_offline", f"{title}: offline suboptimality vs context length h",
-              ("suboptimality",), everyone, "offline", f"{title} offline"),
+              ("suboptimality",), (*main, Select("flat")), ("offline",), f"{title} offline",
+              analysis=prior_contribution),
         Table(f"{name}_online", f"{title}: online cumulative regret", ("cumulative_regret",),
-              everyone, "online", f"{title} online"),
+              (*main, Select("spice_theory"), Select("flat")), ("online", "distribution"),
+              f"{title} online",
+              analysis=prior_contribution),
         Table(f"{name}_robustness", f"{title}: final online regret vs test-time sigma",
-              ("final_regret",), everyone, "robustness", f"{title}: final regret vs sigma"),
+              ("final_regret",), main, ("robustness",), f"{title}: final regret vs sigma"),
     ]
     if calibration:
         tables.append(Table("calibration", f"{title}: ensemble prior coverage, pseudo-counts, "
                             "warm-start term", CALIBRATION_METRICS, (Select("spice"),),
-                            "calibration", f"{title} prior"))
+                            ("calibration",), f"{title} prior"))
     return Experiment(name, "bandit", (ModelRef("spice"), ModelRef("dpt")), evaluations,
                       tuple(tables), overrides, preset_overrides or {})
 
+
+DARKROOM_ROWS = tuple(Select(e) for e in ("spice", "dpt", "flat", "count", "random", "ppo"))
 
 DARKROOM = Experiment(
     name="darkroom",
@@ -174,19 +234,37 @@ DARKROOM = Experiment(
         Evaluation("spice", _spice_betas, ("online",), ModelRef("spice")),
         Evaluation("dpt", _dpt, ("online",), ModelRef("dpt")),
         *(Evaluation(m.variant, _spice, ("online",), m) for m in _variants()),
+        Evaluation("flat", _spice_flat, ("online",)),
+        Evaluation("count", _count, ("online",)),
+        Evaluation("random", _random, ("online",)),
     ),
     tables=(
         Table("darkroom_online", "darkroom weak-last: online cumulative regret and return",
-              ("cumulative_regret", "cumulative_return"),
-              (Select("spice"), Select("dpt"), Select("ppo")), "online_return", "Darkroom"),
+              ("cumulative_regret", "cumulative_return"), DARKROOM_ROWS,
+              ("online_return", "distribution"), "Darkroom", analysis=prior_contribution),
+        Table("darkroom_online", "darkroom weak-last: online cumulative regret and return",
+              ("cumulative_regret", "cumulative_return"), DARKROOM_ROWS,
+              ("online_return", "distribution"), "Darkroom", analysis=prior_contribution,
+              other_readings=True),
+        Table("darkroom_visits", "darkroom: state visits per task and cell (x = x * size + y) "
+              "over the online horizon", ("visits",),
+              (Select("spice", _main_beta), *(Select(e) for e in ("dpt", "flat", "count",
+                                                                  "random"))),
+              ("visits",), "Darkroom"),
         Table("darkroom_weights", "darkroom: SPICE weight ablation (none / iw / adv / epi / all)",
               ("cumulative_regret",),
               (Select("spice", _main_beta, "all"),
                *(Select(v) for v in WEIGHT_VARIANTS), Select("dpt")),
-              "weights", "Darkroom weight ablation"),
+              ("weights",), "Darkroom weight ablation"),
     ),
     notes=("Darkroom: with weak-last labels DPT and AD-BC are the same model (same trunk, loss "
-           "and labels), reported once as DPT.",),
+           "and labels), reported once as DPT.",
+           "Darkroom: the behaviour policy is uniform (pi_b = 1/5 for every action), so the "
+           "importance weight is identically 1 and the weight ablation's iw equals none.",
+           "Darkroom reference rows: SPICE (flat prior) is SPICE's fusion and action rule "
+           "with one constant prior (the shrinkage prior the model trains with) and no "
+           "network; Count-UCB is the same posterior-UCB over exact states (tabular); "
+           "Random acts uniformly."),
 )
 """Darkroom; ``Select("ppo")`` takes the single-task PPO reference's rows when
 ``eval.ppo_episodes > 0`` (the ``ppo`` extra)."""
@@ -200,15 +278,17 @@ DARKROOM_CONTINUOUS = Experiment(
     tables=(Table("darkroom_continuous_online", "continuous darkroom (d=10 feature-vector "
                   "states, smooth reward): online cumulative regret and return",
                   ("cumulative_regret", "cumulative_return"), (Select("spice"), Select("dpt")),
-                  "online_return", "Continuous Darkroom"),),
+                  ("online_return", "distribution"), "Continuous Darkroom"),),
 )
 """The paper's continuous Darkroom (opt-in: ``--experiments ...,darkroom_continuous``)."""
+
+BANDIT20_SMALL = ("env.horizon=200", "eval.online_horizon=200", "data.num_train_tasks=1000")
 
 EXPERIMENTS: dict[str, Experiment] = {
     "bandit": bandit_experiment("bandit", "bandit A=5 weak labels", calibration=True),
     "bandit20": bandit_experiment(
         "bandit20", "bandit A=20 weakmix80", ("env.num_arms=20", "data.label=weakmix80"),
-        {"small": ("env.horizon=200", "eval.online_horizon=200", "data.num_train_tasks=1000"),
+        {"small": BANDIT20_SMALL, "medium": BANDIT20_SMALL,
          "paper": ("train.epochs=100",)}),  # the paper's 20-arm ablation: 100 epochs
     "darkroom": DARKROOM,
     "darkroom_continuous": DARKROOM_CONTINUOUS,

@@ -151,7 +151,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
                         ) -> list[str]:
     """Every evaluation of experiment ``name`` and its tables (skipped when current)."""
     exp, cfg = EXPERIMENTS[name], plan.configs[name]
-    tables = [t.name for t in exp.tables]
+    tables = [t.name for t in exp.tables_for(cfg)]
     specs = _specs(exp, cfg, dataset)
     inputs = config_hash({
         "eval": dataclasses.asdict(cfg.eval), "fusion": dataclasses.asdict(cfg.fusion),
@@ -177,7 +177,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
                                           for s in t.rows):
         rows["ppo"] = [_ppo_rows(cfg, data)]
     frames = {k: pd.concat(v, ignore_index=True) for k, v in rows.items() if v}
-    for table in exp.tables:
+    for table in exp.tables_for(cfg):
         parts = []
         for sel in table.rows:
             if sel.evaluation not in frames:  # an optional evaluation that did not run (ppo)
@@ -210,15 +210,19 @@ def _ppo_rows(cfg: RunConfig, data: dict) -> pd.DataFrame:
 # ---- stages 4-5: figures and report ------------------------------------------------------
 
 
-def draw_figures(run_dir: Path, experiments: list[str]) -> dict[str, list[Path]]:
-    """One PNG per table that declares a figure, under ``<run_dir>/figures``."""
+def draw_figures(plan: StudyPlan) -> dict[str, list[Path]]:
+    """The PNGs each table declares, under ``<run_dir>/figures``."""
+    run_dir = plan.run_dir
     out: dict[str, list[Path]] = {}
-    for name in experiments:
-        for table in EXPERIMENTS[name].tables:
-            if table.figure:
-                path = run_dir / "figures" / f"{table.name}.png"
-                out[table.name] = [plots.PLOTS[table.figure](load(run_dir, table.name), path,
-                                                             table.title)]
+    for name, cfg in plan.configs.items():
+        for table in EXPERIMENTS[name].tables_for(cfg):
+            if not table.figures:
+                continue
+            df = load(run_dir, table.name)
+            out[table.name] = [
+                plots.PLOTS[kind](df, run_dir / "figures" / (
+                    f"{table.name}.png" if i == 0 else f"{table.name}_{kind}.png"), table.title)
+                for i, kind in enumerate(table.figures)]
     return out
 
 
@@ -249,16 +253,17 @@ def run_study(plan: StudyPlan) -> Path:
     plan.timings["evaluate"] = time.perf_counter() - t2
 
     log.info("[stage 4/5 figures]")
-    figures = draw_figures(run_dir, list(plan.configs))
+    figures = draw_figures(plan)
     log.info("[stage 5/5 report]")
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
              *(n for name in plan.configs for n in EXPERIMENTS[name].notes),
              "Stage wall times (this invocation; 0 when skipped): "
              + ", ".join(f"{k} {v:.0f} s" for k, v in plan.timings.items())]
     configs = {name: cfg.to_yaml() for name, cfg in plan.configs.items()}
-    descriptions = {t.name: t.description for name in plan.configs
-                    for t in EXPERIMENTS[name].tables}
-    return write_report(run_dir, figures, configs, notes, descriptions,
+    tables = [t for name, cfg in plan.configs.items() for t in EXPERIMENTS[name].tables_for(cfg)]
+    descriptions = {t.name: t.description for t in tables}
+    findings = {t.name: t.analysis(load(run_dir, t.name)) for t in tables if t.analysis}
+    return write_report(run_dir, figures, configs, notes, descriptions, findings,
                         horizon_points=(10, 50, first.env.horizon))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -30,25 +31,42 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     plan = plan_study("smoke", tmp_path / "run")
     report = run_study(plan)
     run_dir = plan.run_dir
-    tables = sorted(t.name for e in EXPERIMENTS.values() for t in e.tables)
+    tables = sorted(t.name for name, cfg in plan.configs.items()
+                    for t in EXPERIMENTS[name].tables_for(cfg))
+    assert "darkroom_online_state" in tables  # the other regret reading's table
     assert sorted(p.stem for p in (run_dir / "results").glob("*.parquet")) == tables
+    declared = sorted(f"{t.name}.png" if i == 0 else f"{t.name}_{kind}.png"
+                      for name, cfg in plan.configs.items()
+                      for t in EXPERIMENTS[name].tables_for(cfg)
+                      for i, kind in enumerate(t.figures))
     figures = sorted(p.name for p in (run_dir / "figures").glob("*.png"))
-    assert len(figures) == 9 and all((run_dir / "figures" / f).stat().st_size > 5_000
-                                     for f in figures)
+    assert figures == declared and all((run_dir / "figures" / f).stat().st_size > 5_000
+                                       for f in figures)
+    assert {"bandit_online_distribution.png", "darkroom_visits.png"} <= set(figures)
+    visits = load(run_dir, "darkroom_visits")
+    horizon = plan.configs["darkroom"].eval.online_horizon
+    per_task = visits.groupby(["method", "config", "seed", "task_id"])["value"].sum()
+    assert (per_task == horizon).all()  # one cell per step: where each action was taken
     text = report.read_text()
     for name in tables:
         assert f"## {name}" in text
     assert (run_dir / "config.yaml").exists() and "```yaml" in text
     cfg = plan.configs["bandit"]
     online = load(run_dir, "bandit_online")
-    assert set(online["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS"}
+    assert set(online["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS", "SPICE (flat prior)"}
+    spice_configs = online[online.method == "SPICE"].config
+    schedules = {json.loads(c).get("beta_schedule") for c in spice_configs}
+    assert schedules == {"fixed", "sqrt2logt"}
     per = online.groupby("method")["task_id"].nunique()
     assert (per == cfg.eval.num_tasks).all()
     assert online["x"].min() == 1 and online["x"].max() == cfg.eval.online_horizon
     regret = online[online["x"] == online["x"].max()]
     assert (regret["value"] >= 0).all()  # pseudo-regret never negative
     offline = load(run_dir, "bandit_offline")
-    assert set(offline["method"]) == {"SPICE", "DPT", "Emp", "LCB", "TS"}
+    assert set(offline["method"]) == {"SPICE", "DPT", "Emp", "LCB", "TS", "SPICE (flat prior)"}
+    dark = load(run_dir, "darkroom_online")
+    assert {"SPICE (flat prior)", "Count-UCB", "Random", "DPT", "SPICE"} == set(dark["method"])
+    assert "What the learned prior adds" in text
     assert offline["x"].nunique() >= 20
     robust = load(run_dir, "bandit_robustness")
     assert {'"sigma":0.0', '"sigma":0.3', '"sigma":0.5'} <= {

@@ -154,6 +154,20 @@ class SpiceAgent:
             return empty.view()
         return self._context.view()
 
+    def kernel_features(self, states: Tensor) -> Tensor:
+        """What the kernel compares for states [..., S] alone: the raw states, or the trunk's
+        output for the query token (``latent``). ``context`` features depend on the context
+        and have no per-state value.
+
+        Raises:
+            ValueError: for ``kernel_space=context``.
+        """
+        if self.fusion.kernel_space == "state":
+            return states
+        if self.fusion.kernel_space == "latent":
+            return state_features(self.model, states)
+        raise ValueError("kernel_space=context features depend on the context, not on a state")
+
     def evidence(self, view: ContextView, query_states: Tensor) -> tuple[Tensor, Tensor]:
         """(counts [B, A], weighted mean [B, A]) from the context of ``view``."""
         if self.incremental:
@@ -165,8 +179,8 @@ class SpiceAgent:
             context = view.states
             query = query_states.to(context)
             if f.kernel_space == "latent":
-                query = state_features(self.model, query)  # (B, D)
-                context = state_features(self.model, context)  # (B, T, D)
+                query = self.kernel_features(query)  # (B, D)
+                context = self.kernel_features(context)  # (B, T, D)
             elif f.kernel_space == "context":
                 assert view.latents is not None
                 query = view.latents[:, -1]  # (B, D): position T, the current state

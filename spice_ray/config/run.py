@@ -163,7 +163,7 @@ class SweepConfig:
 class RunConfig:
     """One experiment: an environment, its dataset, models, fusion and evaluation."""
 
-    preset: Literal["smoke", "small", "paper"] = "small"
+    preset: Literal["smoke", "small", "medium", "paper"] = "small"
     """Preset the run was built from."""
     seeds: tuple[int, ...] = (0,)
     """Training seeds (paper: 0, 1, 2)."""

@@ -20,7 +20,7 @@ from spice_ray import envs
 from spice_ray.envs.labels import parse_label
 from spice_ray.errors import SpiceRayError
 
-PRESET_NAMES = ("smoke", "small", "paper")
+PRESET_NAMES = ("smoke", "small", "medium", "paper")
 HEAD_KERNELS = ("auto", "compiled", "eager")
 KERNEL_SPACES = ("latent", "context", "state")
 ACTION_RULES = ("greedy", "ucb", "thompson")
@@ -243,6 +243,9 @@ class TrainConfig:
     bootstrap: Literal["max", "mean"] = "max"
     """V(s_{t+n}) in the TD(n) targets: max_a' Q-bar (the paper) or the mean over actions (the
     uniform behaviour policy's value, free of maximisation bias)."""
+    head_targets: Literal["mean", "bootstrap"] = "mean"
+    """What TD(n) fits: the ensemble mean (the paper) or each head to its own targets on its
+    own half of the tasks, bootstrapping from itself (sigma_Q then responds to data)."""
     shrink_prior: Literal["fixed", "data"] = "fixed"
     """Where mu_0 and v_0 of the shrinkage posterior come from: the two fields below ("fixed",
     the bandit's U[0, 1] prior), or the train split's own TD(n) reward targets (their mean and
@@ -282,6 +285,8 @@ class TrainConfig:
                "one of max, mean")
         _check(self.shrink_prior in ("fixed", "data"), "train.shrink_prior", self.shrink_prior,
                "one of fixed, data")
+        _check(self.head_targets in ("mean", "bootstrap"), "train.head_targets",
+               self.head_targets, "one of mean, bootstrap")
         _check(self.num_workers >= 0, "train.num_workers", self.num_workers, "an integer >= 0")
         _check(self.max_failures >= 0, "train.max_failures", self.max_failures, ">= 0")
 

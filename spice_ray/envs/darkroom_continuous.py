@@ -99,8 +99,9 @@ class ContinuousDarkroom(Environment):
     defaults = {
         "env": {"horizon": 100},
         "data": {"label": "weak-last", "num_eval_tasks": 100},
-        "train": {"td_n": 5, "gamma": 0.95, "epochs": 50},
-        "fusion": {"kernel": "rbf", "tau": 0.5, "target": "nstep", "td_n": 5, "gamma": 0.95},
+        "train": {"td_n": 5, "gamma": 0.95, "epochs": 50, "shrink_prior": "data"},
+        "fusion": {"kernel": "rbf", "kernel_space": "state", "tau": 0.7, "target": "nstep",
+                   "td_n": 5, "gamma": 0.95},
         "eval": {"num_tasks": 100, "online_horizon": 100, "dpt_sample": False},
     }
 

@@ -64,6 +64,7 @@ def _md_table(df: pd.DataFrame) -> str:
 
 def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: dict[str, str],
                  notes: list[str] | None = None, descriptions: dict[str, str] | None = None,
+                 findings: dict[str, list[str]] | None = None,
                  horizon_points: tuple[int, ...] = (10, 50, 500)) -> Path:
     """Write ``<run_dir>/report.md`` and return its path."""
     run_dir = Path(run_dir)
@@ -78,6 +79,7 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
     for exp in have:
         df = load(run_dir, exp)
         out += [f"## {exp}", "", (descriptions or {}).get(exp) or describe(run_dir, exp), ""]
+        out += [*(f"- {line}" for line in (findings or {}).get(exp, [])), ""]
         metrics = set(df["metric"].unique())
         calibration = any(m.startswith("coverage_") for m in metrics)
         if "suboptimality" in metrics:

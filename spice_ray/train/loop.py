@@ -128,7 +128,9 @@ def compute_loss(model: nn.Module, batch: dict[str, Any], job_kind: str, cfg: Ru
                         enabled=device.type == "cuda"):
         out = model(tokens)
         if job_kind == "spice":
-            return spice_loss(out, tokens, cfg.train, unwrap(model).anchor_loss())
+            ids = (torch.tensor(batch["task_id"], device=device)  # a copy: batches are read-only
+                   if cfg.train.head_targets == "bootstrap" else None)
+            return spice_loss(out, tokens, cfg.train, unwrap(model).anchor_loss(), task_ids=ids)
         return dpt_loss(out.logits, tokens.label)
 
 

@@ -269,8 +269,49 @@ def anchor_loss(ensemble: ValueEnsemble) -> Tensor:
     return ensemble.anchor_loss()
 
 
+def head_masks(task_ids: Tensor, num_heads: int) -> Tensor:
+    """Which tasks each head trains on: bool [B, K], a fixed half of the tasks per head.
+
+    A deterministic function of (task id, head), so a head sees the same tasks every epoch
+    and on every worker (no random state; the bootstrap of bootstrapped DQN).
+    """
+    ids = task_ids.to(torch.int64).reshape(-1, 1)  # (B, 1)
+    heads = torch.arange(num_heads, device=ids.device).reshape(1, -1)  # (1, K)
+    x = ids * 6364136223846793005 + (heads + 1) * 1442695040888963407  # wraps in int64
+    x = x ^ (x >> 31)  # splitmix-style mixing: every input bit reaches every output bit
+    x = x * -49064778989728563
+    x = x ^ (x >> 29)
+    return ((x >> 17) & 1).bool()  # (B, K)
+
+
+def bootstrapped_td_loss(q: Tensor, tokens: Tokens, cfg: TrainConfig, task_ids: Tensor
+                         ) -> Tensor:
+    """L_TD with every head fit to its own targets on its own half of the tasks.
+
+    Head k's target for transition t bootstraps from head k's own V_k(s_{t+n}), and the head
+    sees only the tasks :func:`head_masks` gives it, so the heads disagree where data are few
+    and sigma_Q responds to data (an extension beyond the paper, where only the mean is fit).
+
+    Args:
+        q: [B, T+1, K, A] every head's Q at every position.
+        tokens: the batch (actions, rewards).
+        cfg: td_n, gamma, bootstrap.
+        task_ids: [B] the tasks' ids.
+    """
+    q_pred, q_next = align_to_transitions(q)  # (B, T, K, A) x2
+    B, T, K, _ = q_pred.shape
+    next_values = bootstrap_values(q_next.detach(), cfg.bootstrap).permute(0, 2, 1)  # (B, K, T)
+    rewards = tokens.rewards.to(q_pred.dtype)[:, None, :].expand(B, K, T)  # (B, K, T)
+    y = nstep_targets(rewards, next_values, cfg.td_n, cfg.gamma)  # (B, K, T)
+    idx = tokens.actions.long()[:, :, None, None].expand(B, T, K, 1)
+    taken = q_pred.gather(-1, idx).squeeze(-1).permute(0, 2, 1)  # (B, K, T)
+    mask = head_masks(task_ids, K).to(taken.dtype)[:, :, None]  # (B, K, 1)
+    return (mask * (taken - y.detach()) ** 2).sum() / (mask.sum() * T).clamp(min=1.0)
+
+
 def spice_loss(
-    out: SpiceOutput, tokens: Tokens, cfg: TrainConfig, anchor: Tensor
+    out: SpiceOutput, tokens: Tokens, cfg: TrainConfig, anchor: Tensor,
+    task_ids: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """L = L_pi + lambda_q (L_TD + L_shrink) + lambda_anchor L_anchor.
 
@@ -279,6 +320,7 @@ def spice_loss(
         tokens: the batch (actions, rewards, label, behaviour_probs).
         cfg: loss weights, weight clips, TD(n) and shrinkage settings.
         anchor: scalar L_anchor (``model.anchor_loss()``).
+        task_ids: [B] the tasks' ids (``train.head_targets="bootstrap"`` needs them).
 
     Returns:
         (loss, components): components are detached scalars ``loss``, ``policy``, ``td``,
@@ -290,7 +332,12 @@ def spice_loss(
     q_pred, q_next = align_to_transitions(q_mean)  # (B, T, A) x2
     next_values = bootstrap_values(q_next.detach(), cfg.bootstrap)  # (B, T): V(s_{t+1})
     y = td_targets(tokens.rewards.to(q_pred.dtype), next_values, cfg.td_n, cfg.gamma)  # (B, T)
-    l_td = td_loss(q_pred, tokens.actions, y)
+    if cfg.head_targets == "bootstrap":
+        if task_ids is None:
+            raise ValueError("train.head_targets=bootstrap needs the batch's task ids")
+        l_td = bootstrapped_td_loss(_upcast(out.q), tokens, cfg, task_ids)
+    else:
+        l_td = td_loss(q_pred, tokens.actions, y)
     l_shrink = shrink_loss(q_mean, tokens.actions, y, cfg.td_n, cfg.shrink_prior_mean,
                            cfg.shrink_prior_var, cfg.shrink_noise_var)
     w = policy_weights(q_mean, q_std, tokens.behaviour_probs, tokens.label, cfg)
