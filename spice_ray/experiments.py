@@ -251,11 +251,12 @@ DARKROOM = Experiment(
               (Select("spice", _main_beta), *(Select(e) for e in ("dpt", "flat", "count",
                                                                   "random"))),
               ("visits",), "Darkroom"),
-        Table("darkroom_weights", "darkroom: SPICE weight ablation (none / iw / adv / epi / all)",
-              ("cumulative_regret",),
-              (Select("spice", _main_beta, "all"),
-               *(Select(v) for v in WEIGHT_VARIANTS), Select("dpt")),
-              ("weights",), "Darkroom weight ablation"),
+        *(Table("darkroom_weights", "darkroom: SPICE weight ablation (none / iw / adv / epi / "
+                "all)", ("cumulative_regret",),
+                (Select("spice", _main_beta, "all"),
+                 *(Select(v) for v in WEIGHT_VARIANTS), Select("dpt")),
+                ("weights",), "Darkroom weight ablation", other_readings=other)
+          for other in (False, True)),
     ),
     notes=("Darkroom: with weak-last labels DPT and AD-BC are the same model (same trunk, loss "
            "and labels), reported once as DPT.",

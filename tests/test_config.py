@@ -82,7 +82,14 @@ def test_presets_and_env_defaults() -> None:
     paper_d = make_config("paper", "darkroom")
     assert paper_d.train.epochs == 50 and paper_d.data.num_eval_tasks == 100
     assert (paper_d.train.td_n, paper_d.train.gamma) == (5, 0.95)
-    assert (paper_d.fusion.kernel, paper_d.fusion.tau) == ("rbf", 0.5)
+    # the default kernel compares raw states (chosen from measurements, see envs/darkroom.py);
+    # the paper's reading, the trunk's query latents at tau = 0.5, is one override away
+    assert (paper_d.fusion.kernel, paper_d.fusion.kernel_space, paper_d.fusion.tau) == (
+        "rbf", "state", 0.7)
+    paper_reading = make_config("paper", "darkroom", overrides=["fusion.kernel_space=latent",
+                                                                "fusion.tau=0.5"])
+    assert (paper_reading.fusion.kernel_space, paper_reading.fusion.tau) == ("latent", 0.5)
+    assert paper_d.train.shrink_prior == "data"
     assert paper_d.data.label == "weak-last"
     smoke = make_config("smoke", "bandit")
     assert smoke.data.num_train_tasks < 1000 and smoke.preset == "smoke"

@@ -163,7 +163,8 @@ def test_data_shrinkage_prior_is_the_targets_mean_and_variance(ray_local, tmp_pa
     from spice_ray.data.generate import generate_dataset
     from spice_ray.data.store import load_split
     from spice_ray.fusion import nstep_targets
-    from spice_ray.train.ray_train import data_shrink_prior, plan_job
+    from spice_ray.train.prior import data_shrink_prior
+    from spice_ray.train.ray_train import plan_job
 
     cfg = make_config("smoke", "darkroom", overrides=["train.shrink_prior=data",
                                                       f"out_dir={tmp_path}"])

@@ -262,11 +262,15 @@ def test_darkroom_learned_agents_run_and_add_up() -> None:
     df = online_rows(DARK.env, cfg, data, specs, model, seed=3)
     check_rows(df, data["task_id"])
     assert np.isfinite(df["value"]).all() and (df.seed == 3).all()
-    wide = df.pivot_table(index=["method", "rule", "config", "task_id", "x"],
-                          columns="metric", values="value")
+    curves = df[df["metric"].isin(["cumulative_regret", "cumulative_return"])]
+    wide = curves.pivot_table(index=["method", "rule", "config", "task_id", "x"],
+                              columns="metric", values="value")
     best = np.cumsum(np.tile(darkroom.optimal_rewards(DENV.eval_tasks(data), 20), 2), 1)
     total = (wide["cumulative_regret"] + wide["cumulative_return"]).to_numpy().reshape(4, 6, 40)
     np.testing.assert_allclose(total, np.broadcast_to(best, (4, 6, 40)))
+    visits = df[df["metric"] == "visits"]  # one count per step, over the grid's cells
+    assert visits["x"].between(0, DENV.params.grid_size ** 2 - 1).all()
+    assert (visits.groupby(["method", "rule", "config", "task_id"])["value"].sum() == 40).all()
 
 
 def test_offline_curve_has_at_least_20_points() -> None:

@@ -14,21 +14,25 @@ import pandas as pd
 from spice_ray.results.summary import final_values, task_means
 
 LEARNED, FLAT = "SPICE", "SPICE (flat prior)"
-_PRIOR_KEYS = ("prior_mean", "prior_var")
+_PRIOR_KEYS = ("prior_mean", "prior_var", "kernel_space")
+"""Fields a pair may differ in: the flat prior's own, and what the kernel compares (the flat
+agent has no network, so it always compares raw states; bandits have no states at all)."""
 
 
 def _fusion(config: str) -> str:
-    """The fusion settings of a config, without the flat prior's own fields."""
+    """The fusion settings of a config that a pair must share."""
     cfg = {k: v for k, v in json.loads(config).items() if k not in _PRIOR_KEYS}
     return json.dumps(cfg, sort_keys=True)
 
 
-def paired_difference(df: pd.DataFrame, method_a: str, method_b: str, metric: str
-                      ) -> tuple[float, float, int] | None:
-    """Mean and SEM over tasks of (a - b) at the last x of ``metric``, for rows of the two
-    methods with the same fusion settings (seeds averaged per task first); None without a pair.
+def paired_difference(df: pd.DataFrame, method_a: str, method_b: str, metric: str,
+                      x: int | None = None) -> tuple[float, float, int] | None:
+    """Mean and SEM over tasks of (a - b) at the last x of ``metric`` (or at ``x``), for rows of
+    the two methods with the same fusion settings (seeds averaged per task first); None
+    without a pair.
     """
-    final = final_values(df, metric)
+    sub = df[df["metric"] == metric]
+    final = final_values(df, metric) if x is None else sub[sub["x"] == x]
     rows = final[final["method"].isin([method_a, method_b]) & (final["variant"] == "")]
     if rows.empty:
         return None
@@ -47,17 +51,24 @@ def prior_contribution(df: pd.DataFrame) -> list[str]:
     """What the learned prior adds: the flat-prior row's final value minus SPICE's, paired by
     task at the same fusion settings (positive: the learned prior lowers regret or
     suboptimality)."""
-    metric = next((m for m in ("cumulative_regret", "suboptimality") if m in set(df["metric"])),
-                  None)
-    if metric is None:
+    metrics = set(df["metric"])
+    if "cumulative_regret" in metrics:
+        points = [("cumulative_regret", None, "final cumulative regret")]
+    elif "suboptimality" in metrics:  # the prior matters most before evidence piles up
+        xs = sorted(df.loc[df["metric"] == "suboptimality", "x"].unique())
+        points = [("suboptimality", int(h), f"suboptimality at context length h={h}")
+                  for h in (xs[0], xs[-1])]
+    else:
         return []
-    got = paired_difference(df, FLAT, LEARNED, metric)
-    if got is None:
-        return []
-    mean, sem, n = got
-    what = "final cumulative regret" if metric == "cumulative_regret" else \
-        "suboptimality at the longest context"
-    verdict = ("lowers" if mean - 2 * sem > 0 else "raises" if mean + 2 * sem < 0
-               else "does not change (within 2 SEM)")
-    return [f"What the learned prior adds: {FLAT} minus {LEARNED}, {what}, paired by task: "
-            f"{mean:+.3g} +- {sem:.2g} (n={n} tasks); the learned prior {verdict} it."]
+    out = []
+    for metric, x, what in points:
+        got = paired_difference(df, FLAT, LEARNED, metric, x)
+        if got is None:
+            continue
+        mean, sem, n = got
+        verdict = ("lowers" if mean - 2 * sem > 0 else "raises" if mean + 2 * sem < 0
+                   else "does not change (within 2 SEM)")
+        out.append(f"What the learned prior adds: {FLAT} minus {LEARNED}, {what}, paired by "
+                   f"task: {mean:+.3g} +- {sem:.2g} (n={n} tasks); the learned prior {verdict} "
+                   "it.")
+    return out
