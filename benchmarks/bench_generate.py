@@ -1,4 +1,4 @@
-"""Dataset generation throughput: Ray Data (vectorised, actor pool) vs a naive step-by-step loop.
+"""Dataset generation throughput: Ray Data (vectorised tasks) vs a naive step-by-step loop.
 
     python benchmarks/bench_generate.py [--tasks 100000] [--naive-tasks 500] [--actors 2]
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_scale.py [--tasks 40000] [--eval-tasks 200] [--horizon 300]
 
-Prints tasks/s of dataset generation (bandit A=5, H=500) through the Ray Data actor pool with
+Prints tasks/s of dataset generation (bandit A=5, H=500) through Ray Data tasks with
 1 and with 2 actors, and env-steps/s of online SPICE evaluation (a random-weight model at the
 paper's size, N tasks x H steps) split over 1 and 2 evaluation actors, with both ratios. On a
 2-core machine the ideal ratio is 2; Ray's own tasks and the driver share the same cores.

@@ -9,7 +9,7 @@ impossible request, naming the config field, the request and what is available.
 Two rules per request:
 
 * one unit (a Train worker, an actor, a placement-group bundle) must fit on a single node;
-* gang-scheduled units (all Train workers of a fit, an actor pool, a trial's placement group)
+* gang-scheduled units (all Train workers of a fit, a trial's placement group)
   must fit in the cluster together, with :data:`RAY_DATA_CPUS` CPUs left for Ray Data's own
   read and write tasks when the stage streams data (otherwise Ray Data stalls, "backpressured:
   ResourceBudget").
@@ -186,9 +186,9 @@ def stage_requests(cfg: RunConfig, stages: Sequence[str] = ("datasets", "pretrai
     out = []
     d, t, e = cfg.data, cfg.train, cfg.eval
     if "datasets" in stages:
-        out.append(Request(f"data.num_actors={d.num_actors} x data.actor_cpus={d.actor_cpus:g}",
-                           "generation actor", {"CPU": d.actor_cpus, **labels.get("datagen", {})},
-                           d.num_actors, gang=True, reserve_cpus=RAY_DATA_CPUS))
+        out.append(Request(f"data.actor_cpus={d.actor_cpus:g}", "generation task",
+                           {"CPU": d.actor_cpus, **labels.get("datagen", {})}, 1, gang=False,
+                           reserve_cpus=RAY_DATA_CPUS))
     if "pretrain" in stages and t.num_workers > 0:
         gpu = t.use_gpu if use_gpu is None else use_gpu
         bundle = {"CPU": t.worker_cpus, **({"GPU": 1.0} if gpu else {}),

@@ -244,9 +244,13 @@ def test_gpu_actors_on_a_cpu_machine_are_refused() -> None:
     assert msgs == ["eval.actor_cpus=0.5, eval.actor_gpus=4: one evaluation actor asks for "
                     "0.5 CPU, 4 GPU, but no node of the cluster offers that (the most any "
                     "node has: 2 CPU)"]
-    # generation actors that leave no CPU for Ray Data's tasks hang: refused as well
-    cfg = make_config("smoke", "bandit", overrides=["data.num_actors=4"])
-    assert "at most 2 fit" in check_requests(stage_requests(cfg, ("datasets",)), LAPTOP)[0]
+    # a generation task larger than any node would wait forever: refused as well (more tasks
+    # than fit at once only run fewer at a time)
+    cfg = make_config("smoke", "bandit", overrides=["data.actor_cpus=4"])
+    assert "one generation task asks for 4 CPU" in check_requests(
+        stage_requests(cfg, ("datasets",)), LAPTOP)[0]
+    many = make_config("smoke", "bandit", overrides=["data.num_actors=8"])
+    assert check_requests(stage_requests(many, ("datasets",)), LAPTOP) == []
 
 
 def test_autoscaling_cluster_counts_its_node_types() -> None:

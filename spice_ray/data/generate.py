@@ -1,14 +1,14 @@
-"""Dataset generation on Ray Data: range -> actor-pool map_batches -> write_parquet -> shards.
+"""Dataset generation on Ray Data: range -> map_batches tasks -> write_parquet -> shards.
 
 The flow for one split:
 
 1. check every expected shard against its checksum sidecar; valid shards are kept, invalid ones
    are named in the log and deleted;
-2. ``ray.data.range(num_tasks)`` -> ``map_batches(TaskBatchGenerator, ActorPoolStrategy)``: each
-   actor turns a batch of task ids into a pyarrow table vectorised (tasks of valid shards are
-   skipped) -> ``write_parquet(staging, partition_cols=["shard"])``;
+2. ``ray.data.range(num_tasks)`` -> ``map_batches(generate_batch)``: each Ray Data task (at
+   most ``data.num_actors`` at once) turns a batch of task ids into a pyarrow table vectorised
+   (tasks of valid shards are skipped) -> ``write_parquet(staging, partition_cols=["part"])``;
 3. each staged shard is sorted by task_id and rewritten under its final name (atomic rename +
-   SHA-256 sidecar), so the final bytes do not depend on the number of actors or on Ray's block
+   SHA-256 sidecar), so the final bytes do not depend on the number of workers or on Ray's block
    order.
 
 The manifest (config, seed, schema version, per-shard checksums, row counts, content hash) is
@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from spice_ray.config import DataConfig, RunConfig, env_from_dict
 from spice_ray.data import schema, store
@@ -45,7 +45,7 @@ FAULT_ENV = "SPICE_RAY_FAULT_GENERATE_AFTER_SHARDS"
 
 
 class TaskBatchGenerator:
-    """Ray Data callable class: a batch of global row ids -> a pyarrow table of generated tasks.
+    """A batch of global row ids -> a pyarrow table of generated tasks (:func:`generate_batch`).
 
     Rows of all splits are numbered consecutively (train, then validation, then eval); each
     output row carries ``part``, the index of its (split, shard) in ``parts``, which becomes
@@ -80,6 +80,12 @@ class TaskBatchGenerator:
                                                 for c in self.cols})
             return empty.append_column("part", pa.array([], pa.int32()))
         return pa.concat_tables(tables)
+
+
+def generate_batch(batch: dict[str, np.ndarray], env: dict[str, Any], data: dict[str, Any],
+                   parts: list[tuple[str, int]]) -> pa.Table:
+    """Ray Data task: :class:`TaskBatchGenerator` of one batch."""
+    return TaskBatchGenerator(env, data, parts)(batch)
 
 
 @dataclass
@@ -134,8 +140,10 @@ def find_missing_shards(cfg: RunConfig, ds_dir: Path, splits: tuple[str, ...],
     return missing
 
 
-def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]]) -> None:
-    """Generate the given (split, shard) parts with one Ray Data pipeline, then finalise them."""
+def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]],
+                    on_shard: Callable[[], None] | None = None) -> None:
+    """Generate the given (split, shard) parts with one Ray Data pipeline, then finalise them
+    (``on_shard`` is called as each is written)."""
     import ray
 
     env, data = cfg.env, cfg.data
@@ -144,18 +152,21 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]]) 
     cols = schema.columns(env)
     staging = ds_dir / "_staging"
     shutil.rmtree(staging, ignore_errors=True)  # leftovers of an interrupted run
-    log.info("%s: generating %d shards with %d actors", ds_dir.name, len(parts), data.num_actors)
+    log.info("%s: generating %d shards, %d tasks at once", ds_dir.name, len(parts),
+             data.num_actors)
     blocks = max(2 * data.num_actors, min(len(parts) * 4, -(-total_rows // data.batch_size)))
     label = placement_resources(DATAGEN)  # the CPU nodes of cluster.yaml, when present
     label_args = {"resources": label} if label else {}
     ds = ray.data.range(total_rows, override_num_blocks=blocks)
+    # Plain Ray Data tasks (at most num_actors at once), retried by Ray if a worker dies: the
+    # generator is cheap to build per batch, and an actor pool would add restartable actors
+    # whose constructor arguments live in the object store (Ray warns about those).
     ds = ds.map_batches(
-        TaskBatchGenerator,
-        fn_constructor_kwargs={"env": env.to_dict(), "data": dict(vars(data)),
-                               "parts": parts},
+        generate_batch,
+        fn_kwargs={"env": env.to_dict(), "data": dict(vars(data)), "parts": parts},
         batch_size=data.batch_size,
         batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=data.num_actors),
+        compute=ray.data.TaskPoolStrategy(size=data.num_actors),
         num_cpus=data.actor_cpus,
         **label_args,
     )
@@ -169,9 +180,10 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]]) 
             lo, hi = store.shard_range(i, sizes[split], data.shard_size)
             futures.append(pool.submit(_finalise_shard, staging, ds_dir, k, split, i, lo, hi,
                                        cols, data.compression))
-        for fut in tqdm(futures, desc=f"{ds_dir.name}: finalising shards", unit="shard",
-                        disable=None):
+        for fut in futures:
             fut.result()
+            if on_shard is not None:
+                on_shard()
     if len(todo) < len(parts):
         raise RuntimeError(f"injected fault ({FAULT_ENV}={fault_after}): stopped after "
                            f"{len(todo)} of {len(parts)} shards")
@@ -224,9 +236,10 @@ def _manifest_still_valid(ds_dir: Path, cfg: RunConfig) -> bool:
         return False
 
 
-def generate_dataset(cfg: RunConfig, ds_dir: str | Path, splits: tuple[str, ...] = SPLITS
-                     ) -> GenerationReport:
-    """Generate (or resume, or verify) the dataset for ``cfg`` in ``ds_dir``.
+def generate_dataset(cfg: RunConfig, ds_dir: str | Path, splits: tuple[str, ...] = SPLITS,
+                     on_shard: Callable[[], None] | None = None) -> GenerationReport:
+    """Generate (or resume, or verify) the dataset for ``cfg`` in ``ds_dir``; ``on_shard`` is
+    called as each missing shard is written.
 
     Needs a running Ray (``ray.init``) unless every shard is already valid.
 
@@ -251,7 +264,7 @@ def generate_dataset(cfg: RunConfig, ds_dir: str | Path, splits: tuple[str, ...]
         (ds_dir / store.MANIFEST).unlink(missing_ok=True)
         parts = find_missing_shards(cfg, ds_dir, splits, report)
         if parts:
-            generate_shards(cfg, ds_dir, parts)
+            generate_shards(cfg, ds_dir, parts, on_shard)
         write_manifest(cfg, ds_dir)
     report.seconds = time.perf_counter() - t0
     report.bytes_on_disk = store.dataset_bytes(ds_dir)
