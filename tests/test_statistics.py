@@ -34,6 +34,22 @@ def test_bootstrap_interval_covers_the_mean_of_a_known_distribution() -> None:
     assert bootstrap_ci(np.ones(5)) == (1.0, 1.0) and np.isnan(bootstrap_ci(np.ones(1))[0])
 
 
+def test_bootstrap_resamples_seeds_as_well_as_tasks() -> None:
+    """Three trained models (seeds) that differ by a constant: resampling tasks alone cannot
+    see that spread, the crossed task x seed bootstrap does."""
+    rng = np.random.default_rng(2)
+    tasks = rng.normal(0.0, 1.0, 100)
+    grid = tasks[:, None] + np.array([-1.0, 0.0, 1.0])[None, :]  # (T, S): a seed effect of +-1
+    low1, high1 = bootstrap_ci(grid.mean(axis=1))
+    low2, high2 = bootstrap_ci(grid)
+    assert high2 - low2 > 2 * (high1 - low1)
+    assert low2 < grid.mean() < high2
+    assert bootstrap_ci(grid) == (low2, high2)  # seeded: the same interval every call
+    holes = grid.copy()
+    holes[0, 2] = np.nan  # a seed without that task still gives a finite interval
+    assert np.isfinite(bootstrap_ci(holes)).all()
+
+
 def test_summaries_by_stat() -> None:
     rng = np.random.default_rng(1)
     vals = rng.normal(2.0, 1.0, 100)

@@ -1,9 +1,10 @@
 """The one summary of result rows: average training seeds per task, then a statistic over tasks.
 
 ``stat="sem"`` (the paper's convention, the default) gives mean +- SEM. ``"bootstrap"`` gives
-the mean with a percentile bootstrap confidence interval over tasks and ``"iqm"`` the
-interquartile mean with its bootstrap interval, both from ``scipy.stats.bootstrap`` (tasks are
-resampled; each task's seeds are averaged first, as for the SEM). :func:`improvement` is the
+the mean with a percentile bootstrap confidence interval and ``"iqm"`` the interquartile mean
+with its bootstrap interval, both from ``scipy.stats.bootstrap``: tasks and training seeds are
+resampled independently (each model is evaluated on every task), so the interval covers the
+variation between trained models as well as between tasks. :func:`improvement` is the
 probability that one method beats another on a random task, paired by task, with its interval.
 The report, the figures, the results CLI and the sweeps all call :func:`summarise`.
 """
@@ -42,17 +43,48 @@ def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def bootstrap_ci(values: np.ndarray, statistic=np.mean, confidence: float = 0.95,
                  seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``statistic`` over the values (resampled with
-    replacement); (nan, nan) for fewer than two values."""
+    """Percentile bootstrap interval of ``statistic`` over tasks; (nan, nan) for fewer than
+    two tasks.
+
+    Args:
+        values: [T] one value per task, or [T, S] per task and training seed (NaN where a
+            seed has no value). With several seeds, tasks and seeds are resampled
+            independently (the two factors are crossed: every model is evaluated on every
+            task), and the statistic is taken over the resampled tasks' seed means.
+        statistic: of a vector of task values (``np.mean``, :func:`iqm`).
+    """
     values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
     if len(values) < 2:
         return float("nan"), float("nan")
-    if np.all(values == values[0]):
-        return float(values[0]), float(values[0])
-    res = stats.bootstrap((values,), statistic, n_resamples=RESAMPLES,
-                          confidence_level=confidence, method="percentile", vectorized=True,
-                          axis=-1, random_state=np.random.default_rng(seed))
+    finite = values[np.isfinite(values)]
+    if np.all(finite == finite[0]):
+        return float(finite[0]), float(finite[0])
+    rng = np.random.default_rng(seed)
+    if values.ndim == 1:
+        res = stats.bootstrap((values,), statistic, n_resamples=RESAMPLES,
+                              confidence_level=confidence, method="percentile",
+                              vectorized=True, axis=-1, random_state=rng)
+    else:
+        def crossed(tasks: np.ndarray, seeds: np.ndarray) -> float:
+            grid = values[tasks.astype(np.int64)][:, seeds.astype(np.int64)]  # (T, S)
+            have = np.isfinite(grid)
+            counts = have.sum(axis=1)  # a task none of the drawn seeds has drops out
+            means = np.where(have, grid, 0.0).sum(axis=1)[counts > 0] / counts[counts > 0]
+            return float(statistic(means))
+
+        res = stats.bootstrap((np.arange(values.shape[0]), np.arange(values.shape[1])),
+                              crossed, n_resamples=RESAMPLES, confidence_level=confidence,
+                              method="percentile", vectorized=False, paired=False,
+                              random_state=rng)
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _task_by_seed(rows: pd.DataFrame) -> np.ndarray:
+    """A group's values as a [tasks, seeds] matrix (NaN where a seed lacks a task)."""
+    return rows.pivot_table(index="task_id", columns="seed", values="value",
+                            aggfunc="mean", dropna=False).to_numpy(dtype=np.float64)
 
 
 def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "sem"
@@ -92,7 +124,9 @@ def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "se
         out["sem"] = out["std"] / np.sqrt(out["n"].clip(lower=1))
         return out.drop(columns="std")[[*by, "mean", "sem", "n", "seeds"]]
     fn = np.mean if stat == "bootstrap" else iqm
-    cis = [bootstrap_ci(v.to_numpy(), fn) for _, v in g["value"]]
+    # the raw rows grouped the same way (same keys, same order) keep each task's seeds apart
+    cis = [bootstrap_ci(_task_by_seed(rows), fn)
+           for _, rows in df.groupby(by, dropna=False, observed=True)]
     out["ci_low"] = [c[0] for c in cis]
     out["ci_high"] = [c[1] for c in cis]
     if stat == "iqm":
