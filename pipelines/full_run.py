@@ -20,6 +20,7 @@ import sys
 
 from spice_ray.cli import add_config_args, run_main, start_run
 from spice_ray.config import ConfigError
+from spice_ray.console import Console
 from spice_ray.study import describe_plan, plan_study, run_study
 
 log = logging.getLogger("spice_ray.full_run")
@@ -43,14 +44,18 @@ def cli(argv: list[str] | None = None) -> None:
     if args.dry_run:
         print(describe_plan(plan))
         return
-    lock = start_run(args.address, list(plan.configs.values()), plan.run_dir)
-    report = run_main(run_study, plan)
+    console = Console()
+    lock = start_run(args.address, list(plan.configs.values()), plan.run_dir, console=console,
+                     verbose=args.verbose)
+    console.line(f"spice-ray study: preset {args.preset}, {', '.join(plan.configs)} -> "
+                 f"{plan.run_dir} (logs: {plan.run_dir / 'logs'})")
+    report = run_main(run_study, plan, console)
     lock.release()
     figures = sorted((plan.run_dir / "figures").glob("*.png"))
-    print(f"\nreport:  {report.resolve()}")
-    print(f"figures: {(plan.run_dir / 'figures').resolve()} ({len(figures)} PNG files)")
-    print(f"tables:  {(plan.run_dir / 'results').resolve()} "
-          f"(query: python -m spice_ray.results {plan.run_dir})")
+    console.line(f"report:  {report.resolve()}")
+    console.line(f"figures: {(plan.run_dir / 'figures').resolve()} ({len(figures)} PNG files)")
+    console.line(f"tables:  {(plan.run_dir / 'results').resolve()} "
+                 f"(query: python -m spice_ray.results {plan.run_dir})")
 
 
 if __name__ == "__main__":

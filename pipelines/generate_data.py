@@ -13,6 +13,7 @@ from pathlib import Path
 
 from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
 from spice_ray.config import RunConfig
+from spice_ray.console import Console
 from spice_ray.resources import human_bytes
 from spice_ray.stages import generate_stage
 
@@ -28,8 +29,10 @@ def cli(argv: list[str] | None = None) -> None:
     add_config_args(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)  # a bad config stops here, before Ray starts
-    lock = start_run(args.address, [cfg], cfg.out_dir, stages=("datasets",))
-    report = run_main(generate_stage, cfg)
+    console = Console()
+    lock = start_run(args.address, [cfg], cfg.out_dir, stages=("datasets",), console=console,
+                     verbose=args.verbose)
+    report = run_main(generate_stage, cfg, console=console, label="dataset")
     lock.release()
     print(f"dataset: {report.dataset_dir}")
     print(f"size: {report.num_tasks} tasks, {human_bytes(report.bytes_on_disk)} on disk "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
+from spice_ray.console import Console
 from spice_ray.model.checkpoint import read_meta
 from spice_ray.stages import generate_stage
 from spice_ray.train.ray_train import pretrain
@@ -27,10 +28,13 @@ def cli(argv: list[str] | None = None) -> None:
                         help="training seed (default: every seed of the config)")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    lock = start_run(args.address, [cfg], cfg.out_dir, stages=("datasets", "pretrain"))
-    ds_dir = run_main(generate_stage, cfg).dataset_dir
+    console = Console()
+    lock = start_run(args.address, [cfg], cfg.out_dir, stages=("datasets", "pretrain"),
+                     console=console, verbose=args.verbose)
+    ds_dir = run_main(generate_stage, cfg, console=console, label="dataset").dataset_dir
     for seed in [args.seed] if args.seed is not None else cfg.seeds:
-        final = run_main(pretrain, cfg, args.model, seed, ds_dir)
+        final = run_main(pretrain, cfg, args.model, seed, ds_dir, console=console,
+                         label=f"{args.model} seed {seed}")
         metrics = read_meta(final)["metrics"]
         print(f"checkpoint: {final}")
         print(f"  epoch {int(metrics['epoch']) + 1}: train loss {metrics['train_loss']:.4f}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import logging
 import os
@@ -20,6 +21,7 @@ from spice_ray.config import (
     make_config,
     resolve_run_dir,
 )
+from spice_ray.console import Console
 from spice_ray.errors import SpiceRayError
 from spice_ray.runlock import RunLock
 
@@ -42,6 +44,9 @@ def add_config_args(parser: argparse.ArgumentParser, env: bool = True) -> None:
                         help="run directory (default: runs/<preset>)")
     parser.add_argument("--address", default=None,
                         help="join a running Ray cluster (e.g. 'auto'); default: start a local one")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print our INFO lines and Ray's own logs on the console "
+                             "(they always go to <run>/logs/)")
 
 
 def out_path(text: str) -> Path:
@@ -72,20 +77,30 @@ def fail(message: str, status: int = 2) -> NoReturn:
 
 def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Path,
               stages: Sequence[str] = ("datasets", "pretrain", "evaluate"),
-              extra_requests: Callable[[], Sequence[Any]] | None = None) -> RunLock:
+              extra_requests: Callable[[], Sequence[Any]] | None = None,
+              console: Console | None = None, verbose: bool = False) -> RunLock:
     """Everything a pipeline does before its first unit of work, each failing at once with one
     line and status 2: the run directory is writable, no other run holds it (its lock is taken
     and returned: keep it until the end), the datasets fit on disk and in memory, Ray starts
-    (or is joined), and every stage's resource request fits the cluster.
+    (or is joined), and every stage's resource request fits the cluster. Logs are routed first
+    (:func:`setup_logging`).
 
     Args:
         extra_requests: called after Ray starts, returns more
             :class:`spice_ray.resources.Request` (e.g. a sweep trial's placement group).
+        console: where warnings print (default: stdout).
+        verbose: also print INFO lines and Ray's logs on the console.
     """
     import ray
 
     from spice_ray import resources
+    from spice_ray.tracking import TrackingError, check_available
 
+    for cfg in cfgs:  # a tracker that cannot start would fail after the first model
+        try:
+            check_available(cfg.track)
+        except TrackingError as exc:
+            fail(str(exc))
     run_dir = check_writable(run_dir)
     try:
         lock = runlock.acquire(run_dir)
@@ -93,9 +108,10 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
         fail(str(exc))
     problems = resources.check_sizes(cfgs, run_dir)
     if not problems:
-        setup_logging()
+        console = console or Console()
+        setup_logging(run_dir, console, verbose)
         started = not ray.is_initialized()
-        init_ray(address)
+        init_ray(address, verbose=verbose, console=console)
         problems = resources.check_requests(_requests(cfgs, stages, extra_requests),
                                             resources.cluster_capacity(address))
         if problems and started:
@@ -103,7 +119,15 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
     if problems:
         lock.release()
         fail("\nerror: ".join(problems))
+    atexit.register(_collect_quietly, run_dir)  # also after a failure: the logs say why
     return lock
+
+
+def _collect_quietly(run_dir: Path) -> None:
+    try:
+        collect_ray_logs(run_dir)
+    except OSError as exc:  # a full disk must not hide the run's own error
+        log.warning("could not copy Ray's logs to %s/logs/ray: %s", run_dir, exc)
 
 
 def _requests(cfgs: Sequence[RunConfig], stages: Sequence[str],
@@ -120,27 +144,130 @@ def _requests(cfgs: Sequence[RunConfig], stages: Sequence[str],
     return out + list(extra() if extra else [])
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    """Plain timestamped log lines for the pipelines."""
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+RAY_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.air", "ray.util")
+"""Ray's Python loggers in this process: routed to ``<run>/logs/ray-driver.log`` (and the
+console with ``--verbose``) instead of the stderr handlers Ray installs."""
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_LOG_DIR: list[Path] = []
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None):
-    """Start an embedded local Ray (default) or join a cluster (``address``, e.g. "auto")."""
+def _file_handler(path: Path) -> logging.Handler:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    handler.spice_ray = True  # type: ignore[attr-defined]
+    return handler
+
+
+def _replace_ours(logger: logging.Logger, *handlers: logging.Handler) -> None:
+    for old in [h for h in logger.handlers if getattr(h, "spice_ray", False)]:
+        logger.removeHandler(old)
+        old.close()
+    for handler in handlers:
+        logger.addHandler(handler)
+
+
+def setup_logging(run_dir: str | Path, console: Console, verbose: bool = False) -> Path:
+    """Route this process's log lines to ``<run_dir>/logs/driver.log``.
+
+    The console shows our warnings and errors (and, with ``verbose``, our INFO lines);
+    progress is the console's own (``spice_ray.console``). Ray's loggers go to
+    ``logs/ray-driver.log`` (:func:`init_ray`), and Ray's worker processes keep their output
+    in the Ray session directory, which :func:`collect_ray_logs` copies to ``logs/ray``.
+
+    Returns:
+        The log directory.
+    """
+    logs = Path(run_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    _LOG_DIR[:] = [logs]
+    root = logging.getLogger()
+    _replace_ours(root, _file_handler(logs / "driver.log"))
+    root.setLevel(logging.INFO)
+    shown = console.handler(logging.INFO if verbose else logging.WARNING)
+    shown.spice_ray = True  # type: ignore[attr-defined]
+    _replace_ours(logging.getLogger("spice_ray"), shown)
+    logging.captureWarnings(True)  # Python warnings (e.g. from libraries) to the log file
+    return logs
+
+
+def _route_ray_loggers(console: Console | None) -> None:
+    """Replace the stderr handlers Ray installs on its loggers (at import of ``ray``,
+    ``ray.data``, ...) with ``logs/ray-driver.log`` (and the console when verbose)."""
+    if not _LOG_DIR:
+        return
+    file = _file_handler(_LOG_DIR[0] / "ray-driver.log")
+    file.setLevel(logging.INFO)  # Ray Data logs DEBUG to its own file in the session logs
+    for name in RAY_LOGGERS:
+        logger = logging.getLogger(name)
+        shown = []
+        if console is not None:
+            shown = [console.handler(logging.INFO)]
+            shown[0].spice_ray = True  # type: ignore[attr-defined]
+        logger.handlers = []
+        _replace_ours(logger, file, *shown)
+        logger.propagate = False
+
+
+def collect_ray_logs(run_dir: str | Path) -> Path | None:
+    """Copy this Ray session's log directory (driver, raylet, GCS and every worker's output)
+    to ``<run_dir>/logs/ray`` (replacing an older copy); returns it, or None when Ray is not
+    running in this process. On a multi-node cluster it holds the head node's logs (``ray
+    logs`` lists the others)."""
+    import shutil
+
+    try:
+        import ray
+
+        # The session's log directory (/tmp/ray/session_*/logs by default) is only reachable
+        # as the local node's attribute.
+        node = ray._private.worker._global_node
+        src = Path(node.get_logs_dir_path()) if node is not None else None
+    except (ImportError, AttributeError):
+        src = None
+    if src is None or not src.is_dir():
+        return None
+    dest = Path(run_dir) / "logs" / "ray"
+    tmp = dest.with_name(".ray.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, symlinks=True, ignore=shutil.ignore_patterns("*.sock"),
+                    copy_function=_copy_if_present)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def _copy_if_present(src: str, dst: str) -> None:
+    import shutil
+
+    try:
+        shutil.copy2(src, dst)
+    except FileNotFoundError:  # a worker's log rotated away while copying
+        pass
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: bool = False,
+             console: Console | None = None):
+    """Start an embedded local Ray (default) or join a cluster (``address``, e.g. "auto").
+
+    Worker output reaches the console only with ``verbose`` (``log_to_driver``); otherwise it
+    stays in the session's log files (:func:`collect_ray_logs`). Ray Data's progress bars are
+    off: the pipelines show their own (``spice_ray.console``)."""
     import ray
     from ray.data import DataContext
 
     if ray.is_initialized():
         return ray
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=verbose)
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local only; never on a cluster
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                 log_to_driver=True, logging_level="WARNING")
+        # The dashboard serves the State API, which Ray Train's placement-group cleaner polls
+        # (without it, it warns every few seconds); it takes the next free port after 8265.
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=True,
+                 log_to_driver=verbose, logging_level="INFO" if verbose else "WARNING")
+    _route_ray_loggers(console if verbose else None)
     ctx = DataContext.get_current()
-    ctx.enable_progress_bars = sys.stderr.isatty()
+    ctx.enable_progress_bars = False
     ctx.execution_options.verbose_progress = False
     log.info("Ray %s: %s", ray.__version__, ray.cluster_resources())
     return ray

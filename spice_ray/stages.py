@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from spice_ray.config import RunConfig
+from spice_ray.console import SILENT, Console
 from spice_ray.data import store
 from spice_ray.data.generate import GenerationReport, generate_dataset
 
@@ -20,13 +21,24 @@ def datasets_root(cfg: RunConfig) -> Path:
     return Path(cfg.out_dir) / "datasets"
 
 
-def generate_stage(cfg: RunConfig, dataset_root: Path | None = None) -> GenerationReport:
-    """Generate (or resume, or verify) the dataset of ``cfg`` under ``<out_dir>/datasets``."""
+def generate_stage(cfg: RunConfig, dataset_root: Path | None = None,
+                   console: Console = SILENT, label: str = "") -> GenerationReport:
+    """Generate (or resume, or verify) the dataset of ``cfg`` under ``<out_dir>/datasets``,
+    with a progress bar named ``label`` on ``console`` (shards written)."""
     ds_dir = store.dataset_dir(dataset_root or datasets_root(cfg), cfg)
-    report = generate_dataset(cfg, ds_dir)
+    total = sum(store.num_shards(n, cfg.data.shard_size)
+                for n in store.split_sizes(cfg.data).values())
+    bar = console.bar(label or ds_dir.name, total, "shard")
+    try:
+        report = generate_dataset(cfg, ds_dir, on_shard=lambda: bar.update(1))
+    except BaseException:
+        bar.close("failed")
+        raise
     cfg.write(ds_dir)
     made = sum(len(v) for v in report.generated.values())
     kept = sum(len(v) for v in report.skipped.values())
     log.info("%s: %d shards generated, %d already valid, %.1f s", ds_dir, made, kept,
              report.seconds)
+    bar.close(f"{report.num_tasks} tasks, {made} shards written, {kept} already valid"
+              if made else f"{report.num_tasks} tasks, all {kept} shards current")
     return report

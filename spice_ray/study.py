@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from spice_ray import envs
+from spice_ray import envs, tracking
 from spice_ray.agents import AgentSpec
 from spice_ray.artifacts import is_current
 from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
+from spice_ray.console import SILENT, Console
 from spice_ray.data import store
 from spice_ray.evaluate.actors import evaluate_parallel
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Experiment, ModelRef
@@ -100,16 +101,18 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
 # ---- stage 2: pretraining ----------------------------------------------------------------
 
 
-def pretrain_all(plan: StudyPlan, datasets: dict[str, Path]) -> Finals:
+def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = SILENT
+                 ) -> Finals:
     """Train every model of every experiment, each skipped when current."""
     finals: Finals = {}
     jobs = [(name, m, seed) for name, cfg in plan.configs.items()
             for m in EXPERIMENTS[name].models for seed in cfg.seeds]
     for i, (name, m, seed) in enumerate(jobs, 1):
-        log.info("[pretrain %d/%d] %s %s%s seed %d", i, len(jobs), name, m.kind,
-                 f" [{m.variant}]" if m.variant else "", seed)
+        what = f"{name} {m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}"
+        log.info("[pretrain %d/%d] %s", i, len(jobs), what)
         finals[(name, m.kind, m.variant, seed)] = pretrain(
-            m.config(plan.configs[name]), m.kind, seed, datasets[name])
+            m.config(plan.configs[name]), m.kind, seed, datasets[name], console=console,
+            label=f"model {i}/{len(jobs)} {what}")
     return finals
 
 
@@ -129,7 +132,7 @@ def _table_done(run_dir: Path, table: str, inputs_hash: str) -> bool:
 def _flat_prior(cfg: RunConfig, dataset: Path) -> tuple[float, float]:
     """The constant prior of the reference agents: the shrinkage prior the model trains with
     (the data's own when ``train.shrink_prior=data``)."""
-    from spice_ray.train.ray_train import resolve_config
+    from spice_ray.train.prior import resolve_config
 
     train = resolve_config(cfg, dataset).train
     return float(train.shrink_prior_mean), float(train.shrink_prior_var)
@@ -147,8 +150,8 @@ def _specs(exp: Experiment, cfg: RunConfig, dataset: Path) -> dict[str, list[Age
     return out
 
 
-def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Finals
-                        ) -> list[str]:
+def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Finals,
+                        console: Console = SILENT) -> list[str]:
     """Every evaluation of experiment ``name`` and its tables (skipped when current)."""
     exp, cfg = EXPERIMENTS[name], plan.configs[name]
     tables = [t.name for t in exp.tables_for(cfg)]
@@ -162,17 +165,27 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         "data": store.split_id(dataset, "eval")})
     if all(_table_done(plan.run_dir, t, inputs) for t in tables):
         log.info("[evaluate] %s: tables are current, skipped", name)
+        console.line(f"  {name}: {len(tables)} tables are current, skipped")
         return tables
     data = store.load_split(dataset, "eval", limit=cfg.eval.num_tasks)
     rows: dict[str, list[pd.DataFrame]] = {ev.name: [] for ev in exp.evaluations}
-    for ev in exp.evaluations:
-        for seed in (cfg.seeds if ev.model else (NO_SEED,)):
-            log.info("[evaluate] %s: %s%s", name, ev.name, f" seed {seed}" if ev.model else "")
-            source = str(finals[(name, ev.model.kind, ev.model.variant, seed)]) \
-                if ev.model else None
+    runs = [(ev, seed) for ev in exp.evaluations
+            for seed in (cfg.seeds if ev.model else (NO_SEED,))]
+    bar = console.bar(f"{name}: {len(runs)} evaluations", len(runs) * len(data["task_id"]),
+                      "task")
+    for k, (ev, seed) in enumerate(runs, 1):
+        what = f"{ev.name}{f' seed {seed}' if ev.model else ''}"
+        log.info("[evaluate] %s: %s", name, what)
+        bar.update(status=f"{k}/{len(runs)} {what}")
+        source = str(finals[(name, ev.model.kind, ev.model.variant, seed)]) \
+            if ev.model else None
+        try:
             df = evaluate_parallel(source, cfg.env, cfg.eval, data, specs[ev.name],
-                                   ev.protocols, seed=seed)
-            rows[ev.name].append(df.assign(variant=ev.model.variant if ev.model else ""))
+                                   ev.protocols, seed=seed, on_tasks=bar.update)
+        except BaseException:
+            bar.close(f"failed in {what}")
+            raise
+        rows[ev.name].append(df.assign(variant=ev.model.variant if ev.model else ""))
     if cfg.eval.ppo_episodes > 0 and any(s.evaluation == "ppo" for t in exp.tables
                                           for s in t.rows):
         rows["ppo"] = [_ppo_rows(cfg, data)]
@@ -192,6 +205,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         df = df[df["metric"].isin([*table.metrics, *table.rename])]
         df = df.assign(metric=df["metric"].replace(dict(table.rename)))
         write(plan.run_dir, table.name, df, inputs=inputs, description=table.description)
+    bar.close(f"{len(tables)} tables: {', '.join(tables)}")
     return tables
 
 
@@ -226,8 +240,13 @@ def draw_figures(plan: StudyPlan) -> dict[str, list[Path]]:
     return out
 
 
-def run_study(plan: StudyPlan) -> Path:
-    """Run every stage (each skipped when current); returns the report's path."""
+def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
+    """Run every stage (each skipped when current); returns the report's path.
+
+    Args:
+        console: shows a header per stage and a progress bar per dataset, model and
+            experiment's evaluation.
+    """
     run_dir = plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     for name, cfg in plan.configs.items():
@@ -235,25 +254,30 @@ def run_study(plan: StudyPlan) -> Path:
     first = next(iter(plan.configs.values()))
     first.write(run_dir)  # config.yaml: the first experiment's resolved config
     t0 = time.perf_counter()
+    console.stage(1, 5, "datasets", f"{len(plan.configs)} (Ray Data)")
     datasets = {}
     for name, cfg in plan.configs.items():
         log.info("[stage 1/5 datasets] %s", name)
-        datasets[name] = generate_stage(cfg).dataset_dir
+        datasets[name] = generate_stage(cfg, console=console, label=name).dataset_dir
     plan.timings["datasets"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
     log.info("[stage 2/5 pretrain]")
-    finals = pretrain_all(plan, datasets)
+    n_models = sum(len(EXPERIMENTS[n].models) * len(c.seeds) for n, c in plan.configs.items())
+    console.stage(2, 5, "pretrain", f"{n_models} models (Ray Train)")
+    finals = pretrain_all(plan, datasets, console)
     plan.timings["pretrain"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
     log.info("[stage 3/5 evaluate]")
+    console.stage(3, 5, "evaluate", f"{len(plan.configs)} experiments (Ray actors)")
     for name in plan.configs:
-        evaluate_experiment(plan, name, datasets[name], finals)
+        evaluate_experiment(plan, name, datasets[name], finals, console)
     plan.timings["evaluate"] = time.perf_counter() - t2
 
     log.info("[stage 4/5 figures]")
     figures = draw_figures(plan)
+    console.stage(4, 5, "figures", f"{sum(len(v) for v in figures.values())} PNG files")
     log.info("[stage 5/5 report]")
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
              *(n for name in plan.configs for n in EXPERIMENTS[name].notes),
@@ -263,8 +287,13 @@ def run_study(plan: StudyPlan) -> Path:
     tables = [t for name, cfg in plan.configs.items() for t in EXPERIMENTS[name].tables_for(cfg)]
     descriptions = {t.name: t.description for t in tables}
     findings = {t.name: t.analysis(load(run_dir, t.name)) for t in tables if t.analysis}
-    return write_report(run_dir, figures, configs, notes, descriptions, findings,
-                        horizon_points=(10, 50, first.env.horizon))
+    report = write_report(run_dir, figures, configs, notes, descriptions, findings,
+                          horizon_points=(10, 50, first.env.horizon))
+    console.stage(5, 5, "report", str(report))
+    if first.track != "none":
+        tracking.log_study(first, run_dir)
+        console.line(f"  tables, figures and report logged to {first.track}")
+    return report
 
 
 def describe_plan(plan: StudyPlan) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -26,10 +27,31 @@ def _mtimes(run_dir: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime_ns for p in files}
 
 
+CONSOLE_LINE = re.compile(r"^(\[\d/5\] |  \S|spice-ray study|report: |figures: |tables: )")
+"""Every line the study prints: stage headers, indented unit lines, its first and last lines."""
+
+
 @pytest.mark.ray
 def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
+    """The command a user types, off a terminal: at most 60 lines, every one ours, Ray's logs
+    in <run>/logs; then every table, figure and the report; then a re-run does no work."""
+    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
+                           "smoke", "--out", str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert 10 <= len(lines) <= 60, proc.stdout
+    assert [line for line in lines if not CONSOLE_LINE.match(line)] == [], proc.stdout
+    assert proc.stderr.strip() == "", proc.stderr[-3000:]
+    assert any(re.search(r"model \d+/\d+ bandit spice seed 0: \d+ epochs, loss [\d.]+ "
+                         r"\(policy [\d.]+, td [\d.]+, shrink [\d.]+, anchor [\d.]+\)", line)
+               for line in lines), proc.stdout
+    logs = tmp_path / "run" / "logs"
+    assert "[stage 3/5 evaluate]" in (logs / "driver.log").read_text()
+    assert (logs / "ray" / "raylet.out").exists() and any((logs / "ray").glob("worker-*.out"))
+    assert any((logs / "ray" / "ray-data").glob("*.log"))  # Ray Data's own log files
     plan = plan_study("smoke", tmp_path / "run")
-    report = run_study(plan)
+    report = plan.run_dir / "report.md"
     run_dir = plan.run_dir
     tables = sorted(t.name for name, cfg in plan.configs.items()
                     for t in EXPERIMENTS[name].tables_for(cfg))

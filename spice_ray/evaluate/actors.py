@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,7 @@ def evaluate_parallel(
     num_actors: int | None = None,
     max_retries: int = 2,
     fail_once_marker: str | None = None,
+    on_tasks: Callable[[int], None] | None = None,
 ) -> pd.DataFrame:
     """Split the tasks over M actors, gather their rows, rerun shards whose actor died.
 
@@ -175,6 +176,7 @@ def evaluate_parallel(
         num_actors: M (default ``eval_cfg.num_actors``), at most N.
         max_retries: reruns allowed per shard after its actor died.
         fail_once_marker: fault injection, see :class:`EvalActor`.
+        on_tasks: called with a shard's task count when its rows arrive (progress).
 
     Returns:
         The rows of all shards, checked by :func:`check_rows`.
@@ -232,7 +234,11 @@ def evaluate_parallel(
                 ref, actor = submit(i)
                 pending[ref] = (i, actor)
                 continue
-            ray.kill(actor, no_restart=True)  # one shard per actor: free its CPUs now
+            # One shard per actor: dropping its last handle ends it gracefully and frees its
+            # CPUs (ray.kill here would race its exit: "KillActor RPC failed" in GCS's log).
+            del actor
+            if on_tasks is not None:
+                on_tasks(len(shards[i]))
     finally:
         for _, actor in pending.values():
             ray.kill(actor, no_restart=True)

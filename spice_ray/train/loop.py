@@ -15,7 +15,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -115,6 +115,17 @@ class LoopContext(Protocol):
     def report(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None: ...
 
 
+class StepObserver(Protocol):
+    """Watches training on rank 0: progress displays and experiment trackers."""
+
+    def step(self, step: int, total: int, epoch: int, components: Mapping[str, Tensor]
+             ) -> None:
+        """After optimiser step ``step`` (1-based, over all epochs) of ``total``."""
+
+    def epoch(self, epoch: int, metrics: Mapping[str, float]) -> None:
+        """After epoch ``epoch`` (0-based) with its train/val metrics."""
+
+
 def unwrap(model: nn.Module) -> TrunkModel:
     """The TrunkModel inside a DDP wrapper (or the model itself)."""
     return model.module if hasattr(model, "module") else model  # type: ignore[return-value]
@@ -152,12 +163,13 @@ def _mean(parts: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     return {k: float(torch.stack([p[k].float() for p in parts]).mean()) for k in parts[0]}
 
 
-def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1
-        ) -> tuple[dict[str, float], TrunkModel]:
+def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1,
+        observers: Sequence[StepObserver] = ()) -> tuple[dict[str, float], TrunkModel]:
     """Pretrain ``job`` to its last epoch.
 
     Args:
         fault_epoch: test switch: raise once at the end of this epoch when not resuming.
+        observers: told of every step and epoch (pass them on rank 0 only).
 
     Returns:
         (the last epoch's metrics plus ``start_epoch``, the trained model).
@@ -207,6 +219,10 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1
             scheduler.step()
             parts.append(comp)
             seen += len(batch["label"])
+            for obs in observers:
+                obs.step(epoch * steps_per_epoch + step + 1, tc.epochs * steps_per_epoch, epoch,
+                         comp | {"grad_norm": norm.detach(),
+                                 "lr": torch.tensor(scheduler.get_last_lr()[0])})
         if epoch == fault_epoch and resume is None:
             raise RuntimeError(f"injected training fault ({FAULT_ENV}={fault_epoch})")
         elapsed = time.perf_counter() - t0
@@ -232,6 +248,8 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1
                                  "scheduler": scheduler.state_dict()},
                 extra={"identity": job.identity(), "seed": job.seed})
         ctx.report(metrics, ckpt_dir)
+        for obs in observers:
+            obs.epoch(epoch, metrics)
         log.info("%s seed %d epoch %d/%d loss %.4f val %.4f %.0f samples/s", job.kind,
                  job.seed, epoch + 1, tc.epochs, metrics.get("train_loss", float("nan")),
                  metrics.get("val_loss", float("nan")), metrics["samples_per_s"])

@@ -9,7 +9,6 @@ Ray or the plain in-process loop and publishes the final checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import shutil
@@ -21,13 +20,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from spice_ray import tracking
 from spice_ray.config import RunConfig
+from spice_ray.console import SILENT, Bar, Console
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.tokens import make_tokens
 from spice_ray.placement import TRAINER, declared_labels, placement_resources
+from spice_ray.tracking import TrainTracker
 from spice_ray.train.loop import (
     LocalContext,
+    StepObserver,
     TrainingDiverged,
     TrainJob,
     fault_epoch_from_env,
@@ -36,6 +39,8 @@ from spice_ray.train.loop import (
     publish_final,
     shuffled_batches,
 )
+from spice_ray.train.prior import resolve_config
+from spice_ray.train.progress import ProgressReporter, QueueDrain, TrainBar, describe_loss
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +118,14 @@ class RayContext:
                 str(checkpoint_dir)))
 
 
+def start_tracking(job: TrainJob) -> tracking.Run | None:
+    """The tracked run of one model's training (``track``; None when off), named
+    ``<dataset>/<kind>-seed<k>-<identity>`` in the group ``pretrain``."""
+    name = f"{Path(job.dataset_dir).name}/{job.kind}-seed{job.seed}-{job.identity()[:8]}"
+    return tracking.start(job.cfg, "pretrain", name, {"kind": job.kind, "seed": job.seed,
+                                                      **job.cfg.to_dict()})
+
+
 def probe_outputs(model: nn.Module, job: TrainJob, num_tasks: int = 4) -> list[float]:
     """Flattened policy logits (and prior means for SPICE) on the first validation tasks: a
     fingerprint to compare an in-memory model with its reloaded checkpoint."""
@@ -155,12 +168,21 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(int(config["threads"]))
     job = TrainJob(**config["job"])
     ctx = RayContext(job, Path(config["run_dir"]))
+    observers: list[StepObserver] = []
+    if ctx.rank == 0 and config.get("progress") is not None:
+        observers.append(ProgressReporter(config["progress"].put_nowait, job.cfg.train.epochs))
+    run = start_tracking(job) if ctx.rank == 0 else None
+    if run is not None:
+        observers.append(TrainTracker(run))
     try:
-        metrics, model = fit(job, ctx, fault_epoch=int(config.get("fault_epoch", -1)))
+        metrics, model = fit(job, ctx, fault_epoch=int(config.get("fault_epoch", -1)),
+                             observers=observers)
     except TrainingDiverged as exc:
         return {"diverged": str(exc)} if ctx.rank == 0 else {}
     finally:
         shutil.rmtree(ctx.scratch_dir(), ignore_errors=True)
+        if run is not None:
+            run.finish()
     if ctx.rank != 0:
         return {}
     return {"metrics": metrics, "probe": probe_outputs(model, job)}
@@ -233,25 +255,28 @@ def data_config():
                                 execution_options=ray.data.ExecutionOptions(preserve_order=True))
 
 
-def train_with_ray(job: TrainJob, run_dir: Path) -> TrainResult:
+def train_with_ray(job: TrainJob, run_dir: Path, bar: Bar | None = None) -> TrainResult:
     """Fit ``job`` on a TorchTrainer and publish ``run_dir/final``.
 
     A re-run with the same ``run_dir`` resumes from the last checkpoint Ray Train kept there;
-    a worker failure is retried ``train.max_failures`` times from the last checkpoint.
+    a worker failure is retried ``train.max_failures`` times from the last checkpoint. Rank 0
+    sends its progress to ``bar`` through a Ray queue (a zero-CPU actor).
     """
     import ray.train
     from ray.train.torch import TorchTrainer
+    from ray.util.queue import Queue
 
     cfg = job.cfg
     tc = cfg.train
     use_gpu = gpus_available(tc.use_gpu)
+    queue = Queue(actor_options={"num_cpus": 0}) if bar is not None else None
     resources = ({"CPU": tc.worker_cpus} | ({"GPU": 1.0} if use_gpu else {})
                  | placement_resources(TRAINER))  # GPU nodes of cluster.yaml, when present
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"job": dataclasses.asdict(job), "threads": _threads_per_worker(cfg),
                            "fault_epoch": fault_epoch_from_env(),
-                           "run_dir": str(run_dir.resolve())},
+                           "run_dir": str(run_dir.resolve()), "progress": queue},
         scaling_config=ray.train.ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
         datasets={split: _train_dataset(job.dataset_dir, split)
@@ -265,9 +290,15 @@ def train_with_ray(job: TrainJob, run_dir: Path) -> TrainResult:
         ),
     )
     try:
-        result = trainer.fit()
+        if queue is not None and bar is not None:
+            with QueueDrain(queue, TrainBar(bar)):
+                result = trainer.fit()
+        else:
+            result = trainer.fit()
     finally:  # workers remove their own scratch; this catches killed ones
         shutil.rmtree(scratch_root(run_dir), ignore_errors=True)
+        if queue is not None:
+            queue.shutdown()
     returned = result.return_value or {}
     if "diverged" in returned:
         raise TrainingDiverged(returned["diverged"])
@@ -278,10 +309,19 @@ def train_with_ray(job: TrainJob, run_dir: Path) -> TrainResult:
     return TrainResult(final, returned)
 
 
-def train_local(job: TrainJob, run_dir: Path) -> TrainResult:
+def train_local(job: TrainJob, run_dir: Path, bar: Bar | None = None) -> TrainResult:
     """Fit ``job`` in this process (no Ray); resumes from ``run_dir/local``."""
     ctx = LocalContext(job, run_dir)
-    metrics, model = fit(job, ctx, fault_epoch=fault_epoch_from_env())
+    observers: list[StepObserver] = ([ProgressReporter(TrainBar(bar), job.cfg.train.epochs)]
+                                     if bar is not None else [])
+    run = start_tracking(job)
+    if run is not None:
+        observers.append(TrainTracker(run))
+    try:
+        metrics, model = fit(job, ctx, fault_epoch=fault_epoch_from_env(), observers=observers)
+    finally:
+        if run is not None:
+            run.finish()
     last = ctx.resume_dir()
     if last is None:
         raise ckpt.CheckpointError(f"training {run_dir} finished without a checkpoint")
@@ -323,40 +363,6 @@ def final_is_current(final_dir: Path, job: TrainJob) -> bool:
     return False
 
 
-def data_shrink_prior(cfg: RunConfig, dataset_dir: str | Path) -> tuple[float, float]:
-    """Mean and variance of the train split's TD(n) reward targets (no bootstrap term):
-    sum_{i<n, t+i<=T} gamma^i r_{t+i}, over every transition whose n rewards are in context.
-    Computed once per (split content, n, gamma) in a process."""
-    content = store.split_id(dataset_dir, "train")
-    return _target_stats(str(dataset_dir), content, cfg.train.td_n, cfg.train.gamma)
-
-
-@functools.lru_cache(maxsize=16)
-def _target_stats(dataset_dir: str, content: str, n: int, gamma: float,
-                  batch_size: int = 4096) -> tuple[float, float]:
-    from spice_ray.fusion import nstep_targets
-
-    total, total_sq, count = 0.0, 0.0, 0
-    for batch in store.iter_batches(dataset_dir, "train", batch_size):
-        r = torch.as_tensor(np.asarray(batch["rewards"], dtype=np.float64))  # (B, T)
-        y = nstep_targets(r, torch.zeros_like(r), n, gamma)[:, : max(1, r.shape[1] - n + 1)]
-        total += float(y.sum())
-        total_sq += float((y * y).sum())
-        count += y.numel()
-    mean = total / max(count, 1)
-    return mean, max(total_sq / max(count, 1) - mean * mean, 1e-6)
-
-
-def resolve_config(cfg: RunConfig, dataset_dir: str | Path) -> RunConfig:
-    """``cfg`` with what depends on the data filled in: ``train.shrink_prior="data"`` sets
-    ``shrink_prior_mean`` / ``shrink_prior_var`` from :func:`data_shrink_prior`."""
-    if cfg.train.shrink_prior != "data":
-        return cfg
-    mean, var = data_shrink_prior(cfg, dataset_dir)
-    return cfg.replace(train=dataclasses.replace(cfg.train, shrink_prior_mean=round(mean, 6),
-                                                 shrink_prior_var=round(var, 6)))
-
-
 def plan_job(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
              checkpoints_root: str | Path | None = None) -> tuple[TrainJob, Path]:
     """The job for one model and its run directory ``<root>/<dataset>/<kind>-<id>-seed<k>``.
@@ -376,20 +382,37 @@ def plan_job(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
 
 
 def pretrain(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
-             checkpoints_root: str | Path | None = None) -> Path:
+             checkpoints_root: str | Path | None = None, console: Console = SILENT,
+             label: str = "") -> Path:
     """Pretrain one model (skipped when its final checkpoint is current); returns ``final``.
 
     ``train.num_workers = 0`` runs the loop in this process without Ray; otherwise a
     TorchTrainer with that many workers (one GPU each with ``train.use_gpu``). An interrupted
     run resumes from its directory's last checkpoint.
+
+    Args:
+        console: shows a progress bar named ``label`` (steps, epoch, loss components, ETA)
+            and a summary line.
     """
     job, run_dir = plan_job(cfg, kind, seed, dataset_dir, checkpoints_root)
+    label = label or f"{kind} seed {seed}"
     final = run_dir / "final"
     if final_is_current(final, job):
         log.info("%s: final checkpoint is current, skipped", final)
+        console.line(f"  {label}: checkpoint is current, skipped")
         return final
     run_dir.mkdir(parents=True, exist_ok=True)
     job.cfg.write(run_dir)  # as trained: data-derived values filled in
-    if cfg.train.num_workers == 0:
-        return train_local(job, run_dir).final
-    return train_with_ray(job, run_dir).final
+    tc = job.cfg.train
+    bar = console.bar(label, tc.epochs * max(1, cfg.data.num_train_tasks // tc.batch_size),
+                      "step")
+    try:
+        result = (train_local(job, run_dir, bar) if cfg.train.num_workers == 0
+                  else train_with_ray(job, run_dir, bar))
+    except BaseException:
+        bar.close("failed")
+        raise
+    metrics = (result.worker_return or {}).get("metrics", {})
+    bar.close(f"{tc.epochs} epochs, {describe_loss(metrics, 'train_')}, val "
+              f"{metrics.get('val_loss', float('nan')):.3f}" if metrics else "done")
+    return result.final

@@ -1,0 +1,140 @@
+"""What a pipeline prints: stage headers, one live progress display per unit of work, warnings.
+
+On a terminal each unit of work (a dataset, a model, an experiment's evaluation) gets a tqdm
+bar that ends in a one-line summary. When stdout is not a terminal (CI, ``ray job submit``,
+``| tee``) the same events print as plain lines: a line per finished unit, and for long units a
+heartbeat line every ``heartbeat_s`` seconds, so a log file stays short and still shows that
+work is moving. Library code reports through a :class:`Console` it is handed (or
+:data:`SILENT`); only the command-line entry points make one that writes.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from tqdm import tqdm
+
+
+def fmt_seconds(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class Bar:
+    """Progress of one unit of work: ``update`` as it moves, ``close`` with a summary."""
+
+    def __init__(self, console: Console, desc: str, total: int, unit: str) -> None:
+        self.console, self.desc, self.total, self.unit = console, desc, max(1, total), unit
+        self.done = 0
+        self.status = ""
+        self.t0 = self._last_line = console.clock()
+        self._tqdm = (tqdm(total=self.total, desc=desc, unit=unit, file=console.stream,
+                           dynamic_ncols=True, leave=False, mininterval=0.5)
+                      if console.live else None)
+
+    def update(self, advance: int = 0, *, done: int | None = None, status: str = "") -> None:
+        """Move by ``advance`` (or to ``done``) and show ``status`` (e.g. the loss)."""
+        new = self.done + advance if done is None else done
+        new = min(max(new, self.done), self.total)
+        if status:
+            self.status = status
+        if self._tqdm is not None:
+            if status:
+                self._tqdm.set_postfix_str(status, refresh=False)
+            self._tqdm.update(new - self.done)
+            self.done = new
+            return
+        self.done = new
+        now = self.console.clock()
+        if now - self._last_line >= self.console.heartbeat_s and self.done < self.total:
+            self._last_line = now
+            self.console.line(f"  {self.desc}: {self.done}/{self.total} {self.unit}"
+                              + (f", {self.status}" if self.status else "")
+                              + f", ETA {fmt_seconds(self.eta())}")
+
+    def eta(self) -> float:
+        rate = self.done / max(self.console.clock() - self.t0, 1e-9)
+        return (self.total - self.done) / rate if rate > 0 else float("inf")
+
+    def close(self, summary: str = "") -> None:
+        """End the bar with one line: ``desc: summary (time)``."""
+        if self._tqdm is not None:
+            self._tqdm.close()
+            self._tqdm = None
+        took = fmt_seconds(self.console.clock() - self.t0)
+        self.console.line(f"  {self.desc}: {summary or 'done'} ({took})")
+
+
+class Console:
+    """Writes a pipeline's progress to ``stream`` (stdout by default).
+
+    Args:
+        live: tqdm bars (default: when ``stream`` is a terminal); else plain lines.
+        heartbeat_s: seconds between progress lines of one unit when not live.
+    """
+
+    def __init__(self, stream: TextIO | None = None, live: bool | None = None,
+                 heartbeat_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        self.live = bool(self.stream.isatty()) if live is None else live
+        self.heartbeat_s = heartbeat_s
+        self.clock = clock
+        self.lines = 0
+
+    def line(self, text: str) -> None:
+        """One line, above any live bar."""
+        for part in text.splitlines() or [""]:
+            self.lines += 1
+            if self.live:
+                tqdm.write(part, file=self.stream)
+            else:
+                self.stream.write(part + "\n")
+                self.stream.flush()
+
+    def stage(self, index: int, total: int, name: str, detail: str = "") -> None:
+        """``[index/total] name: detail``."""
+        self.line(f"[{index}/{total}] {name}" + (f": {detail}" if detail else ""))
+
+    def bar(self, desc: str, total: int, unit: str = "it") -> Bar:
+        return Bar(self, desc, total, unit)
+
+    def handler(self, level: int = logging.WARNING) -> logging.Handler:
+        """A logging handler that prints records of ``level`` and above as console lines."""
+        return _ConsoleHandler(self, level)
+
+
+class _ConsoleHandler(logging.Handler):
+    def __init__(self, console: Console, level: int) -> None:
+        super().__init__(level)
+        self.console = console
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            if record.levelno < logging.WARNING:
+                text = text.split(": ", 1)[-1]  # with -v, INFO lines read as plain progress
+            self.console.line(text.replace("WARNING ", "warning: ", 1)
+                              .replace("ERROR ", "error: ", 1))
+        except Exception:  # noqa: BLE001 - a broken handler must not break the run
+            self.handleError(record)
+
+
+class _Discard(io.TextIOBase):
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+SILENT = Console(stream=_Discard(), live=False, heartbeat_s=float("inf"))
+"""The console of library calls made without one (tests, notebooks): prints nothing."""

@@ -1,0 +1,81 @@
+"""What a user sees: the console's lines off a terminal, the logs under <run>/logs, errors."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from spice_ray.console import Console, fmt_seconds
+from spice_ray.train.progress import ProgressReporter, TrainBar, describe_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_plain_console_prints_one_line_per_event_and_heartbeats() -> None:
+    out, clock = io.StringIO(), Clock()
+    console = Console(out, live=False, heartbeat_s=30.0, clock=clock)
+    console.stage(2, 5, "pretrain", "3 models")
+    bar = console.bar("model 1/3 bandit spice seed 0", total=100, unit="step")
+    for step in range(1, 61):
+        clock.t = step  # one step per second: a heartbeat at 30 s and at 60 s
+        bar.update(1, status=f"epoch 1/2, loss {1 / step:.3f}")
+    bar.close("2 epochs, loss 0.100")
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "[2/5] pretrain: 3 models",
+        "  model 1/3 bandit spice seed 0: 30/100 step, epoch 1/2, loss 0.033, ETA 1 min 10 s",
+        "  model 1/3 bandit spice seed 0: 60/100 step, epoch 1/2, loss 0.017, ETA 40 s",
+        "  model 1/3 bandit spice seed 0: 2 epochs, loss 0.100 (1 min 00 s)",
+    ]
+    assert console.lines == 4
+
+
+def test_train_progress_is_throttled_and_names_loss_components() -> None:
+    out, clock = io.StringIO(), Clock()
+    console = Console(out, live=False, heartbeat_s=0.0, clock=clock)
+    shown = []
+    bar = console.bar("m", total=10, unit="step")
+    reporter = ProgressReporter(lambda s: (shown.append(s), TrainBar(bar)(s)), epochs=2,
+                                interval_s=5.0, clock=clock)
+    import torch
+
+    comps = {"loss": torch.tensor(0.5), "policy": torch.tensor(0.3), "td": torch.tensor(0.1),
+             "shrink": torch.tensor(0.05), "anchor": torch.tensor(0.05),
+             "weight_mean": torch.tensor(1.0)}
+    for step in range(1, 11):
+        clock.t = step
+        reporter.step(step, 10, (step - 1) // 5, comps)
+    assert [s["step"] for s in shown] == [1, 6, 10]  # every 5 s, and the last step
+    assert "epoch 2/2, loss 0.500 (policy 0.300, td 0.100, shrink 0.050, anchor 0.050)" \
+        in out.getvalue()
+    assert describe_loss({"train_loss": 0.2, "train_policy": 0.2}, "train_") == "loss 0.200"
+
+
+def test_fmt_seconds() -> None:
+    assert [fmt_seconds(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
+
+
+def test_a_failing_stage_still_shows_its_error(tmp_path) -> None:
+    from spice_ray.data.store import DISK_FULL_ENV
+
+    env = dict(os.environ, **{DISK_FULL_ENV: "1"})
+    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
+                           "smoke", "--out", str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "[1/5] datasets" in proc.stdout and ": failed" in proc.stdout
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert error and "No space left on device" in error[0] and str(tmp_path) in error[0], \
+        proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
