@@ -15,6 +15,7 @@ from spice_ray.config.sections import (
     ACTION_RULES,
     KERNEL_SPACES,
     PRESET_NAMES,
+    TRACKERS,
     DataConfig,
     EnvConfig,
     ModelConfig,
@@ -147,16 +148,42 @@ class SweepConfig:
     actor_cpus: float = 0.5
     """CPUs per evaluation actor inside a trial's placement group (> 0)."""
     num_samples: int = 1
-    """Repeats of the grid (>= 1)."""
+    """Repeats of the grid (grid search), or trials to sample (random, optuna); >= 1."""
+    search: Literal["grid", "random", "optuna"] = "grid"
+    """How trials are chosen: every point of a ``tune.grid_search`` space (grid); Tune's
+    random sampling of ``tune.uniform``/``loguniform``/``choice`` (random); or Tune's Optuna
+    searcher, TPE seeded by ``sweep.seed`` (optuna, needs the ``optuna`` package)."""
+    scheduler: Literal["fifo", "asha"] = "fifo"
+    """fifo runs every trial to the end; asha (Tune's ASHA) stops a trial whose running
+    regret after a chunk is in the worse 1 - 1/reduction_factor of its rung."""
+    chunks: int = 0
+    """Parts of the eval tasks a trial reports after (its running regret): 0 means 1 with
+    fifo and 4 with asha. Each chunk starts fresh evaluation actors."""
+    reduction_factor: float = 2.0
+    """ASHA's reduction factor (> 1)."""
+    seed: int = 0
+    """Seed of the searcher (random and optuna)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "sweep")
         for name in ("actors_per_trial", "num_samples"):
             value = getattr(self, name)
             _check(value >= 1, f"sweep.{name}", value, "an integer >= 1")
+        _check(self.search in ("grid", "random", "optuna"), "sweep.search", self.search,
+               "one of grid, random, optuna")
+        _check(self.scheduler in ("fifo", "asha"), "sweep.scheduler", self.scheduler,
+               "one of fifo, asha")
+        _check(self.chunks >= 0, "sweep.chunks", self.chunks, "an integer >= 0 (0: auto)")
+        _check(self.reduction_factor > 1, "sweep.reduction_factor", self.reduction_factor,
+               "a float > 1")
+        _check(self.seed >= 0, "sweep.seed", self.seed, "an integer >= 0")
         _check(self.max_concurrent_trials >= 0, "sweep.max_concurrent_trials",
                self.max_concurrent_trials, "an integer >= 0 (0: derive from the cluster)")
         _check(self.actor_cpus > 0, "sweep.actor_cpus", self.actor_cpus, "a float > 0")
+
+    def report_chunks(self) -> int:
+        """Chunks a trial reports after (``chunks``, or its default for the scheduler)."""
+        return self.chunks or (4 if self.scheduler == "asha" else 1)
 
 
 @dataclass(frozen=True)
@@ -183,9 +210,20 @@ class RunConfig:
     """Evaluation protocol."""
     sweep: SweepConfig = field(default_factory=SweepConfig)
     """Ray Tune sweeps."""
+    track: Literal["none", "tensorboard", "mlflow", "wandb"] = "none"
+    """Experiment tracking (``spice_ray.tracking``): per-step training losses, sweep trials
+    and the result tables go to TensorBoard (``<out_dir>/tensorboard``), MLflow (``track_uri``)
+    or Weights & Biases (offline unless ``WANDB_MODE=online``). Needs the ``track`` extra."""
+    track_uri: str = ""
+    """MLflow tracking URI ("" means a local SQLite store ``<out_dir>/mlflow.db``)."""
+    track_project: str = "spice-ray"
+    """MLflow experiment / W&B project name prefix (the experiment's name is appended)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "")
+        _check(self.track in TRACKERS, "track", self.track, f"one of {', '.join(TRACKERS)}")
+        _check(bool(self.track_project.strip()), "track_project", self.track_project,
+               "a non-empty name")
         _check(self.preset in PRESET_NAMES, "preset", self.preset, f"one of {PRESET_NAMES}")
         _check(len(self.seeds) >= 1, "seeds", self.seeds, "at least one seed")
         for s in self.seeds:

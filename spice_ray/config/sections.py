@@ -22,6 +22,8 @@ from spice_ray.errors import SpiceRayError
 
 PRESET_NAMES = ("smoke", "small", "medium", "paper")
 HEAD_KERNELS = ("auto", "compiled", "eager")
+TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
+"""Experiment trackers (``track``; ``spice_ray.tracking``)."""
 KERNEL_SPACES = ("latent", "context", "state")
 ACTION_RULES = ("greedy", "ucb", "thompson")
 
@@ -131,9 +133,9 @@ class DataConfig:
     batch_size: int = 1_000
     """Tasks generated per vectorised map_batches call (>= 1)."""
     num_actors: int = 2
-    """Generation actors in the Ray Data actor pool (>= 1)."""
+    """Generation workers: Ray Data tasks that run at once (>= 1)."""
     actor_cpus: float = 0.5
-    """CPUs reserved per generation actor (> 0); fractional so Ray Data's own tasks can run."""
+    """CPUs reserved per generation task (> 0); fractional so Ray Data's own tasks can run."""
     compression: Literal["zstd", "snappy", "none"] = "zstd"
     """Parquet compression codec."""
 

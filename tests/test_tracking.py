@@ -1,0 +1,116 @@
+"""Experiment tracking: each backend writes what it should, read back with its own reader.
+
+TensorBoard event files are read back with TensorBoard's EventAccumulator, MLflow through its
+client over a local store (SQLite, artifacts in plain files), Weights & Biases in offline mode
+only (no network).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from spice_ray.config import make_config
+from spice_ray.tracking import TrackingError, check_available
+
+COMPONENTS = ("train/loss", "train/policy", "train/td", "train/shrink", "train/anchor",
+              "train/weight_mean", "train/weight_max", "train/grad_norm")
+
+
+def _needs(package: str):
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None,
+                              reason=f"needs {package} (the track extra)")
+
+
+def _train(tmp_path, track: str, workers: int = 0):
+    """Train the smoke SPICE model with tracking on, in-process or on Ray Train (rank 0 of
+    ``workers`` tracks); returns (cfg, steps)."""
+    from spice_ray.data.generate import generate_dataset
+    from spice_ray.train.ray_train import pretrain
+
+    cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}", f"track={track}",
+                                                    f"train.num_workers={workers}"])
+    ds = generate_dataset(cfg, tmp_path / "ds").dataset_dir
+    pretrain(cfg, "spice", 0, ds)
+    steps = cfg.train.epochs * (cfg.data.num_train_tasks // cfg.train.batch_size)
+    return cfg, steps
+
+
+def test_missing_tracker_package_is_named(monkeypatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(TrackingError, match=r"track=mlflow needs the mlflow package"):
+        check_available("mlflow")
+    check_available("none")
+
+
+def test_bad_track_value_is_refused() -> None:
+    from spice_ray.config import ConfigError
+
+    with pytest.raises(ConfigError, match="track='tensorbord' is invalid"):
+        make_config("smoke", "bandit", overrides=["track=tensorbord"])
+
+
+@pytest.mark.ray
+@_needs("tensorboard")
+def test_tensorboard_events_read_back(ray_local, tmp_path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg, steps = _train(tmp_path, "tensorboard", workers=1)  # from a Ray Train worker
+    runs = [p.parent for p in (tmp_path / "tensorboard").rglob("events.out.tfevents.*")]
+    assert len(runs) == 1
+    acc = EventAccumulator(str(runs[0]))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert set(COMPONENTS) <= tags and "epoch/val_loss" in tags
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(1, steps + 1))
+    assert len(acc.Scalars("epoch/val_loss")) == cfg.train.epochs
+
+
+@pytest.mark.ray
+@_needs("mlflow")
+def test_mlflow_local_store_reads_back(ray_local, tmp_path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    cfg, steps = _train(tmp_path, "mlflow")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("spice-ray-pretrain")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.data.params["train.lr"] == str(cfg.train.lr)
+    assert run.data.params["kind"] == "spice"
+    for key in COMPONENTS:
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in history] == list(range(1, steps + 1)), key
+    assert len(client.get_metric_history(run.info.run_id, "epoch/val_loss")) == \
+        cfg.train.epochs
+
+
+@_needs("mlflow")
+def test_mlflow_study_artifacts(tmp_path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from spice_ray.tracking import log_study
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "bandit_online.parquet").write_bytes(b"PAR1")
+    (tmp_path / "report.md").write_text("# report\n")
+    cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}", "track=mlflow"])
+    log_study(cfg, tmp_path)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("spice-ray-study").experiment_id])[0]
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == [
+        "bandit_online.parquet", "report.md"]
+
+
+@pytest.mark.ray
+@_needs("wandb")
+def test_wandb_offline_run_is_written(ray_local, tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline by default: no network
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _train(tmp_path, "wandb")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert any(runs[0].glob("run-*.wandb"))  # the run's records, for `wandb sync`
