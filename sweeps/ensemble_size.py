@@ -22,6 +22,7 @@ import argparse
 from typing import Any
 
 from spice_ray.cli import add_config_args, config_from_args, run_main
+from spice_ray.console import Console
 from spice_ray.stages import generate_stage
 from spice_ray.sweep import (
     add_sweep_args,
@@ -34,6 +35,7 @@ from spice_ray.sweep import (
 
 GRIDS: dict[str, tuple[int, ...]] = {"smoke": (2, 4), "small": (2, 4, 7, 10),
                                      "paper": (2, 4, 7, 10)}
+GRIDS["medium"] = GRIDS["small"]  # medium differs from small in darkroom training only
 
 
 def search_space(preset: str) -> dict[str, Any]:
@@ -51,14 +53,15 @@ def cli(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     space = search_space(cfg.preset)
-    lock = start_sweep(args, [cfg], args.train_in_trials)
-    ds_dir = run_main(generate_stage, cfg).dataset_dir
+    console = Console()
+    lock = start_sweep(args, [cfg], args.train_in_trials, console=console)
+    ds_dir = run_main(generate_stage, cfg, console=console, label="dataset").dataset_dir
     if not args.train_in_trials:
-        run_main(pretrain_grid, cfg, space, ds_dir)
+        run_main(pretrain_grid, cfg, space, ds_dir, console=console)
     result = run_main(run_sweep, f"ensemble_size_{cfg.env.name}", cfg, space, None, ds_dir,
                       cfg.out_dir,
-                      train_in_trial=args.train_in_trials, **sweep_kwargs(args))
-    print(format_result(result, args.top))
+                      train_in_trial=args.train_in_trials, **sweep_kwargs(args), console=console)
+    console.line(format_result(result, args.top))
     lock.release()
 
 

@@ -22,6 +22,7 @@ import argparse
 from typing import Any
 
 from spice_ray.cli import add_config_args, config_from_args, run_main
+from spice_ray.console import Console
 from spice_ray.sweep import (
     add_sweep_args,
     ensure_models,
@@ -36,6 +37,7 @@ GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
     "small": {"noise_var": (0.01, 0.09, 0.25, 1.0), "v_min": (0.001, 0.01, 0.1)},
     "paper": {"noise_var": (0.01, 0.04, 0.09, 0.25, 1.0), "v_min": (1e-4, 1e-3, 1e-2, 1e-1)},
 }
+GRIDS["medium"] = GRIDS["small"]  # medium differs from small in darkroom training only
 
 
 def search_space(preset: str) -> dict[str, Any]:
@@ -54,11 +56,12 @@ def cli(argv: list[str] | None = None) -> None:
     add_sweep_args(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    lock = start_sweep(args, [cfg])
-    ds_dir, ckpts = run_main(ensure_models, cfg)
+    console = Console()
+    lock = start_sweep(args, [cfg], console=console)
+    ds_dir, ckpts = run_main(ensure_models, cfg, console=console)
     result = run_main(run_sweep, f"fusion_noise_{cfg.env.name}", cfg, search_space(cfg.preset),
-                      ckpts, ds_dir, cfg.out_dir, **sweep_kwargs(args))
-    print(format_result(result, args.top))
+                      ckpts, ds_dir, cfg.out_dir, **sweep_kwargs(args), console=console)
+    console.line(format_result(result, args.top))
     lock.release()
 
 

@@ -21,6 +21,14 @@ the redundant combinations would repeat identical runs. Per preset:
     paper: taus (0.1, 0.25, 0.5, 1.0, 2.0) betas (0.25, 0.5, 1, 2, 4)    7 x 6 = 42 per env
 
 `small` is cut down so that both envs finish in ~15 min on 2 cores (about 5-25 s per trial).
+
+Search instead of enumerate: ``--set sweep.search=optuna`` (Tune's Optuna searcher, seeded by
+sweep.seed) or ``random`` samples kernel, tau, beta and schedule from ranges
+(:func:`search_space`), ``sweep.num_samples`` trials; ``--set sweep.scheduler=asha`` lets
+Tune's ASHA stop trials whose running regret after a chunk of the tasks is poor:
+
+    python sweeps/kernel_beta.py --env darkroom --set sweep.search=optuna \
+        --set sweep.scheduler=asha --set sweep.num_samples=16
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any
 from spice_ray import envs
 from spice_ray.cli import add_config_args, config_from_args, run_main
 from spice_ray.config import FusionConfig
+from spice_ray.console import Console
 from spice_ray.sweep import (
     add_sweep_args,
     ensure_models,
@@ -46,6 +55,7 @@ GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
     "small": {"taus": (0.25, 1.0), "betas": (0.5, 2.0)},
     "paper": {"taus": (0.1, 0.25, 0.5, 1.0, 2.0), "betas": (0.25, 0.5, 1.0, 2.0, 4.0)},
 }
+GRIDS["medium"] = GRIDS["small"]  # medium differs from small in darkroom training only
 
 
 def fusion_grid(base: FusionConfig, taus: tuple[float, ...], betas: tuple[float, ...]
@@ -62,11 +72,17 @@ def fusion_grid(base: FusionConfig, taus: tuple[float, ...], betas: tuple[float,
     return [k | s for k in kernels for s in schedules]
 
 
-def search_space(base: FusionConfig, preset: str) -> dict[str, Any]:
-    """The Tune param_space: one grid over the fusion overrides of :func:`fusion_grid`."""
+def search_space(base: FusionConfig, preset: str, search: str = "grid") -> dict[str, Any]:
+    """The Tune param_space: one grid over the fusion overrides of :func:`fusion_grid`, or
+    (``sweep.search`` random or optuna) samplers over the same ranges: kernel, log-uniform
+    tau in [0.05, 5] and beta in [0.1, 10], and the beta schedule."""
     from ray import tune
 
-    return {"fusion": tune.grid_search(fusion_grid(base, **GRIDS[preset]))}
+    if search == "grid":
+        return {"fusion": tune.grid_search(fusion_grid(base, **GRIDS[preset]))}
+    return {"fusion": {"kernel": tune.choice(list(KERNELS)), "tau": tune.loguniform(0.05, 5.0),
+                       "beta_schedule": tune.choice(["fixed", "sqrt2logt"]),
+                       "beta": tune.loguniform(0.1, 10.0)}}
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -79,13 +95,14 @@ def cli(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     names = ("bandit", "darkroom") if args.env == "both" else (args.env,)
     cfgs = {env: config_from_args(args, env) for env in names}  # all valid before Ray starts
-    lock = start_sweep(args, list(cfgs.values()))
+    console = Console()
+    lock = start_sweep(args, list(cfgs.values()), console=console)
     for env, cfg in cfgs.items():
-        ds_dir, ckpts = run_main(ensure_models, cfg)
-        result = run_main(run_sweep, f"kernel_beta_{env}", cfg,
-                          search_space(cfg.fusion, cfg.preset), ckpts, ds_dir, cfg.out_dir,
-                          **sweep_kwargs(args))
-        print(format_result(result, args.top))
+        ds_dir, ckpts = run_main(ensure_models, cfg, console=console)
+        space = search_space(cfg.fusion, cfg.preset, cfg.sweep.search)
+        result = run_main(run_sweep, f"kernel_beta_{env}", cfg, space, ckpts, ds_dir,
+                          cfg.out_dir, **sweep_kwargs(args), console=console)
+        console.line(format_result(result, args.top))
     lock.release()
 
 

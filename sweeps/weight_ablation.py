@@ -18,6 +18,7 @@ import argparse
 from typing import Any
 
 from spice_ray.cli import add_config_args, config_from_args, run_main
+from spice_ray.console import Console
 from spice_ray.experiments import WEIGHT_VARIANTS
 from spice_ray.stages import generate_stage
 from spice_ray.sweep import (
@@ -48,13 +49,14 @@ def cli(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = config_from_args(args, "darkroom")
     space = search_space()
-    lock = start_sweep(args, [cfg], args.train_in_trials)
-    ds_dir = run_main(generate_stage, cfg).dataset_dir
+    console = Console()
+    lock = start_sweep(args, [cfg], args.train_in_trials, console=console)
+    ds_dir = run_main(generate_stage, cfg, console=console, label="dataset").dataset_dir
     if not args.train_in_trials:
-        run_main(pretrain_grid, cfg, space, ds_dir)
+        run_main(pretrain_grid, cfg, space, ds_dir, console=console)
     result = run_main(run_sweep, "weight_ablation", cfg, space, None, ds_dir, cfg.out_dir,
-                      train_in_trial=args.train_in_trials, **sweep_kwargs(args))
-    print(format_result(result, args.top))
+                      train_in_trial=args.train_in_trials, **sweep_kwargs(args), console=console)
+    console.line(format_result(result, args.top))
     lock.release()
 
 

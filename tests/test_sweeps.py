@@ -3,6 +3,7 @@ sweep, trial resources and concurrency. One smoke bandit dataset and checkpoint 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,76 @@ def test_retraining_trials_find_pretrained_checkpoints(models: dict[str, Any]) -
     other = apply_params(cfg, {"model": {"ensemble_size": 2}})
     with pytest.raises(SweepError, match="pretrain before the sweep"):
         resolve_checkpoint(other, 0, ds)
+
+
+def test_search_spaces_are_checked_counted_and_hashed_stably() -> None:
+    from ray import tune
+
+    from spice_ray.sweep.params import check_space, count_trials, space_json
+
+    grid = {"fusion": {"beta": tune.grid_search([0.5, 1.0]), "tau": 0.5},
+            "model": {"ensemble_size": tune.grid_search([2, 4, 7])}}
+    sampled = {"fusion": {"beta": tune.loguniform(0.1, 10.0),
+                          "kernel": tune.choice(["rbf", "uniform"])}}
+    assert count_trials(grid, 2) == 12 and count_trials(sampled, 16) == 16
+    check_space(grid, "grid")
+    check_space(sampled, "optuna")
+    with pytest.raises(SweepError, match="'fusion.beta' is a random sampler; set sweep.search"):
+        check_space(sampled, "grid")
+    with pytest.raises(SweepError, match="'fusion.beta' is a grid search, which Optuna"):
+        check_space(grid, "optuna")
+    with pytest.raises(SweepError, match="needs random samplers"):
+        check_space(grid, "random")
+    with pytest.raises(SweepError, match="not known before Tune samples them"):
+        expand_grid(sampled)
+    # the restore guard hashes the space: samplers by their bounds, not their address
+    again = {"fusion": {"beta": tune.loguniform(0.1, 10.0),
+                        "kernel": tune.choice(["rbf", "uniform"])}}
+    assert space_json(sampled) == space_json(again)
+    assert '"lower":0.1' in space_json(sampled) and '"categories":["rbf","uniform"]' in \
+        space_json(sampled)
+    assert space_json(sampled) != space_json({"fusion": {"beta": tune.uniform(0.1, 10.0),
+                                                         "kernel": tune.choice(["rbf"])}})
+
+
+@pytest.mark.ray
+def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any]) -> None:
+    """Four Optuna trials over beta, each reporting its running regret after each quarter of
+    the tasks; ASHA stops at least one, and the tables say which."""
+    from ray import tune
+
+    cfg = models["cfg"].replace(sweep=dataclasses.replace(
+        models["cfg"].sweep, search="optuna", scheduler="asha", num_samples=4,
+        max_concurrent_trials=1, seed=3))
+    space = {"fusion": {"beta": tune.loguniform(0.01, 100.0)}}
+    result = run_sweep("optuna_asha", cfg, space, models["ckpts"], models["ds"], models["out"],
+                       curve_points=5)
+    trials = result.trials
+    assert len(trials) == 4 and trials["fusion.beta"].nunique() == 4
+    assert (trials["chunks"] == 4).all()
+    stopped = trials[trials["stopped_early"]]
+    assert len(stopped) >= 1 and (stopped["chunk"] < 4).all()
+    assert not trials["stopped_early"].all()
+    n_tasks = cfg.eval.num_tasks
+    summary = result.summary
+    assert summary.loc[summary["complete"], "n"].eq(n_tasks).all()
+    assert summary.loc[~summary["complete"], "n"].lt(n_tasks).all()
+    assert bool(summary.iloc[0]["complete"])  # the best is ranked among complete configs
+
+
+def test_optuna_searcher_is_seeded_by_the_config() -> None:
+    from ray import tune
+
+    from spice_ray.sweep.driver import _searcher
+
+    space = {"fusion": {"beta": tune.loguniform(0.01, 100.0)}}
+
+    def first_suggestions(seed: int) -> list[float]:
+        cfg = make_config("smoke", "bandit", overrides=["sweep.search=optuna",
+                                                        f"sweep.seed={seed}"])
+        searcher = _searcher(cfg)
+        searcher.set_search_properties("regret_mean", "min", space)
+        return [searcher.suggest(f"t{i}")["fusion"]["beta"] for i in range(3)]
+
+    assert first_suggestions(3) == first_suggestions(3)
+    assert first_suggestions(3) != first_suggestions(4)

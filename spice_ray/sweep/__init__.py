@@ -2,20 +2,23 @@
 
 ``params``: trial parameters over a base config; ``resources``: a trial's placement group and
 concurrency; ``trial``: one trial (evaluation actors in its placement group); ``driver``:
-build or restore the Tuner (guarded), gather ``<out>/sweeps/<name>.parquet`` and its summary.
+build or restore the Tuner (guarded), gather ``<out>/sweeps/<name>.parquet`` and its summary;
+``callbacks``: the console's progress over trials; ``cli``: flags and start-up of sweeps/*.py.
 """
 
+from spice_ray.sweep.cli import (
+    add_sweep_args,
+    format_best,
+    format_result,
+    start_sweep,
+    sweep_kwargs,
+)
 from spice_ray.sweep.driver import (
     SWEEPS_DIR,
     SweepResult,
-    add_sweep_args,
     check_restorable,
-    format_best,
-    format_result,
     run_sweep,
-    start_sweep,
     summarise_sweep,
-    sweep_kwargs,
 )
 from spice_ray.sweep.params import (
     SweepError,

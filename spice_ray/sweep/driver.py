@@ -45,22 +45,30 @@ group's head bundle reserves ``train.worker_cpus`` for that.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from spice_ray import tracking
 from spice_ray.artifacts import atomic_write_text
 from spice_ray.config import RunConfig, config_hash
+from spice_ray.console import SILENT, Console
 from spice_ray.results.summary import summarise
-from spice_ray.sweep.params import SweepError, expand_grid, flatten_params, params_json
+from spice_ray.sweep.params import (
+    SweepError,
+    check_space,
+    count_trials,
+    flatten_params,
+    params_json,
+    space_json,
+)
 from spice_ray.sweep.resources import auto_max_concurrent, bundles_total, trial_bundles
 from spice_ray.sweep.trial import (
     FAULT_ENV,
@@ -109,7 +117,7 @@ def _inputs_hash(name: str, cfg: RunConfig, search_space: Mapping[str, Any],
     from spice_ray.model.checkpoint import content_id
 
     base = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "sweep")}
-    return config_hash({"name": name, "space": json.loads(params_json(search_space)),
+    return config_hash({"name": name, "space": json.loads(space_json(search_space)),
                         "base": base, "data": split_id(dataset_dir, "eval"),
                         "curve_points": curve_points,
                         "ckpts": None if checkpoints is None
@@ -177,7 +185,9 @@ def _trial_frames(grid: ResultGrid, name: str) -> Iterator[tuple[dict[str, Any],
         info = {"trial_id": str(metrics.get("trial_id", "")), "params": params_json(params),
                 **{k: v for k, v in metrics.items()
                    if k in ("regret_mean", "regret_sem", "n_tasks", "n_seeds", "seconds",
-                            "finished_at", "placement_group", "captures_actors")}}
+                            "finished_at", "placement_group", "captures_actors", "chunk",
+                            "chunks")}}
+        info["stopped_early"] = int(metrics.get("chunk", 1)) < int(metrics.get("chunks", 1))
         flat = flatten_params(params)
         rows.insert(0, "sweep", name)
         rows.insert(1, "trial_id", info["trial_id"])
@@ -191,8 +201,10 @@ def summarise_sweep(table: pd.DataFrame) -> pd.DataFrame:
     """Per configuration (``params``): final regret mean, SEM and n over tasks.
 
     Seeds (and repeated samples of a config) are averaged per task first
-    (``spice_ray.results.summarise``). Sorted best first, with a ``rank`` column (1 = lowest
-    final regret).
+    (``spice_ray.results.summarise``). ``complete`` says whether a config was evaluated on
+    every task (a trial an ASHA scheduler stopped early was not: its mean is over the tasks it
+    reached). Sorted complete configs first, then best first, with a ``rank`` column (1 =
+    lowest final regret among the complete).
     """
     reg = table[table["metric"] == REGRET_METRIC]
     final = reg[reg["x"] == reg.groupby("params")["x"].transform("max")]
@@ -207,19 +219,39 @@ def summarise_sweep(table: pd.DataFrame) -> pd.DataFrame:
     out = stats.join(meta)
     if param_cols:
         out = out.join(final.groupby("params")[param_cols].first())
-    out = out.reset_index().sort_values(["mean", "params"], kind="stable")
+    out["complete"] = out["n"] == out["n"].max()
+    out = out.reset_index().sort_values(["complete", "mean", "params"],
+                                        ascending=[False, True, True], kind="stable")
     out.insert(0, "rank", range(1, len(out) + 1))
-    return out[["rank", "params", *param_cols, "env", "mean", "sem", "n", "seeds", "trials",
-                "horizon", "config"]].reset_index(drop=True)
+    return out[["rank", "params", *param_cols, "env", "mean", "sem", "n", "complete", "seeds",
+                "trials", "horizon", "config"]].reset_index(drop=True)
 
 
-def format_best(summary: pd.DataFrame, top: int = 5) -> str:
-    """The ``top`` configurations as text lines (rank, final regret +- SEM, params)."""
-    lines = []
-    for row in summary.head(top).itertuples(index=False):
-        lines.append(f"  #{row.rank:<3d} final regret {row.mean:9.4f} +- {row.sem:7.4f} "
-                     f"(n={row.n}, seeds={row.seeds})  {row.params}")
-    return "\n".join(lines)
+def _searcher(cfg: RunConfig) -> Any:
+    """Tune's search algorithm for ``sweep.search`` (None: Tune's grid/random variants)."""
+    if cfg.sweep.search == "optuna":
+        try:
+            import optuna  # noqa: F401
+            from ray.tune.search.optuna import OptunaSearch
+        except ImportError as exc:
+            raise SweepError("sweep.search=optuna needs the optuna package: pip install "
+                             "'spice-ray[search]'") from exc
+        return OptunaSearch(seed=cfg.sweep.seed)
+    if cfg.sweep.search == "random":
+        from ray.tune.search import BasicVariantGenerator
+
+        return BasicVariantGenerator(random_state=cfg.sweep.seed)
+    return None
+
+
+def _scheduler(cfg: RunConfig) -> Any:
+    """ASHA over the trial's reported chunks (``sweep.scheduler=asha``), else FIFO."""
+    if cfg.sweep.scheduler != "asha":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    return ASHAScheduler(time_attr="training_iteration", max_t=cfg.sweep.report_chunks(),
+                         grace_period=1, reduction_factor=cfg.sweep.reduction_factor)
 
 
 def run_sweep(
@@ -235,8 +267,8 @@ def run_sweep(
     train_in_trial: bool = False,
     curve_points: int | None = 50,
     fail_if: Mapping[str, Any] | None = None,
-    top: int = 5,
-    verbose: int = 1,
+    verbose: int = 0,
+    console: Console = SILENT,
 ) -> SweepResult:
     """Run (or resume, or just re-collect) one Tune sweep and write its tables.
 
@@ -244,7 +276,8 @@ def run_sweep(
         name: experiment name; the Tune experiment is ``<out_dir>/sweeps/<name>``.
         base_cfg: the config every trial starts from (seeds, eval sizes, sweep resources).
         search_space: Tune ``param_space`` over the trial parameters (see
-            :func:`apply_params`), built from ``tune.grid_search``.
+            :func:`apply_params`): ``tune.grid_search`` with ``sweep.search=grid``, samplers
+            (``tune.uniform``, ``loguniform``, ``choice``) with ``random`` or ``optuna``.
         checkpoints: {seed: SPICE checkpoint dir} shared by all trials, or None when trials
             retrain (see :func:`resolve_checkpoint`).
         dataset_dir: dataset with the eval split (and train split for retraining).
@@ -257,8 +290,8 @@ def run_sweep(
             ``train.worker_cpus``).
         curve_points: steps kept per regret curve in the table (None: every step).
         fail_if: fault injection (see :data:`FAULT_ENV`, which is read when this is None).
-        top: best configurations logged.
-        verbose: Tune's console verbosity (0 silent, 1 default, 2 verbose).
+        verbose: Tune's own console output (0: none, the console's bar instead; 1, 2).
+        console: shows a bar over the trials (running regret as chunks report).
 
     Returns:
         A :class:`SweepResult`.
@@ -268,6 +301,8 @@ def run_sweep(
             or the existing experiment was run with different inputs.
     """
     from ray import tune
+
+    from spice_ray.sweep import callbacks
 
     t0 = time.time()
     out_dir = Path(out_dir).resolve()
@@ -281,10 +316,12 @@ def run_sweep(
     if fail_if is None and os.environ.get(FAULT_ENV):
         fail_if = json.loads(os.environ[FAULT_ENV])
     inputs = _inputs_hash(name, cfg, search_space, checkpoints, dataset_dir, curve_points)
+    check_space(search_space, cfg.sweep.search)
     trainable = make_trainable(cfg, dataset_dir, checkpoints, curve_points, train_in_trial,
                                fail_if)
-    num_trials = len(expand_grid(search_space)) * cfg.sweep.num_samples
+    num_trials = count_trials(search_space, cfg.sweep.num_samples)
     bundles = trial_bundles(cfg, train_in_trial)
+    callbacks.attach(name, console)
 
     restored = bool(resume and tune.Tuner.can_restore(str(exp_dir)))
     if restored:
@@ -298,22 +335,28 @@ def run_sweep(
         concurrency = (max_concurrent_trials or cfg.sweep.max_concurrent_trials
                        or auto_max_concurrent(bundles, num_trials=num_trials))
         per_trial = bundles_total(bundles)
-        log.info("[sweep %s] %d trials, %d at once; each trial reserves %s (%d actors x %s)",
-                 name, num_trials, concurrency, per_trial, cfg.sweep.actors_per_trial,
+        log.info("[sweep %s] %d trials (%s search, %s scheduler), %d at once; each trial "
+                 "reserves %s (%d actors x %s)", name, num_trials, cfg.sweep.search,
+                 cfg.sweep.scheduler, concurrency, per_trial, cfg.sweep.actors_per_trial,
                  bundles[-1] if len(bundles) > 1 else {})
         sweeps.mkdir(parents=True, exist_ok=True)
         atomic_write_text(inputs_file, json.dumps(
             {"inputs": inputs, "max_concurrent_trials": concurrency,
-             "space": json.loads(params_json(search_space))}, indent=1))
+             "space": json.loads(space_json(search_space))}, indent=1))
         tuner = tune.Tuner(
             trainable,
             param_space=dict(search_space),
             tune_config=tune.TuneConfig(metric=OPTIMISE_METRIC, mode="min",
                                         num_samples=cfg.sweep.num_samples,
                                         max_concurrent_trials=concurrency,
+                                        search_alg=_searcher(cfg), scheduler=_scheduler(cfg),
                                         reuse_actors=True),
-            run_config=tune.RunConfig(name=name, storage_path=str(sweeps), verbose=verbose,
-                                      failure_config=tune.FailureConfig(max_failures=0)),
+            run_config=tune.RunConfig(
+                name=name, storage_path=str(sweeps), verbose=verbose,
+                failure_config=tune.FailureConfig(max_failures=0),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                callbacks=[callbacks.TrialProgress(name, num_trials),
+                           *tracking.tune_callbacks(cfg, name)]),
         )
     grid = tuner.fit()
     if grid.num_errors:
@@ -339,57 +382,7 @@ def run_sweep(
     summary = summarise_sweep(table)
     summary_path = write_frame(sweeps / f"{name}_summary.parquet", summary, inputs=inputs)
     new = int((trials["finished_at"] >= t0).sum()) if "finished_at" in trials else len(trials)
-    log.info("[sweep %s] %d trials (%d new), %d rows -> %s; best (lowest final regret):\n%s",
-             name, len(trials), new, len(table), table_path, format_best(summary, top))
+    log.info("[sweep %s] %d trials (%d new), %d rows -> %s", name, len(trials), new,
+             len(table), table_path)
     return SweepResult(name, table_path, summary_path, summary, trials, exp_dir, restored, new,
                        concurrency, time.time() - t0)
-
-
-
-# ---- command-line helpers for sweeps/*.py ------------------------------------------------
-
-
-def add_sweep_args(parser: argparse.ArgumentParser, retrain: bool = False) -> None:
-    """Sweep flags shared by sweeps/*.py: --fresh, --curve-points, --top (and
-    --train-in-trials for retraining sweeps)."""
-    parser.add_argument("--fresh", action="store_true",
-                        help="move an existing experiment aside and start again "
-                             "(default: restore it; finished trials are kept)")
-    parser.add_argument("--curve-points", type=int, default=50,
-                        help="steps kept per regret curve in the table (0: every step)")
-    parser.add_argument("--top", type=int, default=5, help="best configurations printed")
-    if retrain:
-        parser.add_argument("--train-in-trials", action="store_true",
-                            help="let each trial train its model in-process (parallel on a "
-                                 "cluster) instead of pretraining every variant first")
-
-
-def sweep_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """run_sweep keyword arguments from the parsed flags: resume, curve_points, top."""
-    return {"resume": not args.fresh, "curve_points": args.curve_points or None,
-            "top": args.top}
-
-
-def start_sweep(args: argparse.Namespace, cfgs: Sequence[RunConfig],
-                train_in_trial: bool = False) -> Any:
-    """:func:`spice_ray.cli.start_run` for a sweep: its datasets, pretraining and each trial's
-    placement group must fit the cluster. Returns the run directory's lock."""
-    from spice_ray.cli import start_run
-    from spice_ray.resources import sweep_request
-
-    first = cfgs[0]
-    return start_run(args.address, cfgs, first.out_dir, stages=("datasets", "pretrain"),
-                     extra_requests=lambda: [sweep_request(c, trial_bundles(c, train_in_trial))
-                                             for c in cfgs])
-
-
-def format_result(result: SweepResult, top: int = 5) -> str:
-    """Where a sweep's tables are and its best configurations, as text for the console."""
-    how = "restored" if result.restored else "new"
-    return "\n".join([
-        f"sweep {result.name} ({how}, {result.new_trials} trials run now, "
-        f"{len(result.trials)} in all, {result.seconds:.0f} s)",
-        f"  table:   {result.table_path}",
-        f"  summary: {result.summary_path}",
-        "  best (lowest final regret):",
-        format_best(result.summary, top)])

@@ -85,13 +85,94 @@ def _is_grid(value: Any) -> bool:
     return isinstance(value, Mapping) and set(value) == {"grid_search"}
 
 
+def _is_sampler(value: Any) -> bool:
+    """A Tune search-space domain (``tune.uniform``, ``loguniform``, ``choice``, ...)."""
+    return hasattr(value, "sample") and hasattr(value, "get_sampler")
+
+
+def _walk(space: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in space.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and not _is_grid(value):
+            out += _walk(value, f"{name}.")
+        else:
+            out.append((name, value))
+    return out
+
+
+def samplers(space: Mapping[str, Any]) -> list[str]:
+    """Dotted keys of the space's random samplers."""
+    return [k for k, v in _walk(space) if _is_sampler(v)]
+
+
+def grids(space: Mapping[str, Any]) -> list[str]:
+    """Dotted keys of the space's ``tune.grid_search`` entries."""
+    return [k for k, v in _walk(space) if _is_grid(v)]
+
+
+def check_space(space: Mapping[str, Any], search: str) -> None:
+    """Refuse a space the search cannot run: samplers in a grid search, grid searches in an
+    Optuna search (Optuna samples every key), or a random search with nothing to sample.
+
+    Raises:
+        SweepError: naming the key and the setting to change.
+    """
+    sampled, gridded = samplers(space), grids(space)
+    if search == "grid" and sampled:
+        raise SweepError(f"search space key {sampled[0]!r} is a random sampler; set "
+                         "sweep.search=random or sweep.search=optuna to sample it")
+    if search == "optuna" and gridded:
+        raise SweepError(f"search space key {gridded[0]!r} is a grid search, which Optuna "
+                         "cannot sample; use tune.choice([...]) for it")
+    if search in ("random", "optuna") and not sampled:
+        raise SweepError(f"sweep.search={search} needs random samplers (tune.uniform, "
+                         "tune.loguniform, tune.choice) in the search space; this one is a "
+                         "grid: use sweep.search=grid")
+
+
+def count_trials(space: Mapping[str, Any], num_samples: int) -> int:
+    """Trials Tune will run: grid points x ``num_samples`` (samplers do not multiply)."""
+    n = 1
+    for _, value in _walk(space):
+        if _is_grid(value):
+            n *= len(value["grid_search"])
+    return n * num_samples
+
+
+def space_json(space: Mapping[str, Any]) -> str:
+    """A search space as key-sorted JSON, samplers described by their class and bounds (not
+    their memory address): the same space gives the same text in every process."""
+
+    def describe(value: Any) -> Any:
+        if _is_sampler(value):
+            out = {"domain": type(value).__name__,
+                   "sampler": type(value.get_sampler()).__name__}
+            for attr in ("lower", "upper", "categories"):
+                if hasattr(value, attr):
+                    out[attr] = getattr(value, attr)
+            inner = getattr(value.get_sampler(), "base", None)
+            if inner is not None:
+                out["base"] = inner
+            q = getattr(value.get_sampler(), "q", None)
+            if q is not None:
+                out["q"] = q
+            return out
+        if isinstance(value, Mapping):
+            return {k: describe(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [describe(v) for v in value]
+        return value
+
+    return json.dumps(describe(space), sort_keys=True, separators=(",", ":"), default=str)
+
+
 def expand_grid(space: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every trial's parameters of a search space built from ``tune.grid_search`` (nested).
 
-    Only grid searches and constants are supported (the sweeps here are plain grids).
-
     Raises:
-        SweepError: the space holds a random sampler (e.g. ``tune.uniform``).
+        SweepError: the space holds a random sampler (e.g. ``tune.uniform``): its trials are
+            only known as Tune samples them.
     """
     keys = list(space)
     options: list[list[Any]] = []
@@ -101,9 +182,9 @@ def expand_grid(space: Mapping[str, Any]) -> list[dict[str, Any]]:
             choices = list(value["grid_search"])
         elif isinstance(value, Mapping):
             choices = expand_grid(value)
-        elif hasattr(value, "sample"):
-            raise SweepError(f"search space key {key!r} is a random sampler; only "
-                             "tune.grid_search is supported")
+        elif _is_sampler(value):
+            raise SweepError(f"search space key {key!r} is a random sampler: its trials are "
+                             "not known before Tune samples them")
         else:
             choices = [value]
         options.append(choices)

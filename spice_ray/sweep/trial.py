@@ -21,7 +21,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.config import RunConfig, from_dict
+from spice_ray.console import SILENT, Console
 from spice_ray.results.summary import summarise
 from spice_ray.sweep.params import (
     SweepError,
@@ -37,6 +38,7 @@ from spice_ray.sweep.params import (
     apply_params,
     expand_grid,
     params_json,
+    samplers,
 )
 from spice_ray.sweep.resources import trial_resources
 
@@ -96,14 +98,16 @@ def resolve_checkpoint(cfg: RunConfig, seed: int, dataset_dir: str | Path,
     return pretrain(local, "spice", seed, dataset_dir)
 
 
-def evaluate_config(
+def evaluate_chunks(
     cfg: RunConfig,
     dataset_dir: str | Path,
     checkpoints: Mapping[int, str] | None = None,
     curve_points: int | None = None,
     train_in_trial: bool = False,
-) -> pd.DataFrame:
-    """SPICE online on the eval tasks for every seed, with ``cfg.fusion``; tidy rows.
+    chunks: int = 1,
+) -> Iterator[pd.DataFrame]:
+    """SPICE online on the eval tasks for every seed, with ``cfg.fusion``, in ``chunks`` parts
+    of the tasks; yields the rows so far after each part (every seed of its tasks).
 
     Args:
         cfg: the trial's config; ``sweep.actors_per_trial`` actors of ``sweep.actor_cpus``
@@ -113,9 +117,11 @@ def evaluate_config(
             :func:`resolve_checkpoint`.
         curve_points: steps kept per curve (:func:`curve_steps`); None keeps every step.
         train_in_trial: see :func:`resolve_checkpoint`.
+        chunks: parts of the tasks (at most one task each); the running regret after each
+            lets a scheduler stop a bad trial early.
 
-    Returns:
-        Rows of the online protocol (``spice_ray.evaluate.online``).
+    Yields:
+        Rows of the online protocol (``spice_ray.evaluate.online``) of the tasks so far.
     """
     from spice_ray.agents import AgentSpec
     from spice_ray.data.store import load_split
@@ -126,14 +132,31 @@ def evaluate_config(
     data = load_split(dataset_dir, "eval", limit=eval_cfg.num_tasks)
     spec = AgentSpec("spice", fusion=cfg.fusion)
     seeds = sorted(int(s) for s in checkpoints) if checkpoints is not None else list(cfg.seeds)
+    sources = {seed: (str(checkpoints[seed]) if checkpoints is not None
+                      else str(resolve_checkpoint(cfg, seed, dataset_dir, train_in_trial)))
+               for seed in seeds}
+    n = len(data["task_id"])
     frames = []
-    for seed in seeds:
-        source = (str(checkpoints[seed]) if checkpoints is not None
-                  else str(resolve_checkpoint(cfg, seed, dataset_dir, train_in_trial)))
-        rows = evaluate_parallel(source, cfg.env, eval_cfg, data, [spec], ("online",),
-                                 seed=seed, num_actors=cfg.sweep.actors_per_trial)
-        frames.append(downsample(rows, curve_points))
-    return concat_rows(frames)
+    for part in np.array_split(np.arange(n), max(1, min(chunks, n))):
+        chunk = {k: np.asarray(v)[part] for k, v in data.items()}
+        for seed in seeds:
+            rows = evaluate_parallel(sources[seed], cfg.env, eval_cfg, chunk, [spec],
+                                     ("online",), seed=seed,
+                                     num_actors=cfg.sweep.actors_per_trial)
+            frames.append(downsample(rows, curve_points))
+        yield concat_rows(frames)
+
+
+def evaluate_config(
+    cfg: RunConfig,
+    dataset_dir: str | Path,
+    checkpoints: Mapping[int, str] | None = None,
+    curve_points: int | None = None,
+    train_in_trial: bool = False,
+) -> pd.DataFrame:
+    """:func:`evaluate_chunks` in one part: the rows of every task and seed."""
+    *_, rows = evaluate_chunks(cfg, dataset_dir, checkpoints, curve_points, train_in_trial)
+    return rows
 
 
 def regret_stats(rows: pd.DataFrame) -> dict[str, Any]:
@@ -167,8 +190,10 @@ def sweep_trainable(
     """Tune function trainable: evaluate one configuration and report it once.
 
     Wrapped by :func:`make_trainable` (``tune.with_parameters`` supplies everything but
-    ``config``). Reports the :func:`regret_stats` metrics, the trial's wall time, its placement
-    group id, and a checkpoint holding :data:`TRIAL_ROWS`.
+    ``config``). After each of ``sweep.report_chunks()`` parts of the tasks it reports the
+    :func:`regret_stats` of the tasks so far (``training_iteration`` counts parts, so an ASHA
+    scheduler can stop the trial), the trial's wall time, its placement group id, and a
+    checkpoint holding :data:`TRIAL_ROWS` of those tasks.
 
     Args:
         config: the trial's parameters (see :func:`apply_params`).
@@ -200,13 +225,16 @@ def sweep_trainable(
     torch.set_num_threads(max(1, math.floor(cfg.train.worker_cpus)) if train_in_trial else 1)
     if _matches(config, fail_if):
         raise SweepFault(f"fault injection: trial {params_json(config)} fails on purpose")
-    rows = evaluate_config(cfg, dataset_dir, checkpoints, curve_points, train_in_trial)
-    metrics = regret_stats(rows)
-    metrics |= {"seconds": time.perf_counter() - t0, "finished_at": time.time(),
-                "placement_group": pg.id.hex(), "captures_actors": True}
-    with tempfile.TemporaryDirectory(prefix="spice_sweep_") as tmp:
-        write_frame(Path(tmp) / TRIAL_ROWS, rows)
-        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+    chunks = cfg.sweep.report_chunks()
+    for k, rows in enumerate(evaluate_chunks(cfg, dataset_dir, checkpoints, curve_points,
+                                             train_in_trial, chunks), 1):
+        metrics = regret_stats(rows)
+        metrics |= {"chunk": k, "chunks": chunks, "seconds": time.perf_counter() - t0,
+                    "finished_at": time.time(), "placement_group": pg.id.hex(),
+                    "captures_actors": True}
+        with tempfile.TemporaryDirectory(prefix="spice_sweep_") as tmp:
+            write_frame(Path(tmp) / TRIAL_ROWS, rows)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
 def make_trainable(
@@ -230,7 +258,8 @@ def make_trainable(
 
 
 
-def ensure_models(cfg: RunConfig, kind: str = "spice") -> tuple[Path, dict[int, str]]:
+def ensure_models(cfg: RunConfig, kind: str = "spice", console: Console = SILENT
+                  ) -> tuple[Path, dict[int, str]]:
     """Generate the dataset and pretrain ``kind`` for every seed (each skipped when current).
 
     Returns:
@@ -239,18 +268,25 @@ def ensure_models(cfg: RunConfig, kind: str = "spice") -> tuple[Path, dict[int, 
     from spice_ray.stages import generate_stage
     from spice_ray.train.ray_train import pretrain
 
-    ds_dir = Path(generate_stage(cfg).dataset_dir).resolve()
-    finals = {seed: str(Path(pretrain(cfg, kind, seed, ds_dir)).resolve()) for seed in cfg.seeds}
+    ds_dir = Path(generate_stage(cfg, console=console,
+                                 label=f"{cfg.env.name} dataset").dataset_dir).resolve()
+    finals = {seed: str(Path(pretrain(cfg, kind, seed, ds_dir, console=console,
+                                      label=f"{cfg.env.name} {kind} seed {seed}")).resolve())
+              for seed in cfg.seeds}
     return ds_dir, finals
 
 
-def pretrain_grid(cfg: RunConfig, search_space: Mapping[str, Any], dataset_dir: str | Path
-                  ) -> list[Path]:
+def pretrain_grid(cfg: RunConfig, search_space: Mapping[str, Any], dataset_dir: str | Path,
+                  console: Console = SILENT) -> list[Path]:
     """Pretrain SPICE for every trial's model/train settings and every seed, before a
     retraining sweep (each skipped when current; identical models trained once)."""
     from spice_ray.train.ray_train import plan_job, pretrain
 
     seen: dict[str, Path] = {}
+    if samplers(search_space):
+        raise SweepError(f"search space keys {samplers(search_space)} are sampled, so the "
+                         "models to train are not known before the sweep: let each trial "
+                         "train its own (--train-in-trials) or search a grid")
     params_list = expand_grid(search_space)
     for i, params in enumerate(params_list, 1):
         c = apply_params(cfg, params)
@@ -258,9 +294,10 @@ def pretrain_grid(cfg: RunConfig, search_space: Mapping[str, Any], dataset_dir: 
             job, _ = plan_job(c, "spice", seed, dataset_dir)
             if job.identity() in seen:
                 continue
-            log.info("[pretrain %d/%d] %s seed %d", i, len(params_list), params_json(params),
-                     seed)
-            seen[job.identity()] = pretrain(c, "spice", seed, dataset_dir)
+            what = f"model {i}/{len(params_list)} {params_json(params)} seed {seed}"
+            log.info("[pretrain] %s", what)
+            seen[job.identity()] = pretrain(c, "spice", seed, dataset_dir, console=console,
+                                            label=what)
     return list(seen.values())
 
 
