@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import tempfile
 
 import numpy as np
 import pandas as pd
@@ -85,8 +86,9 @@ def test_same_seed_same_rows_and_rewards_match(setup, rows):
                                       np.cumsum(ep))
 
 
-def test_one_episode_global_rng_and_bad_kwargs(setup, caplog):
+def test_one_episode_global_rng_and_bad_kwargs(setup, caplog, tmp_path, monkeypatch):
     cfg, data = setup
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # SB3's default log folder root
     state = np.random.get_state()[1].copy()  # noqa: NPY002
     torch_state = torch.get_rng_state()
     with caplog.at_level(logging.WARNING, logger="spice_ray.evaluate.ppo"):
@@ -101,6 +103,7 @@ def test_one_episode_global_rng_and_bad_kwargs(setup, caplog):
     assert set(one.seed) == {3} and len(one) == 2 * cfg.eval.online_horizon
     with pytest.raises(ValueError, match="seed"):
         ppo_rows(data, cfg.env, cfg.eval, episodes=1, ppo_kwargs={"seed": 1})
+    assert list(tmp_path.iterdir()) == []  # no empty SB3-<date> log folders left behind
 
 
 def test_missing_sb3_message(setup, monkeypatch):

@@ -52,16 +52,17 @@ INSTALL_HINT = "pip install -e '.[ppo]'"
 
 
 def _import_ppo():
-    """SB3's PPO and BaseCallback, or a clear ImportError naming the extra."""
+    """SB3's PPO, BaseCallback and Logger, or a clear ImportError naming the extra."""
     try:
         from stable_baselines3 import PPO
         from stable_baselines3.common.callbacks import BaseCallback
+        from stable_baselines3.common.logger import Logger
     except ImportError as exc:
         raise ImportError(
             "the PPO baseline needs stable-baselines3, an optional dependency: "
             f"install it with `{INSTALL_HINT}` (or `pip install 'stable-baselines3>=2.3'`)"
         ) from exc
-    return PPO, BaseCallback
+    return PPO, BaseCallback, Logger
 
 
 def task_seed(seed: int, task_id: int) -> int:
@@ -110,7 +111,7 @@ def train_ppo(
         (states [E*H, S], actions int64 [E*H], rewards float64 [E*H]) in step order; episode k
         (0-based) is ``[k*H:(k+1)*H]``.
     """
-    PPO, BaseCallback = _import_ppo()
+    PPO, BaseCallback, Logger = _import_ppo()
     kwargs = dict(ppo_kwargs or {})
     reserved = sorted(set(kwargs) & set(RESERVED_KWARGS))
     if reserved:
@@ -136,6 +137,8 @@ def train_ppo(
     try:
         model = PPO("MlpPolicy", TaskEnv(env, tasks, index, horizon), seed=seed, device="cpu",
                     **kwargs)
+        # SB3's default logger makes an empty SB3-<date> folder in the temp directory per model
+        model.set_logger(Logger(folder=None, output_formats=[]))
         recorder = _Record()
         model.learn(total_timesteps=budget, callback=recorder)
     finally:
