@@ -283,7 +283,7 @@ def check_sizes(cfgs: Iterable[RunConfig], run_dir: str | Path,
         seen.add(ds_dir)
         tasks, nbytes, shards = dataset_estimate(cfg)
         disk += nbytes
-        fields.append(f"{cfg.env.name}: {tasks} tasks")
+        fields.append(f"{ds_dir.name}: {tasks} tasks")
         cols = schema.columns(cfg.env)
         memory = (cfg.data.num_eval_tasks * schema.raw_nbytes(cols) * 2
                   + shards * _BYTES_PER_SHARD_RECORD * (1 + cfg.data.num_actors))
@@ -291,7 +291,7 @@ def check_sizes(cfgs: Iterable[RunConfig], run_dir: str | Path,
             errors.append(
                 f"data.num_train_tasks={cfg.data.num_train_tasks}, data.shard_size="
                 f"{cfg.data.shard_size}, data.num_eval_tasks={cfg.data.num_eval_tasks}: "
-                f"{cfg.env.name}'s generation plan and eval split need ~{human_bytes(memory)} "
+                f"dataset {ds_dir.name}'s generation plan and eval split need ~{human_bytes(memory)} "
                 f"of memory, but {human_bytes(free_memory)} is available")
     if disk > free_disk:
         errors.append(f"the datasets ({'; '.join(fields)}) need up to {human_bytes(disk)} on "
