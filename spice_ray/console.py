@@ -30,6 +30,11 @@ def fmt_seconds(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+def count(n: int, noun: str) -> str:
+    """``1 model``, ``3 models``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 class Bar:
     """Progress of one unit of work: ``update`` as it moves, ``close`` with a summary."""
 

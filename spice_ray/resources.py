@@ -291,8 +291,8 @@ def check_sizes(cfgs: Iterable[RunConfig], run_dir: str | Path,
             errors.append(
                 f"data.num_train_tasks={cfg.data.num_train_tasks}, data.shard_size="
                 f"{cfg.data.shard_size}, data.num_eval_tasks={cfg.data.num_eval_tasks}: "
-                f"dataset {ds_dir.name}'s generation plan and eval split need ~{human_bytes(memory)} "
-                f"of memory, but {human_bytes(free_memory)} is available")
+                f"dataset {ds_dir.name}'s generation plan and eval split need "
+                f"~{human_bytes(memory)} of memory, but {human_bytes(free_memory)} is available")
     if disk > free_disk:
         errors.append(f"the datasets ({'; '.join(fields)}) need up to {human_bytes(disk)} on "
                       f"disk, but {_existing_parent(run_dir)} has {human_bytes(free_disk)} free; "

@@ -21,7 +21,7 @@ from spice_ray import envs, tracking
 from spice_ray.agents import AgentSpec
 from spice_ray.artifacts import is_current
 from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
-from spice_ray.console import SILENT, Console
+from spice_ray.console import SILENT, Console, count
 from spice_ray.data import store
 from spice_ray.evaluate.actors import evaluate_parallel
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Experiment, ModelRef
@@ -264,20 +264,20 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     t1 = time.perf_counter()
     log.info("[stage 2/5 pretrain]")
     n_models = sum(len(EXPERIMENTS[n].models) * len(c.seeds) for n, c in plan.configs.items())
-    console.stage(2, 5, "pretrain", f"{n_models} models (Ray Train)")
+    console.stage(2, 5, "pretrain", f"{count(n_models, 'model')} (Ray Train)")
     finals = pretrain_all(plan, datasets, console)
     plan.timings["pretrain"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
     log.info("[stage 3/5 evaluate]")
-    console.stage(3, 5, "evaluate", f"{len(plan.configs)} experiments (Ray actors)")
+    console.stage(3, 5, "evaluate", f"{count(len(plan.configs), 'experiment')} (Ray actors)")
     for name in plan.configs:
         evaluate_experiment(plan, name, datasets[name], finals, console)
     plan.timings["evaluate"] = time.perf_counter() - t2
 
     log.info("[stage 4/5 figures]")
     figures = draw_figures(plan)
-    console.stage(4, 5, "figures", f"{sum(len(v) for v in figures.values())} PNG files")
+    console.stage(4, 5, "figures", f"{count(sum(len(v) for v in figures.values()), 'PNG file')}")
     log.info("[stage 5/5 report]")
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
              *(n for name in plan.configs for n in EXPERIMENTS[name].notes),
@@ -300,12 +300,12 @@ def describe_plan(plan: StudyPlan) -> str:
     """What ``run_study`` would do: stages, resources, expected sizes and rough times."""
     lines = [f"run directory: {plan.run_dir}", ""]
     total_bytes = 0
-    lines.append("stage 1 datasets (Ray Data, CPU actors):")
+    lines.append("stage 1 datasets (Ray Data tasks):")
     for name, cfg in plan.configs.items():
         n, size, _ = dataset_estimate(cfg)
         total_bytes += size
         lines.append(f"  {name:9s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, "
-                     f"{cfg.data.num_actors} actors x {cfg.data.actor_cpus} CPU, "
+                     f"{cfg.data.num_actors} tasks at once x {cfg.data.actor_cpus} CPU, "
                      f"~{n / 4000:.0f} s at the 2-core rate of 4000 tasks/s")
     lines.append("stage 2 pretraining (Ray Train):")
     for name, cfg in plan.configs.items():
