@@ -1,9 +1,9 @@
-"""Scaling on this machine: Ray Data generation and Ray evaluation actors with 1 vs 2 workers.
+"""Scaling on this machine: Ray Data generation tasks and Ray evaluation actors, 1 vs 2 at once.
 
     python benchmarks/bench_scale.py [--tasks 40000] [--eval-tasks 200] [--horizon 300]
 
 Prints tasks/s of dataset generation (bandit A=5, H=500) through Ray Data tasks with
-1 and with 2 actors, and env-steps/s of online SPICE evaluation (a random-weight model at the
+1 and with 2 tasks at once, and env-steps/s of online SPICE evaluation (a random-weight model at the
 paper's size, N tasks x H steps) split over 1 and 2 evaluation actors, with both ratios. On a
 2-core machine the ideal ratio is 2; Ray's own tasks and the driver share the same cores.
 """
@@ -65,8 +65,8 @@ def main() -> None:
         ev = {k: evaluation(args.eval_tasks, args.horizon, k, root) for k in (1, 2)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"generation ({args.tasks} bandit tasks, H=500): 1 actor {gen[1]:.0f} tasks/s, "
-          f"2 actors {gen[2]:.0f} tasks/s -> ratio {gen[2] / gen[1]:.2f}x")
+    print(f"generation ({args.tasks} bandit tasks, H=500): 1 Ray Data task at once "
+          f"{gen[1]:.0f} tasks/s, 2 at once {gen[2]:.0f} tasks/s -> ratio {gen[2] / gen[1]:.2f}x")
     print(f"evaluation (SPICE online, {args.eval_tasks} tasks x H={args.horizon}): 1 actor "
           f"{ev[1]:.0f} steps/s, 2 actors {ev[2]:.0f} steps/s -> ratio {ev[2] / ev[1]:.2f}x")
 
