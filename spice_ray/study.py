@@ -32,6 +32,7 @@ from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
 from spice_ray.stages import generate_stage
+from spice_ray.train.loop import steps_per_epoch
 from spice_ray.train.ray_train import pretrain
 
 log = logging.getLogger(__name__)
@@ -310,7 +311,7 @@ def describe_plan(plan: StudyPlan) -> str:
     lines.append("stage 2 pretraining (Ray Train):")
     for name, cfg in plan.configs.items():
         models: tuple[ModelRef, ...] = EXPERIMENTS[name].models
-        steps = cfg.train.epochs * max(1, cfg.data.num_train_tasks // cfg.train.batch_size)
+        steps = cfg.train.epochs * steps_per_epoch(cfg)
         tc = cfg.train
         lines.append(f"  {name:9s} {len(models)} models x {len(cfg.seeds)} seeds, "
                      f"{tc.epochs} epochs, {steps} steps of batch {tc.batch_size} x "

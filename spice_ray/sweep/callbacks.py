@@ -28,7 +28,6 @@ class TrialProgress(Callback):
     def __init__(self, name: str, total: int) -> None:
         self.name, self.total = name, total
         self._bar: Bar | None = None
-        self._done = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name, "total": self.total}
@@ -50,11 +49,9 @@ class TrialProgress(Callback):
                                     f"{result.get('chunks', 1)}: regret {regret:.2f}")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._done += 1
         self._progress().update(1)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._done += 1
         self._progress().update(1, status=f"{trial.trial_id} errored")
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:

@@ -64,6 +64,12 @@ class TrainJob:
                                                    "max_failures", "checkpoint_every")}})
 
 
+def steps_per_epoch(cfg: RunConfig) -> int:
+    """Optimiser steps per epoch, whatever the number of workers (each takes its share of a
+    ``train.batch_size`` batch)."""
+    return max(1, cfg.data.num_train_tasks // cfg.train.batch_size)
+
+
 class TrainingDiverged(SpiceRayError, RuntimeError):
     """A loss, gradient norm or parameter became NaN or infinite; training stopped before the
     bad update, and no checkpoint of it is kept or marked final."""
@@ -182,9 +188,9 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1,
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
     per_worker = max(1, tc.batch_size // ctx.world_size)
-    steps_per_epoch = max(1, cfg.data.num_train_tasks // tc.batch_size)
+    per_epoch = steps_per_epoch(cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _lr_lambda(tc.epochs * steps_per_epoch, tc.cosine_schedule))
+        optimizer, _lr_lambda(tc.epochs * per_epoch, tc.cosine_schedule))
     start_epoch = 0
     resume = ctx.resume_dir()
     if resume is not None:
@@ -220,7 +226,7 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1,
             parts.append(comp)
             seen += len(batch["label"])
             for obs in observers:
-                obs.step(epoch * steps_per_epoch + step + 1, tc.epochs * steps_per_epoch, epoch,
+                obs.step(epoch * per_epoch + step + 1, tc.epochs * per_epoch, epoch,
                          comp | {"grad_norm": norm.detach(),
                                  "lr": torch.tensor(scheduler.get_last_lr()[0])})
         if epoch == fault_epoch and resume is None:

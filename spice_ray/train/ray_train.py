@@ -38,6 +38,7 @@ from spice_ray.train.loop import (
     latest_intact,
     publish_final,
     shuffled_batches,
+    steps_per_epoch,
 )
 from spice_ray.train.prior import resolve_config
 from spice_ray.train.progress import ProgressReporter, QueueDrain, TrainBar, describe_loss
@@ -404,8 +405,7 @@ def pretrain(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     job.cfg.write(run_dir)  # as trained: data-derived values filled in
     tc = job.cfg.train
-    bar = console.bar(label, tc.epochs * max(1, cfg.data.num_train_tasks // tc.batch_size),
-                      "step")
+    bar = console.bar(label, tc.epochs * steps_per_epoch(job.cfg), "step")
     try:
         result = (train_local(job, run_dir, bar) if cfg.train.num_workers == 0
                   else train_with_ray(job, run_dir, bar))
