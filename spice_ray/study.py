@@ -143,10 +143,10 @@ def _specs(exp: Experiment, cfg: RunConfig, dataset: Path) -> dict[str, list[Age
     out = {}
     for ev in exp.evaluations:
         specs = ev.agents(cfg)
-        if any(s.info.fused and not s.uses_model for s in specs):
+        if any(s.info.prior == "flat" for s in specs):
             prior = _flat_prior(cfg, dataset)
-            specs = [dataclasses.replace(s, prior=prior) if s.info.fused and not s.uses_model
-                     else s for s in specs]
+            specs = [dataclasses.replace(s, prior=prior) if s.info.prior == "flat" else s
+                     for s in specs]
         out[ev.name] = specs
     return out
 

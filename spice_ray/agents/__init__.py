@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from spice_ray.agents.base import METHODS, Agent, AgentSpec, Method, OfflinePicker
+from spice_ray.agents.bayes import BayesAgent, LinUCB, NearestUnvisited, make_reference
 from spice_ray.agents.classical import (
     LCB,
     UCB,
@@ -21,6 +22,9 @@ from spice_ray.agents.policy import PolicyAgent
 from spice_ray.agents.spice import FlatPrior, SpiceAgent, state_features
 from spice_ray.config import EvalConfig
 from spice_ray.model.trunk import TrunkModel
+
+REFERENCES = ("bayes-ucb", "bayes-ts", "lints", "linucb", "nearest")
+"""Methods built by ``spice_ray.agents.bayes.make_reference``."""
 
 
 def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel | None = None,
@@ -44,9 +48,15 @@ def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel |
             return SpiceAgent(spec.fusion, model=model, stateless=env.stateless,
                               use_cache=spec.use_cache, name=spec.method)
         return PolicyAgent(model, env.stateless, spec.sample, spec.use_cache, spec.method)
+    if info.requires and not hasattr(env, info.requires):
+        raise ValueError(f"method {spec.method!r} needs an environment with "
+                         f"{info.requires}; {env.name} has none")
     if info.fused:
-        return SpiceAgent(spec.fusion, prior=FlatPrior(*spec.prior), stateless=env.stateless,
-                          name=spec.method)
+        prior = (env.task_posterior(spec.fusion.gamma) if info.prior == "oracle"
+                 else FlatPrior(*spec.prior))
+        return SpiceAgent(spec.fusion, prior=prior, stateless=env.stateless, name=spec.method)
+    if spec.method in REFERENCES:
+        return make_reference(spec.method, env, spec, eval_cfg or EvalConfig())
     if spec.method == "random":
         return RandomAgent()
     if spec.method == "optimal":
@@ -54,7 +64,8 @@ def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel |
     return make_baseline(spec.method, eval_cfg or EvalConfig(), sigma)
 
 
-__all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "CountingBandit", "EmpiricalMean",
+__all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "BayesAgent", "LinUCB",
+           "NearestUnvisited", "CountingBandit", "EmpiricalMean",
            "FlatPrior", "Method", "OfflinePicker", "OracleAgent", "PolicyAgent",
            "PosteriorBandit", "RandomAgent", "SpiceAgent", "ThompsonSampling", "make_agent",
            "make_baseline", "state_features"]

@@ -75,12 +75,28 @@ class Method:
     """Needs a stateless environment (the classical bandit algorithms)."""
     fused: bool = False
     """Acts on the Normal-Normal posterior of ``spice_ray.fusion`` (its settings matter)."""
+    prior: str = ""
+    """Model-free fused methods: where the prior comes from: "flat" (one constant prior,
+    ``AgentSpec.prior``) or "oracle" (the environment's exact task posterior)."""
+    requires: str = ""
+    """An attribute the environment must have (e.g. ``task_posterior``, ``arm_features``,
+    ``grid``): the method applies only there."""
+    settings: tuple[str, ...] = ()
+    """Non-fused methods: the fusion fields that change their results (e.g. beta)."""
 
 
 METHODS: dict[str, Method] = {
     "spice": Method("SPICE", model="spice", offline=True, fused=True),
-    "spice-flat": Method("SPICE (flat prior)", offline=True, fused=True),
-    "count": Method("Count-UCB", fused=True),
+    "spice-flat": Method("SPICE (flat prior)", offline=True, fused=True, prior="flat"),
+    "spice-oracle": Method("SPICE (oracle prior)", fused=True, prior="oracle",
+                           requires="task_posterior"),
+    "bayes-ucb": Method("Bayes posterior-UCB", requires="task_posterior",
+                        settings=("beta", "beta_schedule")),
+    "bayes-ts": Method("TS (true prior)", requires="task_posterior"),
+    "lints": Method("LinTS (true prior)", requires="arm_features"),
+    "linucb": Method("LinUCB", requires="arm_features"),
+    "nearest": Method("Nearest-unvisited", requires="grid"),
+    "count": Method("Count-UCB", fused=True, prior="flat"),
     "dpt": Method("DPT", model="dpt", offline=True),
     "ad-bc": Method("AD-BC", model="dpt", offline=True),
     "emp": Method("Emp", offline=True, stateless_only=True),
@@ -92,7 +108,13 @@ METHODS: dict[str, Method] = {
 }
 """Every method by name. ``spice-flat`` is SPICE's fusion and action rule with a constant prior
 and no network (the prior ablation); ``count`` is tabular posterior-UCB over exact states with
-that constant prior (a count-based explorer)."""
+that constant prior (a count-based explorer). The oracle references need an environment with an
+exact task posterior (``spice_ray.envs.bayes``): ``spice-oracle`` is SPICE's fusion and rule
+fed that posterior as its prior (the best any learned prior could give), ``bayes-ucb`` acts
+by posterior-UCB on it without re-fusing the context, ``bayes-ts`` / ``lints`` by Thompson
+sampling from it. ``linucb`` is ridge-regression UCB (c = ``eval.ucb_c``, ridge 1) over the
+linear bandit's arm features; ``nearest`` walks to the nearest unvisited cell of a grid (to the
+goal once found)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +164,8 @@ class AgentSpec:
         """
         if self.info.fused:
             return self.fusion.rule if online else "greedy"
+        if self.info.settings:
+            return "ucb"
         if self.info.model == "dpt":
             return "sample" if (online and self.sample) else "greedy"
         return self.method
@@ -157,10 +181,13 @@ class AgentSpec:
             if not online:
                 out.pop("beta")
                 out.pop("beta_schedule")
-            if self.info.model is None:
+            if self.info.prior == "flat":
                 out["prior_mean"], out["prior_var"] = self.prior
             return out
-        if self.method == "ucb":
+        if self.info.settings:
+            fusion = dataclasses.asdict(self.fusion)
+            return {k: fusion[k] for k in self.info.settings}
+        if self.method in ("ucb", "linucb"):
             return {"c": eval_cfg.ucb_c}
         if self.method == "lcb":
             return {"c": eval_cfg.lcb_c}
@@ -178,4 +205,5 @@ class AgentSpec:
         info = self.info
         has = info.online if online else info.offline
         return has and (env.stateless or not info.stateless_only) and (
-            online or "offline" in env.protocols)
+            online or "offline" in env.protocols) and (
+            not info.requires or hasattr(env, info.requires))

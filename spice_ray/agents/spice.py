@@ -21,6 +21,7 @@ from torch import Tensor
 
 from spice_ray.agents.runner import ContextRunner, ContextView, _Growing
 from spice_ray.config import FusionConfig
+from spice_ray.envs.bayes import TaskPosterior
 from spice_ray.fusion import (
     STATS_DTYPE,
     Posterior,
@@ -89,14 +90,16 @@ class SpiceAgent:
         fusion: kernel, kernel space, targets, noise_var, v_min, beta (+ schedule), the rule.
         model: a SpiceModel for the learned prior (anything whose heads return prior_mean,
             prior_std and latent), or None with ``prior``.
-        prior: a :class:`FlatPrior` instead of the model (kernels on raw states only).
+        prior: instead of the model (kernels on raw states only): a :class:`FlatPrior`, or
+            the environment's exact task posterior (``envs.bayes.TaskPosterior``: the oracle
+            prior, its mean and variance at the current state given the whole context).
         stateless: the environment has one constant state (KV cache allowed).
         use_cache: stateless environments: KV-cache decoding (see ``ContextRunner``).
         name: the method name.
     """
 
     def __init__(self, fusion: FusionConfig, model: TrunkModel | None = None,
-                 prior: FlatPrior | None = None, stateless: bool = False,
+                 prior: FlatPrior | TaskPosterior | None = None, stateless: bool = False,
                  use_cache: bool = True, name: str = "spice") -> None:
         if (model is None) == (prior is None):
             raise ValueError("SpiceAgent needs either a model or a flat prior")
@@ -119,6 +122,11 @@ class SpiceAgent:
         self._context: _Context | None = None
         self._draws: RandomSource | None = None
 
+    @property
+    def oracle(self) -> bool:
+        """Whether the prior is an exact task posterior (it follows the context)."""
+        return self.prior is not None and not isinstance(self.prior, FlatPrior)
+
     def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
               ) -> None:
         if self.model is not None and num_actions != self.model.num_actions:
@@ -127,6 +135,8 @@ class SpiceAgent:
         self.num_actions = num_actions
         if self.runner is not None:
             self.runner.reset(num_tasks)
+        if self.oracle:
+            self.prior.reset(num_tasks)
         self._stats = RunningStats.zeros(num_tasks, num_actions, dtype=STATS_DTYPE)
         self._context = None
         self._num_tasks = num_tasks
@@ -142,6 +152,9 @@ class SpiceAgent:
             self._context.actions.append(actions.cpu())
             self._context.rewards.append(rewards.cpu())
             self._context.states.append(states.cpu())
+        if self.oracle:
+            self.prior.observe(*(x.detach().cpu().numpy()
+                                 for x in (actions, rewards, states, next_states)))
         if self.incremental:
             assert self._stats is not None
             self._stats.update(actions.cpu(), rewards.cpu())  # O(A) per task
@@ -187,7 +200,9 @@ class SpiceAgent:
                 context = view.latents[:, :-1]  # (B, T, D): position t-1 for s_t
         next_values = None
         if needs_bootstrap(f):
-            if self.prior is not None:
+            if self.oracle:
+                next_values = torch.from_numpy(self.prior.next_values()).to(STATS_DTYPE)
+            elif self.prior is not None:
                 next_values = torch.full(view.rewards.shape, self.prior.mean, dtype=STATS_DTYPE)
             else:
                 assert view.prior_means is not None
@@ -199,7 +214,11 @@ class SpiceAgent:
         """The fused posterior at the current step, (mean [B, A], var [B, A]) on the CPU."""
         view = self._view(states)
         counts, mean = self.evidence(view, states)
-        if self.prior is not None:
+        if self.oracle:
+            exact_mean, exact_var = self.prior.moments(states.detach().cpu().numpy())
+            prior_mean = torch.from_numpy(exact_mean).to(STATS_DTYPE)
+            prior_std = torch.from_numpy(exact_var).to(STATS_DTYPE).sqrt()
+        elif self.prior is not None:
             shape = (self._num_tasks, self.num_actions)
             prior_mean = torch.full(shape, self.prior.mean, dtype=STATS_DTYPE)
             prior_std = torch.full(shape, self.prior.var ** 0.5, dtype=STATS_DTYPE)

@@ -64,5 +64,10 @@ PRESETS["medium"] = {**PRESETS["small"], "darkroom": {
     "train": {"epochs": 20, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 10},
 }}
 
-for _scale in PRESETS.values():  # the continuous Darkroom runs at Darkroom's scale
+for _scale in PRESETS.values():
+    # the continuous and region Darkrooms run at Darkroom's scale, the bandit families at the
+    # bandit's (each keeps its own horizon and evaluation size unless the preset sets them)
     _scale["darkroom_continuous"] = _scale["darkroom"]
+    _scale["darkroom_region"] = _scale["darkroom"]
+    for _family in ("bandit_template", "bandit_latent", "linear_bandit"):
+        _scale[_family] = _scale["bandit"]

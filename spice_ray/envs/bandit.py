@@ -153,6 +153,11 @@ class Bandit(Environment):
     def num_actions(self) -> int:
         return int(self.params.num_arms)
 
+    def sample_means(self, streams: TaskStreams) -> np.ndarray:
+        """Arm means [B, A] of each task's stream: the task family's prior (here U[0, 1]
+        i.i.d.; the structured bandit families override this alone)."""
+        return sample_tasks(streams, self.num_actions, self.params.sigma).means
+
     @property
     def state_dim(self) -> int:
         return STATE_DIM
@@ -173,7 +178,7 @@ class Bandit(Environment):
 
     def generate(self, data: Any, split: str, streams: TaskStreams) -> dict[str, np.ndarray]:
         a, h, sigma = self.num_actions, self.horizon, self.params.sigma
-        tasks = sample_tasks(streams, a, sigma)
+        tasks = BanditTasks(self.sample_means(streams), float(sigma))
         probs, favoured = dirichlet_mixture(streams, a, data.behaviour_omega)
         actions = streams.categorical("behaviour/actions", probs, h)  # (B, H)
         noise = streams.normal("context/noise", (h,))
@@ -208,6 +213,10 @@ class Bandit(Environment):
                rewards: np.ndarray, horizon: int, reading: str | None = None) -> np.ndarray:
         """Pseudo-regret mu* - mu_{a_t} (not the realised reward's)."""
         return regret(tasks, np.asarray(actions, dtype=np.int64))
+
+    def value_samples(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The arm means of the batch's tasks [B, A]."""
+        return np.asarray(batch["means"], dtype=np.float64)
 
     def action_values(self, tasks: BanditTasks) -> np.ndarray:
         return tasks.means

@@ -180,6 +180,12 @@ class Environment(ABC):
         """Grid cells [..., 2] of states, for visit maps; None when states have no layout."""
         return None
 
+    def value_samples(self, batch: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """True action values of a dataset batch's tasks (any shape), when the dataset stores
+        them: the flat prior of ``train.shrink_prior=data`` is then their pooled moments
+        instead of the noisy reward targets'. None (the default): use the targets."""
+        return None
+
     # stateless environments (offline, robustness and calibration protocols)
 
     def action_values(self, tasks: Any) -> np.ndarray:

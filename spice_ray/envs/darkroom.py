@@ -264,6 +264,11 @@ class Darkroom(Environment):
         return NUM_ACTIONS
 
     @property
+    def grid(self) -> int:
+        """The grid side: states are cells (x, y) (grid searchers need this)."""
+        return int(self.params.grid_size)
+
+    @property
     def state_dim(self) -> int:
         return STATE_DIM
 
@@ -286,9 +291,13 @@ class Darkroom(Environment):
         train, test = goal_split(p.grid_size, p.train_goal_fraction, p.goal_split_seed)
         return test if split == "eval" else train
 
+    def sample_tasks(self, streams: TaskStreams, split: str) -> DarkroomTasks:
+        """Goals of ``split`` and uniform starts (the region family overrides the goals)."""
+        return sample_tasks(streams, self.goal_pool(split), self.params.grid_size)
+
     def generate(self, data: Any, split: str, streams: TaskStreams) -> dict[str, np.ndarray]:
         size = self.params.grid_size
-        tasks = sample_tasks(streams, self.goal_pool(split), size)
+        tasks = self.sample_tasks(streams, split)
         actions = streams.integers("behaviour/actions", NUM_ACTIONS, (self.horizon,))
         states, rewards = rollout_states(tasks, tasks.starts, actions)
         query = np.stack([streams.integers("query/x", size), streams.integers("query/y", size)],

@@ -17,9 +17,33 @@ from spice_ray.data import store
 def data_shrink_prior(cfg: RunConfig, dataset_dir: str | Path) -> tuple[float, float]:
     """Mean and variance of the train split's TD(n) reward targets (no bootstrap term):
     sum_{i<n, t+i<=T} gamma^i r_{t+i}, over every transition whose n rewards are in context.
-    Computed once per (split content, n, gamma) in a process."""
+    Computed once per (split content, n, gamma) in a process.
+
+    Where the dataset stores the tasks' true action values (bandits: the arm means) and the
+    targets are the rewards themselves (n = 1, gamma = 0), the pooled moments of those values:
+    the reward targets' variance would add the reward noise sigma^2 to the prior's."""
     content = store.split_id(dataset_dir, "train")
+    if cfg.train.td_n == 1 and cfg.train.gamma == 0:
+        values = _value_stats(str(dataset_dir), content, cfg.env)
+        if values is not None:
+            return values
     return _target_stats(str(dataset_dir), content, cfg.train.td_n, cfg.train.gamma)
+
+
+@functools.lru_cache(maxsize=16)
+def _value_stats(dataset_dir: str, content: str, env_cfg: object, batch_size: int = 4096
+                 ) -> tuple[float, float] | None:
+    env = env_cfg.environment()
+    total, total_sq, count = 0.0, 0.0, 0
+    for batch in store.iter_batches(dataset_dir, "train", batch_size):
+        values = env.value_samples(batch)
+        if values is None:
+            return None
+        total += float(values.sum())
+        total_sq += float((values * values).sum())
+        count += values.size
+    mean = total / max(count, 1)
+    return mean, max(total_sq / max(count, 1) - mean * mean, 1e-6)
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,0 +1,172 @@
+"""References that know the task family: agents acting on its exact posterior, LinUCB over the
+linear bandit's features, and a nearest-unvisited-cell searcher for grids.
+
+``BayesAgent`` reads a :class:`~spice_ray.envs.bayes.TaskPosterior` (the environment's exact
+posterior over tasks given the context) and acts on it directly: posterior-UCB on its mean and
+variance (``Bayes posterior-UCB``), or one joint posterior draw per step (Thompson sampling
+with the true prior: ``TS (true prior)``, ``LinTS (true prior)``). The fused oracle row
+(``SPICE (oracle prior)``) is :class:`~spice_ray.agents.spice.SpiceAgent` with the same
+posterior as its prior.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from spice_ray.envs.bayes import TaskPosterior
+from spice_ray.fusion import STATS_DTYPE, Posterior, RandomSource, beta_at, select_action
+from spice_ray.fusion.posterior import BetaSchedule
+
+STAY = 4
+"""The grid's "stay" action (moves +x, -x, +y, -y, stay)."""
+
+
+def _np(x: Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy()
+
+
+class BayesAgent:
+    """Acts on the exact task posterior: ``ucb`` (mean + beta sd) or ``thompson`` (argmax of
+    one joint draw).
+
+    Args:
+        posterior: the environment's ``task_posterior()``.
+        rule: "ucb" or "thompson".
+        beta: fixed UCB coefficient; beta_schedule: "fixed" or a schedule of ``beta_at``.
+        name: the method name.
+    """
+
+    def __init__(self, posterior: TaskPosterior, rule: str = "ucb", beta: float = 1.0,
+                 beta_schedule: BetaSchedule = "fixed", name: str = "bayes-ucb") -> None:
+        if rule not in ("ucb", "thompson"):
+            raise ValueError(f"rule={rule!r} is invalid: ucb or thompson")
+        self.posterior, self.rule, self.name = posterior, rule, name
+        self.beta, self.beta_schedule = float(beta), beta_schedule
+        self._draws: RandomSource | None = None
+
+    def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
+              ) -> None:
+        if self.rule == "thompson" and not hasattr(draws, "categorical"):
+            raise ValueError(f"{self.name} needs per-task StepDraws in reset()")
+        self.posterior.reset(num_tasks)
+        self._draws = draws
+
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
+                ) -> None:
+        self.posterior.observe(_np(actions), _np(rewards), _np(states), _np(next_states))
+
+    def act(self, t: int, states: Tensor) -> Tensor:
+        s = _np(states)
+        if self.rule == "thompson":
+            return torch.from_numpy(self.posterior.sample(s, self._draws).argmax(axis=1))
+        mean, var = (torch.from_numpy(v).to(STATS_DTYPE) for v in self.posterior.moments(s))
+        return select_action(Posterior(mean, var), "ucb",
+                             beta_at(t, self.beta, self.beta_schedule))
+
+
+class LinUCB:
+    """LinUCB over fixed arm features: ridge estimate theta = V^-1 sum_a S_a phi_a with
+    V = ridge I + sum_a n_a phi_a phi_a^T; score phi_a . theta + c sqrt(phi_a^T V^-1 phi_a).
+
+    Args:
+        features: phi [A, d].
+        c: width scale (>= 0). ridge: the regulariser (> 0).
+    """
+
+    name = "linucb"
+
+    def __init__(self, features: np.ndarray, c: float = 1.0, ridge: float = 1.0) -> None:
+        if c < 0 or ridge <= 0:
+            raise ValueError(f"LinUCB c={c!r} must be >= 0 and ridge={ridge!r} > 0")
+        self.features, self.c, self.ridge = np.asarray(features, np.float64), c, ridge
+
+    def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
+              ) -> None:
+        self.counts = np.zeros((num_tasks, num_actions))
+        self.sums = np.zeros((num_tasks, num_actions))
+
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor | None = None,
+                next_states: Tensor | None = None) -> None:
+        a, rows = _np(actions), np.arange(len(actions))
+        self.counts[rows, a] += 1.0
+        self.sums[rows, a] += _np(rewards)
+
+    def act(self, t: int, states: Tensor | None = None) -> Tensor:
+        phi = self.features  # (A, d)
+        gram = self.ridge * np.eye(phi.shape[1]) + np.einsum("ba,ai,aj->bij", self.counts,
+                                                             phi, phi)  # (B, d, d)
+        inv = np.linalg.inv(gram)
+        theta = np.einsum("bij,bj->bi", inv, self.sums @ phi)  # (B, d)
+        width = np.sqrt(np.maximum(np.einsum("ai,bij,aj->ba", phi, inv, phi), 0.0))
+        return torch.from_numpy((theta @ phi.T + self.c * width).argmax(axis=1))
+
+
+class NearestUnvisited:
+    """Walks to the nearest cell it has not visited (random among equally near ones), and to
+    the goal, then stays, once a reward has shown where it is: a goal-blind searcher.
+
+    Args:
+        size: grid side; states are cells (x, y).
+    """
+
+    name = "nearest"
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+        xs, ys = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+        self.cells = np.stack([xs.ravel(), ys.ravel()], axis=1)  # (G, 2)
+
+    def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
+              ) -> None:
+        if not hasattr(draws, "categorical"):
+            raise ValueError("the nearest-unvisited searcher needs per-task StepDraws")
+        self.visited = np.zeros((num_tasks, len(self.cells)), dtype=bool)
+        self.goal = np.full(num_tasks, -1, dtype=np.int64)
+        self._draws = draws
+
+    def _index(self, cells: np.ndarray) -> np.ndarray:
+        cells = np.asarray(cells, dtype=np.int64)
+        return cells[:, 0] * self.size + cells[:, 1]
+
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
+                ) -> None:
+        rows, nxt = np.arange(len(actions)), self._index(_np(next_states))
+        self.visited[rows, self._index(_np(states))] = True
+        self.visited[rows, nxt] = True
+        found = _np(rewards) > 0
+        self.goal[found] = nxt[found]
+
+    def act(self, t: int, states: Tensor) -> Tensor:
+        s = _np(states).astype(np.int64)  # (B, 2)
+        rows = np.arange(len(s))
+        self.visited[rows, self._index(s)] = True
+        dist = np.abs(self.cells[None] - s[:, None]).sum(-1).astype(np.float64)  # (B, G)
+        dist[self.visited] = np.inf
+        dist[self.visited.all(axis=1)] = 0.0  # everything seen: wander
+        ties = dist == dist.min(axis=1, keepdims=True)
+        target = self.cells[self._draws.categorical(ties / ties.sum(axis=1, keepdims=True))]
+        known = self.goal >= 0
+        target[known] = self.cells[self.goal[known]]
+        d = target - s
+        action = np.select([d[:, 0] > 0, d[:, 0] < 0, d[:, 1] > 0, d[:, 1] < 0], [0, 1, 2, 3],
+                           default=STAY)
+        return torch.from_numpy(action.astype(np.int64))
+
+
+def make_reference(method: str, env: Any, spec: Any, eval_cfg: Any) -> Any:
+    """The agent of one of this module's methods (``spice_ray.agents.make_agent`` asks)."""
+    fusion = spec.fusion
+    if method == "bayes-ucb":
+        return BayesAgent(env.task_posterior(fusion.gamma), "ucb", fusion.beta,
+                          fusion.beta_schedule, method)
+    if method in ("bayes-ts", "lints"):
+        return BayesAgent(env.task_posterior(fusion.gamma), "thompson", name=method)
+    if method == "linucb":
+        return LinUCB(env.arm_features(), eval_cfg.ucb_c)
+    if method == "nearest":
+        return NearestUnvisited(env.grid)
+    raise ValueError(f"method={method!r} is not a reference of spice_ray.agents.bayes")
