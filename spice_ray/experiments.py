@@ -22,7 +22,8 @@ from spice_ray import envs
 from spice_ray.agents import AgentSpec
 from spice_ray.config import FusionConfig, RunConfig
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
-from spice_ray.results.analysis import prior_contribution, prior_gap
+from spice_ray.evaluate.calibration import ORACLE_METRICS
+from spice_ray.results.analysis import prior_contribution, prior_fit, prior_gap
 
 DARKROOM_BETAS = (0.5, 1.0, 2.0)
 WEIGHT_VARIANTS = {  # name -> (use_iw, use_adv, use_epi); "all" is the main SPICE model
@@ -333,6 +334,12 @@ def prior_family(name: str, title: str, references: tuple[str, ...], count: bool
                     figures, title, analysis=prior_gap)]
     if not stateless:
         tables.append(dataclasses.replace(tables[0], other_readings=True))
+    else:  # is the prior learned? Q-bar and sigma_Q against the exact posterior
+        evaluations += (Evaluation("prior_fit", _spice, ("calibration",), ModelRef("spice")),)
+        tables.append(Table(f"{name}_prior", f"{title}: the learned prior against the exact "
+                            "posterior on the eval contexts, vs context length h",
+                            (*CALIBRATION_METRICS, *ORACLE_METRICS), (Select("prior_fit"),),
+                            ("calibration",), f"{title} prior", analysis=prior_fit))
     return Experiment(name, name, (ModelRef("spice"),), evaluations, tuple(tables),
                       notes=(f"{title}: SPICE (oracle prior) is SPICE's own fusion and action "
                              "rule fed the exact Bayes posterior of the task family given the "

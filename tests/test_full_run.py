@@ -96,6 +96,21 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
         if part.startswith('"sigma"')}
     weights = load(run_dir, "darkroom_weights")
     assert set(weights["variant"]) == {"none", "iw", "adv", "epi", "all", ""}
+    # the structured families: their reference rows, and the oracle prior beats the flat one
+    # (neither reads a trained model, so this holds on any machine)
+    references = {"bandit_template": {"UCB", "TS", "TS (true prior)"},
+                  "bandit_latent": {"UCB", "TS", "TS (true prior)"},
+                  "linear_bandit": {"UCB", "LinUCB", "LinTS (true prior)"},
+                  "darkroom_region": {"Count-UCB", "Nearest-unvisited", "Random"}}
+    for family, extra in references.items():
+        rows = load(run_dir, f"{family}_online")
+        assert set(rows["method"]) == {"SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
+                                       "Bayes posterior-UCB"} | extra, family
+        assert f"Prior gap at beta=2, t={rows['x'].max()}" in text
+    template = load(run_dir, "bandit_template_online")
+    final = template[template["x"] == template["x"].max()].groupby("method")["value"].mean()
+    assert final["SPICE (oracle prior)"] < final["SPICE (flat prior)"]
+    assert final["Bayes posterior-UCB"] < final["UCB"]
     # a second run with the same config does no work
     before = _mtimes(run_dir)
     plan2 = plan_study("smoke", tmp_path / "run")

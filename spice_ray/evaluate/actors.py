@@ -28,7 +28,7 @@ import torch
 from spice_ray.agents import AgentSpec
 from spice_ray.config import EnvConfig, EvalConfig, FusionConfig
 from spice_ray.envs.base import PROTOCOLS
-from spice_ray.evaluate.calibration import calibration_rows
+from spice_ray.evaluate.calibration import PRIOR_FIT_LENGTHS, calibration_rows
 from spice_ray.evaluate.offline import offline_context_lengths, offline_rows
 from spice_ray.evaluate.online import online_rows
 from spice_ray.evaluate.rows import check_rows, concat_rows
@@ -90,8 +90,10 @@ def evaluate_tasks(
             raise ValueError("the calibration protocol needs a SpiceModel")
         fusion = calibration_fusion or next((s.fusion for s in specs if s.info.fused),
                                             FusionConfig())
-        hs = offline_context_lengths(np.asarray(data["actions"]).shape[1],
-                                     eval_cfg.offline_points)
+        T = np.asarray(data["actions"]).shape[1]
+        hs = offline_context_lengths(T, eval_cfg.offline_points)
+        if hasattr(environment, "posterior_moments"):  # the prior against the exact one
+            hs = np.union1d(hs, [h for h in PRIOR_FIT_LENGTHS if h <= T])
         frames.append(calibration_rows(model, env, data, fusion, hs, seed=seed))
     return concat_rows(frames)
 

@@ -42,6 +42,15 @@ LEVELS = (0.5, 0.9, 0.95)
 METRICS = ("coverage_50", "coverage_90", "coverage_95", "n_pri_mean", "n_pri_min", "n_pri_max",
            "warm_start", "warm_start_bound")
 """The metrics of :func:`calibration_rows` (with the default levels)."""
+ORACLE_METRICS = ("oracle_rmse", "oracle_sd_ratio", "oracle_coverage_90", "oracle_n_pri_mean")
+"""Added where the environment has an exact posterior (``posterior_moments``): the learned
+prior against the exact posterior given the same context, per task over arms: the RMSE of
+Q-bar from the posterior mean, sigma_Q / posterior sd (1: calibrated width), the fraction of
+arms whose posterior mean lies in Q-bar +- 1.645 sigma_Q, and the exact posterior's own
+pseudo-counts sigma^2 / max(v_post, v_min) (compare ``n_pri_mean``)."""
+PRIOR_FIT_LENGTHS = (0, 1, 5, 10, 20, 50)
+"""Context lengths at which the learned prior is held against the exact posterior (besides the
+offline curve's): 0 is the prior before any transition."""
 
 
 def prior_pseudocounts(prior_std: Tensor, noise_var: float, v_min: float) -> Tensor:
@@ -73,6 +82,24 @@ class CalibrationStats:
     n_pri: np.ndarray
     warm_start: np.ndarray
     warm_start_bound: np.ndarray
+    oracle_mean: np.ndarray | None = None
+    """float64 [B, P, A] the exact posterior mean given the same context (or None)."""
+    oracle_std: np.ndarray | None = None
+    """float64 [B, P, A] its standard deviation (or None)."""
+
+
+def oracle_moments(env, actions: np.ndarray, rewards: np.ndarray, hs: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The exact posterior's mean and sd [B, P, A] after the first h transitions of each
+    context (``env.posterior_moments`` of the per-arm counts and reward sums)."""
+    A = env.num_actions
+    onehot = np.eye(A)[np.asarray(actions, dtype=np.int64)]  # (B, T, A)
+    counts = np.concatenate([np.zeros_like(onehot[:, :1]), np.cumsum(onehot, 1)], 1)
+    sums = np.concatenate([np.zeros_like(onehot[:, :1]),
+                           np.cumsum(onehot * np.asarray(rewards, np.float64)[..., None], 1)], 1)
+    c, s = counts[:, hs], sums[:, hs]  # (B, P, A)
+    mean, var = env.posterior_moments(c.reshape(-1, A), s.reshape(-1, A))
+    return mean.reshape(c.shape), np.sqrt(var).reshape(c.shape)
 
 
 def calibration_stats(
@@ -116,10 +143,13 @@ def calibration_stats(
     n_pri = prior_pseudocounts(torch.from_numpy(ps), fusion.noise_var, fusion.v_min).numpy()
     gap = n_pri * err  # (B, P, A)
     suboptimal = np.arange(A)[None, :] != means.argmax(1)[:, None]  # (B, A)
+    oracle = (oracle_moments(env, data["actions"], data["rewards"], hs)
+              if hasattr(env, "posterior_moments") else (None, None))
     return CalibrationStats(
         hs=hs, levels=tuple(levels), prior_mean=pm, prior_std=ps, covered=covered, n_pri=n_pri,
         warm_start=gap.sum(-1),
         warm_start_bound=4.0 * (gap * suboptimal[:, None, :]).sum(-1),
+        oracle_mean=oracle[0], oracle_std=oracle[1],
     )
 
 
@@ -151,6 +181,15 @@ def calibration_rows(
     metrics["n_pri_max"] = stats.n_pri.max(-1)
     metrics["warm_start"] = stats.warm_start
     metrics["warm_start_bound"] = stats.warm_start_bound
+    if stats.oracle_mean is not None:
+        err = stats.prior_mean - stats.oracle_mean  # (B, P, A)
+        z90 = NormalDist().inv_cdf(0.95)
+        metrics["oracle_rmse"] = np.sqrt((err**2).mean(-1))
+        metrics["oracle_sd_ratio"] = (stats.prior_std / np.maximum(stats.oracle_std, 1e-12)
+                                      ).mean(-1)
+        metrics["oracle_coverage_90"] = (np.abs(err) <= z90 * stats.prior_std).mean(-1)
+        metrics["oracle_n_pri_mean"] = prior_pseudocounts(
+            torch.from_numpy(stats.oracle_std), fusion.noise_var, fusion.v_min).numpy().mean(-1)
     method = METHODS["spice"].label
     return concat_rows(tidy_rows(env_cfg.name, method, "prior", config, seed, task_ids, name,
                                  stats.hs, values) for name, values in metrics.items())

@@ -144,3 +144,23 @@ def prior_gap(df: pd.DataFrame) -> list[str]:
             f"paired SEMs), flat - oracle {r.flat_minus_oracle:+.3g} +- "
             f"{r.flat_minus_oracle_sem:.2g}, n={r.n} tasks: {share}.")
     return out
+
+
+def prior_fit(df: pd.DataFrame, hs: tuple[int, ...] = (0, 20)) -> list[str]:
+    """Sentences: is the prior learned? The learned prior against the exact posterior given
+    the same eval context, at context lengths ``hs`` (means over tasks and seeds)."""
+    if "oracle_rmse" not in set(df["metric"]):
+        return []
+    means = df.groupby(["metric", "x"])["value"].mean()
+    out = []
+    for h in hs:
+        if ("oracle_rmse", h) not in means:
+            continue
+        out.append(
+            f"Learned prior at h={h} against the exact posterior: RMSE of Q-bar "
+            f"{means['oracle_rmse', h]:.3f}, sigma_Q / posterior sd "
+            f"{means['oracle_sd_ratio', h]:.2f}, posterior mean inside Q-bar +- 1.645 sigma_Q "
+            f"for {means['oracle_coverage_90', h]:.0%} of arms, prior pseudo-counts N_pri "
+            f"{means['n_pri_mean', h]:.2f} (exact posterior's "
+            f"{means['oracle_n_pri_mean', h]:.2f}).")
+    return out

@@ -1,0 +1,224 @@
+"""The structured task families: each matches its definition, and each exact posterior matches
+a Monte Carlo estimate of the same posterior (no Ray, under a few seconds)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spice_ray.agents import AgentSpec, make_agent
+from spice_ray.config import EnvConfig, EvalConfig, FusionConfig
+from spice_ray.envs.bandit import BanditTasks
+from spice_ray.envs.darkroom import goal_split
+from spice_ray.evaluate.online import agent_draws, online_noise, run_online
+from spice_ray.results.analysis import FLAT, LEARNED, ORACLE, gap_closed
+from spice_ray.rng import StepDraws, TaskStreams
+
+
+def _env(name: str, horizon: int = 50):
+    return EnvConfig(name=name, horizon=horizon).environment()
+
+
+def _streams(n: int, seed: int = 0, split: str = "train") -> TaskStreams:
+    return TaskStreams.from_seed(seed, split, np.arange(n))
+
+
+def test_template_bandit_matches_its_definition() -> None:
+    env = _env("bandit_template")
+    means = env.sample_means(_streams(20_000))
+    assert means.shape == (20_000, 5) and means.min() >= 0 and means.max() <= 1
+    assert abs((means.argmax(1) == 0).mean() - 0.78) < 0.015  # "arm 0 best in about 78%"
+    np.testing.assert_allclose(means.mean(0), [0.7, 0.4, 0.4, 0.4, 0.4], atol=0.005)
+    np.testing.assert_allclose(means.std(0), 0.15, atol=0.006)
+
+
+def test_latent_bandit_matches_its_definition() -> None:
+    env = _env("bandit_latent")
+    means = env.sample_means(_streams(20_000))
+    # every arm has the same marginal: mean 1/2, variance 0.4^2 / 2
+    np.testing.assert_allclose(means.mean(0), 0.5, atol=0.006)
+    np.testing.assert_allclose(means.var(0), 0.08, atol=0.003)
+    # one angle sets all arms: the means lie on the cosine of some theta
+    a = np.arange(5)
+    for row in means[:20]:
+        grid = np.linspace(0, 2 * np.pi, 20_001)
+        fit = 0.5 + 0.4 * np.cos(grid[:, None] - 2 * np.pi * a / 5)
+        assert np.abs(fit - row).max(axis=1).min() < 1e-3
+
+
+def test_linear_bandit_matches_its_definition() -> None:
+    env = _env("linear_bandit")
+    phi = env.arm_features()
+    assert phi.shape == (10, 2)
+    np.testing.assert_array_equal(phi, _env("linear_bandit").arm_features())  # fixed seed
+    means = env.sample_means(_streams(20_000))
+    # mu = phi theta with theta ~ N(0, I/2): covariance phi phi^T / 2
+    np.testing.assert_allclose(np.cov(means.T), phi @ phi.T / 2, atol=0.03)
+
+
+def test_region_darkroom_goals_follow_the_region_and_the_split() -> None:
+    env = _env("darkroom_region", 100)
+    train_block, train_out = env.goal_pools("train")
+    eval_block, eval_out = env.goal_pools("eval")
+    assert (len(train_block), len(eval_block), len(train_out), len(eval_out)) == (13, 3, 67, 17)
+    train = {tuple(c) for c in env.goal_pool("train")}
+    held_out = {tuple(c) for c in env.goal_pool("eval")}
+    assert not train & held_out and len(train | held_out) == 100
+    for split in ("train", "eval"):
+        goals = env.sample_tasks(_streams(20_000, split=split), split).goals
+        in_block = np.all(goals >= 6, axis=1)
+        assert abs(in_block.mean() - 0.9) < 0.01
+        assert {tuple(g) for g in goals} == (held_out if split == "eval" else train)
+    # the plain Darkroom's split is untouched by the region family
+    assert len(goal_split(10, 0.8, 0)[0]) == 80
+
+
+def _importance_posterior(env, counts: np.ndarray, sums: np.ndarray, n: int = 400_000
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior mean and variance of the arm means by self-normalised importance sampling
+    from the family's own prior."""
+    mu = env.sample_means(_streams(n, seed=11))  # (N, A)
+    logw = ((mu * sums - 0.5 * counts * mu**2) / env.params.sigma**2).sum(1)
+    w = np.exp(logw - logw.max())
+    w /= w.sum()
+    mean = w @ mu
+    return mean, w @ mu**2 - mean**2
+
+
+@pytest.mark.parametrize("name", ["bandit_template", "bandit_latent", "linear_bandit"])
+def test_exact_posteriors_match_monte_carlo(name: str) -> None:
+    env = _env(name)
+    a = env.num_actions
+    truth = env.sample_means(_streams(1, seed=5))[0]
+    counts = np.zeros(a)
+    counts[:3] = (4, 2, 1)  # a few pulls of three arms: the posterior is still wide
+    sums = counts * truth + 0.3 * np.sqrt(counts) * np.array([0.5, -1.0, 0.3] + [0] * (a - 3))
+    mean, var = env.posterior_moments(counts[None], sums[None])
+    mc_mean, mc_var = _importance_posterior(env, counts, sums)
+    np.testing.assert_allclose(mean[0], mc_mean, atol=0.01)
+    np.testing.assert_allclose(var[0], mc_var, rtol=0.08, atol=2e-4)
+    # the prior itself (no pulls) is the family's marginal
+    prior_mean, prior_var = env.posterior_moments(np.zeros((1, a)), np.zeros((1, a)))
+    marginal = env.sample_means(_streams(200_000, seed=3))
+    np.testing.assert_allclose(prior_mean[0], marginal.mean(0), atol=0.01)
+    np.testing.assert_allclose(prior_var[0], marginal.var(0), rtol=0.05, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["bandit_template", "bandit_latent", "linear_bandit"])
+def test_posterior_samples_follow_the_posterior(name: str) -> None:
+    env = _env(name)
+    a, n = env.num_actions, 20_000
+    counts = np.tile(np.r_[3.0, 1.0, np.zeros(a - 2)], (n, 1))
+    sums = np.tile(np.r_[1.5, 0.2, np.zeros(a - 2)], (n, 1))
+    draws = StepDraws(_streams(n, seed=9), "test/sample")
+    samples = env.posterior_sample(counts, sums, draws)
+    mean, var = env.posterior_moments(counts[:1], sums[:1])
+    np.testing.assert_allclose(samples.mean(0), mean[0], atol=0.015)
+    np.testing.assert_allclose(samples.var(0), var[0], rtol=0.06, atol=5e-4)
+
+
+def test_linear_posterior_recovers_theta() -> None:
+    env = _env("linear_bandit")
+    phi = env.arm_features()
+    theta = np.array([[0.6, -0.4]])
+    counts = np.full((1, 10), 200.0)
+    sums = counts * (theta @ phi.T)  # noiseless sums: the posterior mean shrinks only a little
+    mean, cov = env.theta_posterior(counts, sums)
+    np.testing.assert_allclose(mean, theta, atol=0.01)
+    assert np.all(np.linalg.eigvalsh(cov[0]) < 1e-3)
+
+
+def test_region_goal_posterior_matches_rejection_sampling() -> None:
+    env = _env("darkroom_region", 100)
+    post = env.task_posterior(0.9)
+    post.reset(1)
+    visited = np.array([[7, 7], [8, 7], [8, 8], [2, 3]])
+    for a, b in zip(visited[:-1], visited[1:], strict=True):
+        post.observe(np.array([0]), np.array([0.0]), a[None], b[None])
+    # rejection: goals from the prior that are none of the visited next cells
+    prior = env.goal_prior()
+    rng = np.random.default_rng(0)
+    goals = rng.choice(100, size=200_000, p=prior)
+    ruled_out = visited[1:, 0] * 10 + visited[1:, 1]
+    kept = goals[~np.isin(goals, ruled_out)]
+    freq = np.bincount(kept, minlength=100) / len(kept)
+    np.testing.assert_allclose(post.weights[0], freq, atol=0.004)
+    assert post.weights[0, ruled_out].sum() == 0
+    # a rewarded arrival pins the goal: the values are then the goal's own Q*
+    post.observe(np.array([0]), np.array([1.0]), np.array([[5, 5]]), np.array([[6, 5]]))
+    mean, var = post.moments(np.array([[6, 3]]))
+    np.testing.assert_allclose(var, 0.0, atol=1e-12)
+    # from (6, 3) the goal (6, 5) is 2 steps away; +y brings it to 1
+    np.testing.assert_allclose(mean[0], 0.9 ** np.array([3, 3, 1, 3, 2]) / 0.1)
+
+
+def _run(env, tasks, spec: AgentSpec, horizon: int, seed: int = 0) -> np.ndarray:
+    ids = np.arange(tasks.num_tasks)
+    agent = make_agent(spec, env, tasks, None, EvalConfig(), sigma=0.3)
+    run = run_online(agent, env, tasks, horizon, online_noise(seed, ids, horizon), 1,
+                     agent_draws(seed, ids))
+    return env.regret(tasks, run.states, run.actions, run.rewards, horizon).sum(1)
+
+
+def test_oracle_rows_beat_the_flat_prior_and_ucb_on_the_template_bandit() -> None:
+    env, horizon = _env("bandit_template", 100), 100
+    tasks = BanditTasks(env.sample_means(_streams(200, split="eval")), 0.3)
+    fusion = FusionConfig(kernel="uniform", target="reward", td_n=1, gamma=0.0, beta=2.0)
+    regret = {m: _run(env, tasks, AgentSpec(m, fusion=fusion, prior=(0.46, 0.037)), horizon)
+              for m in ("spice-flat", "spice-oracle", "bayes-ucb", "bayes-ts", "ucb")}
+    for oracle in ("spice-oracle", "bayes-ucb"):
+        diff = regret["spice-flat"] - regret[oracle]
+        assert diff.mean() > 3 * diff.std(ddof=1) / np.sqrt(len(diff)), oracle
+    assert regret["bayes-ts"].mean() < regret["ucb"].mean()
+    # same seed, same actions
+    again = _run(env, tasks, AgentSpec("bayes-ts", fusion=fusion), horizon)
+    np.testing.assert_array_equal(again, regret["bayes-ts"])
+
+
+def test_linear_references_know_the_features() -> None:
+    env, horizon = _env("linear_bandit", 60), 60
+    tasks = BanditTasks(env.sample_means(_streams(200, split="eval")), 0.3)
+    fusion = FusionConfig(kernel="uniform", target="reward", td_n=1, gamma=0.0, beta=2.0)
+    ucb = _run(env, tasks, AgentSpec("ucb"), horizon).mean()
+    for method in ("linucb", "lints", "bayes-ucb"):
+        assert _run(env, tasks, AgentSpec(method, fusion=fusion), horizon).mean() < ucb / 2
+    assert not AgentSpec("linucb").applies_to(_env("bandit_template"))
+
+
+def test_nearest_unvisited_searcher_finds_goals() -> None:
+    env, horizon = _env("darkroom_region", 100), 100
+    tasks = env.sample_tasks(_streams(100, split="eval"), "eval")
+    searcher = _run(env, tasks, AgentSpec("nearest"), horizon)
+    random = _run(env, tasks, AgentSpec("random"), horizon)
+    assert searcher.mean() < random.mean() - 20
+    bayes = _run(env, tasks, AgentSpec("bayes-ucb", fusion=dataclasses.replace(
+        FusionConfig(), beta=2.0, gamma=0.95)), horizon)
+    assert bayes.mean() < searcher.mean()  # it knows where goals cluster
+
+
+def _gap_rows(values: dict[str, np.ndarray], x: int = 100) -> pd.DataFrame:
+    frames = []
+    for method, v in values.items():
+        frames.append(pd.DataFrame({
+            "method": method, "variant": "", "metric": "cumulative_regret", "x": x,
+            "config": '{"beta":2.0,"beta_schedule":"fixed"}', "seed": 0,
+            "task_id": np.arange(len(v)), "value": v}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_gap_closed_is_the_paired_ratio_with_an_interval() -> None:
+    rng = np.random.default_rng(0)
+    flat = 10 + rng.normal(0, 1, 400)
+    oracle = flat - 4 + rng.normal(0, 0.5, 400)
+    spice = flat - 1 + rng.normal(0, 0.5, 400)
+    table = gap_closed(_gap_rows({FLAT: flat, ORACLE: oracle, LEARNED: spice}))
+    (row,) = table.itertuples()
+    expected = (flat - spice).mean() / (flat - oracle).mean()
+    assert row.gap_closed == pytest.approx(expected) and 0.2 < expected < 0.3
+    assert row.lo < expected < row.hi and row.hi - row.lo < 0.1
+    assert row.n == 400 and row.beta == 2.0
+    # seeded: the same rows give the same interval
+    assert gap_closed(_gap_rows({FLAT: flat, ORACLE: oracle, LEARNED: spice})).equals(table)
