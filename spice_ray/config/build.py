@@ -5,6 +5,11 @@ Layering, lowest first: dataclass defaults -> the environment's defaults (its ``
 section.field=value`` overrides. Values are checked against the dataclass annotations (a YAML
 ``"lots"`` for an int is refused; ``3e-3`` is a float), unknown keys are errors naming the
 allowed ones, and the ``env`` section's extra keys are the environment's own fields.
+
+Every value a user writes (a YAML file, a ``--set`` value) is parsed by :func:`parse_yaml`,
+within limits that make hostile input cheap to refuse: size, nesting, alias expansion (a
+"billion laughs" bomb), string and number length, and no duplicate keys. A refusal is one line
+that shows at most an excerpt of the value (``spice_ray.errors.excerpt``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +38,7 @@ from spice_ray.config.sections import (
     _fail,
     to_plain,
 )
+from spice_ray.errors import EXCERPT_CHARS, Excerpt, excerpt
 
 _FLOAT_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 
@@ -42,49 +49,199 @@ def config_hash(obj: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# ---- parsing user YAML, within limits ------------------------------------------------------
+
+MAX_YAML_BYTES = 1 << 20
+"""Largest YAML file (or ``--set`` value) read: a config is a few KB."""
+MAX_DEPTH = 32
+"""Deepest nesting of lists and mappings, aliases expanded (a config nests about 3 deep)."""
+MAX_NODES = 10_000
+"""Most values (scalars, lists, mappings) in one document with every alias expanded."""
+MAX_ALIASES = 100
+"""Most alias uses (``*name``) in one document."""
+MAX_STRING_CHARS = 10_000
+"""Longest string (a path, a label, a shell command in a cluster file)."""
+MAX_NUMBER_CHARS = 50
+"""Longest number, in characters (Python refuses ints over 4,300 digits with a traceback)."""
+MAX_KEY_CHARS = 200
+"""Longest ``--set`` key (``section.field``)."""
+
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class YamlLimitError(yaml.YAMLError):
+    """A YAML document over one of the limits above, or with a duplicate key (one line)."""
+
+
+class LimitedLoader(yaml.SafeLoader):
+    """A SafeLoader for user input that refuses, while composing (before any value is built),
+    documents that would be costly to build, walk or print: nesting deeper than
+    :data:`MAX_DEPTH`, more than :data:`MAX_ALIASES` aliases or :data:`MAX_NODES` values once
+    aliases are expanded, a recursive alias, a string or number over its length limit, and a
+    key given twice in one mapping (YAML would keep the last silently). Merge keys (``<<``)
+    still override."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+        self._values = 0  # in the document so far, each alias counting its value's size
+        # node -> (values, nesting depth) with aliases expanded; an alias reuses its node's
+        self._sizes: dict[yaml.Node, tuple[int, int]] = {}
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        alias = isinstance(event, yaml.AliasEvent)
+        if alias:
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise YamlLimitError(f"more than {MAX_ALIASES} aliases (line {line})")
+        if self._depth > MAX_DEPTH:
+            raise YamlLimitError(f"nested more than {MAX_DEPTH} levels deep (line {line})")
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if alias:
+            if node not in self._sizes:
+                raise YamlLimitError(f"alias *{_clip(event.anchor, 40)} is used inside the "
+                                     f"value it names (line {line}): a recursive value")
+            self._values += self._sizes[node][0]
+        else:
+            self._measure(node, line)
+            self._values += 1
+        if self._values > MAX_NODES:  # counted as composed: a long list stops early
+            raise YamlLimitError(f"more than {MAX_NODES} values with aliases expanded (line "
+                                 f"{line}); a config has a few hundred")
+        return node
+
+    def _measure(self, node: yaml.Node, line: int) -> None:
+        """Record ``node``'s size and depth (its children are measured), refusing it when over
+        a limit."""
+        if isinstance(node, yaml.ScalarNode):
+            number = node.tag in _NUMBER_TAGS
+            limit = MAX_NUMBER_CHARS if number else MAX_STRING_CHARS
+            if len(node.value) > limit:
+                what = "number" if number else "string"
+                raise YamlLimitError(f"{excerpt(node.value, 40)} at line {line} is a {what} "
+                                     f"over {limit} characters")
+            self._sizes[node] = (1, 0)
+            return
+        children = (node.value if isinstance(node, yaml.SequenceNode)
+                    else [n for pair in node.value for n in pair])
+        sizes = [self._sizes[c] for c in children]
+        values = 1 + sum(v for v, _ in sizes)
+        depth = 1 + max((d for _, d in sizes), default=0)
+        if depth > MAX_DEPTH:
+            raise YamlLimitError(f"nested more than {MAX_DEPTH} levels deep once aliases are "
+                                 f"expanded (line {line})")
+        self._sizes[node] = (values, depth)
+
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
+        node = super().compose_mapping_node(anchor)
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue  # a list or mapping as a key is refused when the value is built
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise YamlLimitError(f"key {excerpt(key, 60)} is given twice (lines "
+                                     f"{first[key]} and {line}); keep one")
+            first[key] = line
+        return node
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line for a PyYAML error (whose own message spans several lines and quotes the
+    input)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        context = f"{exc.context}: " if exc.context else ""
+        return _clip(f"{context}{exc.problem}") + where
+    return _clip(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+def _clip(text: str, limit: int = EXCERPT_CHARS + 40) -> str:
+    """``text`` (which may quote the user's input) in at most ``limit`` characters."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def parse_yaml(text: str, where: str, error: type[Exception] = ConfigError) -> Any:
+    """Parse one YAML document a user wrote, within the limits above: the one place user YAML
+    (config files, ``--set`` values) is read.
+
+    Args:
+        where: what the text is, to start the message (``config file x.yaml``, ``--set a.b``).
+        error: exception class raised.
+
+    Raises:
+        error: one line naming ``where``: over a limit, a duplicate key, not valid YAML.
+    """
+    if len(text) > MAX_YAML_BYTES:
+        raise error(f"{where} is over {MAX_YAML_BYTES // 2**20} MiB; a config is a few KB")
+    loader = LimitedLoader(text)
+    try:
+        return loader.get_single_data()
+    except YamlLimitError as exc:
+        raise error(f"{where} is refused: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise error(f"{where} is not valid YAML: {_yaml_problem(exc)}") from exc
+    except (ValueError, TypeError, OverflowError) as exc:  # e.g. a date with month 13
+        raise error(f"{where} is not valid YAML: {_clip(str(exc))}") from exc
+    finally:
+        loader.dispose()
+
+
 # ---- building from dicts, with type checks ---------------------------------------------
 
 
 def _coerce(path: str, value: Any, tp: Any) -> Any:
     """Check ``value`` against the annotation ``tp`` and return it in canonical form."""
     origin = typing.get_origin(tp)
+    shown = Excerpt(value)  # a refusal shows an excerpt, never the whole value
     if tp is EnvConfig:
         if not isinstance(value, dict):
-            _fail(path, value, "a mapping of env fields")
+            _fail(path, shown, "a mapping of env fields")
         return _build_env(value, path)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            _fail(path, value, f"a mapping of {tp.__name__} fields")
+            _fail(path, shown, f"a mapping of {tp.__name__} fields")
         return _build(tp, value, path)
     if origin is Literal:
         allowed = typing.get_args(tp)
-        _check(value in allowed, path, value, f"one of {', '.join(map(str, allowed))}")
+        _check(value in allowed, path, shown, f"one of {', '.join(map(str, allowed))}")
         return value
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
-            _fail(path, value, f"a list of {item_tp.__name__}")
+            _fail(path, shown, f"a list of {item_tp.__name__}")
         return tuple(_coerce(f"{path}[{i}]", v, item_tp) for i, v in enumerate(value))
     if origin in (typing.Union, types.UnionType):
         raise TypeError(f"unsupported annotation {tp} at {path}")
     if tp is bool:
-        _check(isinstance(value, bool), path, value, "true or false")
+        _check(isinstance(value, bool), path, shown, "true or false")
         return value
     if tp is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
         if not ok and isinstance(value, float) and value.is_integer():
             return int(value)
-        _check(ok, path, value, "an integer")
+        _check(ok, path, shown, "an integer")
         return value
     if tp is float:
         if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
             value = float(value)  # YAML 1.1 reads "3e-3" (no dot) as a string
+            shown = Excerpt(value)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        _check(ok, path, value, "a number")
-        _check(math.isfinite(float(value)), path, value, "a finite number")
+        _check(ok, path, shown, "a number")
+        _check(math.isfinite(float(value)), path, shown, "a finite number")
         return float(value)
     if tp is str:
-        _check(isinstance(value, str), path, value, "a string")
+        _check(isinstance(value, str), path, shown, "a string")
         return value
     raise TypeError(f"unsupported annotation {tp} at {path}")
 
@@ -96,16 +253,19 @@ def _build_env(values: dict[str, Any], prefix: str = "env") -> EnvConfig:
     try:
         cls = envs.env_class(name)
     except KeyError as exc:
-        raise ConfigError(exc.args[0]) from None
+        raise _shortened(ConfigError(exc.args[0]), [name]) from None
     own = {k: v for k, v in values.items() if k not in ("name", "horizon")}
     allowed = ["name", "horizon", *(f.name for f in dataclasses.fields(cls.Params))]
     for key in own:
         if key not in allowed:
-            raise ConfigError(f"unknown key {prefix}.{key!r} for env.name={name}; allowed keys: "
-                              f"{', '.join(allowed)}")
+            raise ConfigError(f"unknown key {prefix}.{excerpt(key)} for env.name={name}; "
+                              f"allowed keys: {', '.join(allowed)}")
     params = _build(cls.Params, own, prefix)
     horizon = _coerce(f"{prefix}.horizon", values.get("horizon", EnvConfig.horizon), int)
-    return EnvConfig(name=name, horizon=horizon, params=params)
+    try:
+        return EnvConfig(name=name, horizon=horizon, params=params)
+    except ConfigError as exc:
+        raise _shortened(exc, [horizon, *dataclasses.astuple(params)]) from None
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
@@ -116,9 +276,26 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     for key, value in values.items():
         path = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
-            raise ConfigError(f"unknown key {path!r}; allowed keys: {', '.join(names)}")
+            raise ConfigError(f"unknown key {excerpt(path)}; allowed keys: {', '.join(names)}")
         kwargs[key] = _coerce(path, value, hints[key])
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        raise _shortened(exc, kwargs.values()) from None
+
+
+def _shortened(exc: ConfigError, values: Iterable[Any]) -> ConfigError:
+    """``exc`` with every long value of ``values`` in its message cut to an excerpt: a
+    section's own checks (``__post_init__``) name the value in full, and a user's value (a
+    label, a list of seeds) can be thousands of characters long."""
+    message = str(exc)
+    for value in values:
+        if isinstance(value, (str, tuple)):  # only these can be long once type-checked
+            for text in (repr(value), str(value)):  # {value!r}, else {value}
+                if len(text) > EXCERPT_CHARS and text in message:
+                    message = message.replace(text, excerpt(value))
+                    break
+    return ConfigError(message)
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -136,15 +313,14 @@ def parse_set(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected section.field=value")
+            raise ConfigError(f"--set {excerpt(item)}: expected section.field=value")
         key, raw = item.split("=", 1)
         key = key.strip()
         if not key or any(not part for part in key.split(".")):
-            raise ConfigError(f"--set {item!r}: empty key")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {exc}") from exc
+            raise ConfigError(f"--set {excerpt(item)}: empty key")
+        if len(key) > MAX_KEY_CHARS:
+            raise ConfigError(f"--set {excerpt(key)}: a key over {MAX_KEY_CHARS} characters")
+        value = parse_yaml(raw, f"--set {key}") if raw.strip() else ""
         if isinstance(value, str) and key == "data.label":
             value = raw.strip()  # keep 'mix:0.8' a string
         node = out
@@ -152,7 +328,7 @@ def parse_set(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part} is not a section")
+                raise ConfigError(f"--set {key}: {excerpt(part)} is not a section")
         node[parts[-1]] = value
     return out
 
@@ -196,12 +372,15 @@ def load_yaml(path: str | Path, error: type[Exception] = ConfigError,
     """Read a YAML mapping, with a clear error naming the file.
 
     Args:
-        error: exception class raised for a missing, unparsable or non-mapping file.
+        error: exception class raised for a missing, unparsable, oversized or non-mapping
+            file, or one over a limit of :func:`parse_yaml`.
         allow_empty: an empty file is ``{}`` (config overrides) rather than an error.
     """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)  # never more: the path may be /dev/zero
+        text = raw.decode("utf-8")
     except FileNotFoundError as exc:
         raise error(f"config file {path} does not exist") from exc
     except IsADirectoryError as exc:
@@ -211,8 +390,7 @@ def load_yaml(path: str | Path, error: type[Exception] = ConfigError,
                     f"{exc.start})") from exc
     except OSError as exc:
         raise error(f"config file {path} cannot be read: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise error(f"config file {path} is not valid YAML: {exc}") from exc
+    data = parse_yaml(text, f"config file {path}", error)
     if data is None and allow_empty:
         return {}
     if not isinstance(data, dict):
@@ -233,12 +411,12 @@ def resolve_run_dir(out: str | Path | None, preset: str, yaml_path: str | Path |
     if user is None and yaml_path is not None:
         user = load_yaml(yaml_path).get("out_dir")
     if user is not None and (not isinstance(user, str) or not user.strip()):
-        _fail("out_dir", user, "a non-empty path")
+        _fail("out_dir", Excerpt(user), "a non-empty path")
     if out is not None and not str(out).strip():
         _fail("--out", str(out), "a non-empty path")
     if out is not None and user is not None and Path(user).resolve() != Path(out).resolve():
-        raise ConfigError(f"out_dir={user!r} (from --set or --config) conflicts with --out "
-                          f"{str(out)!r}; give the run directory once, with --out")
+        raise ConfigError(f"out_dir={excerpt(user)} (from --set or --config) conflicts with "
+                          f"--out {excerpt(str(out))}; give the run directory once, with --out")
     chosen = out if out is not None else (user if user is not None else Path("runs") / preset)
     return Path(chosen).resolve()
 

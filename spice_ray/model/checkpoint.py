@@ -7,14 +7,16 @@ This module reads and writes the files; it imports no model class (the registry 
 Layout::
 
     <checkpoint>/
-      meta.json       kind, architecture spec, run config, dataset content hash, epoch, metrics,
-                      and the SHA-256 of every file below
-      weights.pt      model state_dict (tensors only; loaded with torch.load(weights_only=True))
-      optimizer.pt    optimizer (+ scheduler) state, for resuming (weights_only as well)
+      meta.json         kind, architecture spec, run config, dataset content hash, epoch,
+                        metrics, and the SHA-256 of every file below
+      meta.json.sha256  the SHA-256 sidecar of meta.json (``spice_ray.artifacts``)
+      weights.pt        model state_dict (tensors only; torch.load(weights_only=True))
+      optimizer.pt      optimizer (+ scheduler) state, for resuming (weights_only as well)
 
 Loading never unpickles arbitrary objects: ``weights_only=True`` only admits tensors and plain
-containers, and every file is checked against its checksum first, so a corrupted or truncated
-file is named instead of half-loaded.
+containers, and every file is checked against its checksum first (meta.json against its
+sidecar, the others against meta.json), so a corrupted, truncated or edited file is named
+instead of half-loaded: an edited ``spec`` or ``config`` would rebuild a different model.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ from typing import Any
 
 import torch
 
-from spice_ray.artifacts import file_sha256
+from spice_ray.artifacts import UnreadableFile, file_sha256, read_json, verify, write_sidecar
 from spice_ray.config import EnvConfig, RunConfig
 from spice_ray.errors import SpiceRayError
 
 META = "meta.json"
 WEIGHTS = "weights.pt"
 OPTIMIZER = "optimizer.pt"
+
+
+META_KEYS = ("kind", "spec", "config", "dataset_hash", "epoch", "files")
+"""What every meta.json holds (``save_checkpoint`` writes them all)."""
 
 
 class CheckpointError(SpiceRayError, RuntimeError):
@@ -76,22 +82,44 @@ def save_checkpoint(
         "files": {name: file_sha256(tmp / name) for name in files},
         **(extra or {}),
     }
-    (tmp / META).write_text(json.dumps(meta, indent=1))
+    write_meta(tmp, meta)
     if directory.exists():
         shutil.rmtree(directory)
     os.replace(tmp, directory)
     return directory
 
 
-def read_meta(directory: str | Path) -> dict[str, Any]:
-    """meta.json of a checkpoint, with a clear error if it is absent or unreadable."""
+def write_meta(directory: str | Path, meta: dict[str, Any]) -> Path:
+    """Write a checkpoint's meta.json and then its SHA-256 sidecar; returns meta.json's path."""
     path = Path(directory) / META
+    path.write_text(json.dumps(meta, indent=1))
+    write_sidecar(path)
+    return path
+
+
+def read_meta(directory: str | Path) -> dict[str, Any]:
+    """meta.json of a checkpoint, verified against its SHA-256 sidecar.
+
+    Raises:
+        CheckpointError: one line naming the file: it is absent, fails its checksum (edited,
+            corrupted, or written before checksums), is not JSON, or lacks a key.
+    """
+    path = Path(directory) / META
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist: {directory} is not a checkpoint")
+    record, reason = verify(path)
+    if record is None:
+        raise CheckpointError(f"checkpoint file {path} fails its SHA-256 checksum ({reason}): "
+                              "edited or corrupted, so the checkpoint is not used")
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{path} does not exist: {directory} is not a checkpoint") from exc
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is corrupted: {exc}") from exc
+        meta = read_json(path)
+    except UnreadableFile as exc:  # "<path> is corrupted (...)"
+        raise CheckpointError(f"checkpoint file {exc}") from exc
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing or not isinstance(meta["spec"], dict) or not isinstance(meta["files"], dict):
+        raise CheckpointError(f"checkpoint file {path} is incomplete: "
+                              f"{', '.join(missing) or 'spec or files'} missing or malformed")
+    return meta
 
 
 def content_id(directory: str | Path) -> str:

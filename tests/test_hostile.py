@@ -1,0 +1,262 @@
+"""Hostile input is refused cheaply, in one short line: YAML bombs, duplicate keys, oversized
+or deeply nested documents, pathological ``--set`` values, and edited or garbage checkpoint
+metadata. Unit tests (no Ray) unless marked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import runpy
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from spice_ray.config import ConfigError, load_yaml, make_config, parse_set
+from spice_ray.config.build import MAX_DEPTH, MAX_YAML_BYTES, parse_yaml
+from spice_ray.errors import excerpt
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL_RUN = str(ROOT / "pipelines" / "full_run.py")
+
+BOMB = """\
+a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+data: {label: *f}
+"""
+
+
+def full_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, float]:
+    """``pipelines/full_run.py --dry-run argv`` in this process: exit status, stderr, seconds.
+    Only for command lines that stop before the study starts."""
+    cli = runpy.run_path(FULL_RUN, run_name="full_run_under_test")["cli"]
+    capsys.readouterr()
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exc:
+        cli(["--dry-run", *argv])
+    return int(exc.value.code), capsys.readouterr().err, time.perf_counter() - start
+
+
+def assert_one_short_line(err: str) -> None:
+    """One line under 400 characters that shows no more than an excerpt of any value."""
+    assert err.endswith("\n") and err.count("\n") == 1, err[:500]
+    assert len(err) < 400, err[:500]
+    assert not re.search(r"(.)\1{80}", err), err  # no long run of the user's characters
+
+
+# ---- 1. YAML files ----------------------------------------------------------------------
+
+
+def test_alias_bomb_is_refused_at_once(tmp_path, capsys) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    assert len(BOMB) < 400
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bomb\.yaml is refused: more than 10000 values "
+                                          r"with aliases expanded \(line 5\)"):
+        load_yaml(path)
+    assert time.perf_counter() - start < 1.0
+    code, err, seconds = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"),
+                                   "--config", str(path)], capsys)
+    assert code == 2 and f"config file {path} is refused" in err and seconds < 10
+    assert_one_short_line(err)
+
+
+def test_alias_budget_recursion_and_merge_keys() -> None:
+    many = "a: &a 1\nb: [" + ", ".join(["*a"] * 101) + "]\n"
+    with pytest.raises(ConfigError, match=r"more than 100 aliases \(line 2\)"):
+        parse_yaml(many, "x")
+    with pytest.raises(ConfigError, match="alias \\*a is used inside the value it names"):
+        parse_yaml("a: &a [1, *a]\n", "x")
+    # a merge key still gives defaults that the mapping's own keys override
+    merged = parse_yaml("base: &base {lr: 1, epochs: 2}\ntrain: {<<: *base, lr: 3}\n", "x")
+    assert merged["train"] == {"lr": 3, "epochs": 2}
+    # the project's own cluster file (anchors, long shell commands) is unaffected
+    assert "available_node_types" in load_yaml(ROOT / "cluster.yaml")
+
+
+def test_duplicate_keys_are_refused_naming_key_and_line(tmp_path, capsys) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text("seeds: [1]\ndata:\n  seed: 1\n  num_train_tasks: 50\n  seed: 2\n")
+    with pytest.raises(ConfigError, match=r"key 'seed' is given twice \(lines 3 and 5\)"):
+        make_config("smoke", "bandit", yaml_path=path)
+    code, err, _ = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"),
+                             "--config", str(path)], capsys)
+    assert code == 2 and "dup.yaml is refused: key 'seed' is given twice" in err
+    assert_one_short_line(err)
+    with pytest.raises(ConfigError, match=r"--set seeds is refused: key 1 is given twice"):
+        parse_set(["seeds={1: a, 1: b}"])
+
+
+def test_oversized_and_deep_documents_are_refused(tmp_path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"# " + b"x" * MAX_YAML_BYTES + b"\ndata: {seed: 1}\n")
+    with pytest.raises(ConfigError, match=r"big\.yaml is over 1 MiB"):
+        load_yaml(big)
+    assert parse_yaml("[" * MAX_DEPTH + "]" * MAX_DEPTH, "x") is not None
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("data: " + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "\n")
+    with pytest.raises(ConfigError, match="nested more than 32 levels deep"):
+        load_yaml(deep)
+    # aliases cannot stack depth past the limit either
+    stacked = "a: &a " + "[" * 20 + "]" * 20 + "\nb: " + "[" * 20 + "*a" + "]" * 20 + "\n"
+    with pytest.raises(ConfigError, match="nested more than 32 levels deep once aliases"):
+        parse_yaml(stacked, "x")
+
+
+def test_yaml_syntax_errors_are_one_line(tmp_path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("data: {seed: 1\n")
+    with pytest.raises(ConfigError) as exc:
+        load_yaml(path)
+    assert "\n" not in str(exc.value) and "bad.yaml is not valid YAML" in str(exc.value)
+
+
+# ---- 2. and 3. --set values -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("item, shown", [
+    ("data.seed=" + "[" * 3000 + "]" * 3000, "--set data.seed is refused: nested more than 32"),
+    ("data.seed=" + "9" * 100_000, "(100000 characters) at line 1 is a number over 50"),
+    ("data.label=" + "x" * 20_000, "(20000 characters) at line 1 is a string over 10000"),
+    ("data.label=" + "x" * 5_000, "data.label='xxx"),
+    ("seeds=[" + ",".join(["1"] * 3000) + "]", "seeds=(1, 1, 1, 1, 1, 1, 1, 1, ...) (3000 "),
+    ("data.seed=" + "{a: 1, b: " * 20, "--set data.seed is not valid YAML: while parsing"),
+    ("data.seed=2024-13-45", "--set data.seed is not valid YAML: month must be in 1..12"),
+    ("data." + "k" * 5000 + "=1", "a key over 200 characters"),
+    ("data.seed=[" + "1, " * 5000, "--set data.seed is not valid YAML"),
+    ("data.num_train_tasks=" + "x" * 500, "data.num_train_tasks='xxx"),
+    ("env=" + "y" * 500, "env='yyy"),
+], ids=["deep-list", "long-number", "huge-string", "long-label", "many-seeds", "unclosed",
+        "bad-date", "long-key", "unclosed-list", "string-for-int", "string-for-section"])
+def test_pathological_set_values_are_one_line(item, shown, tmp_path, capsys) -> None:
+    code, err, seconds = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"),
+                                   "--set", item], capsys)
+    assert code == 2 and err.startswith("error: bad config: ") and shown in err, err[:500]
+    assert_one_short_line(err)
+    assert seconds < 10
+    assert not (tmp_path / "o").exists()
+
+
+def test_excerpt_is_short_and_cheap() -> None:
+    assert excerpt("short") == "'short'"
+    long = excerpt("a" * 5000 + "Z")
+    assert long.endswith("aZ' (5001 characters)") and len(long) < 100
+    assert excerpt(list(range(3000))) == "[0, 1, 2, 3, 4, 5, 6, 7, ...] (3000 items)"
+    nested: list = []
+    for _ in range(5000):  # repr() of this would raise RecursionError
+        nested = [nested]
+    assert len(excerpt(nested)) <= 80
+
+
+# ---- 4. checkpoint metadata is checksummed ----------------------------------------------
+
+
+def _job_and_final(tmp_path: Path):
+    """A tiny SPICE model's finished job: its ``final`` checkpoint and an intact copy of it
+    as the last epoch's checkpoint, as the training loop leaves them."""
+    from spice_ray.model import checkpoint as ckpt
+    from spice_ray.model.registry import build_model
+    from spice_ray.train.loop import TrainJob
+
+    cfg = make_config("smoke", "bandit", overrides=["train.num_workers=0", "train.epochs=2",
+                                                    f"out_dir={tmp_path}"])
+    job = TrainJob(cfg.to_dict(), "spice", str(tmp_path / "ds"), "hash", 0)
+    model = build_model("spice", cfg, generator=torch.Generator().manual_seed(0))
+    run_dir = tmp_path / "run"
+    extra = {"identity": job.identity(), "seed": 0}
+    epoch = ckpt.save_checkpoint(run_dir / "local" / "epoch-0001", model, cfg, "hash", 1,
+                                 optimizer_state={}, extra=extra)
+    final = ckpt.save_checkpoint(run_dir / "final", model, cfg, "hash", 1, optimizer_state={},
+                                 extra=extra)
+    return job, run_dir, final, epoch
+
+
+def test_edited_checkpoint_meta_is_not_loaded(tmp_path, caplog) -> None:
+    from spice_ray.model import checkpoint as ckpt
+    from spice_ray.model.registry import load_model
+    from spice_ray.train.loop import LocalContext, latest_intact
+    from spice_ray.train.ray_train import final_is_current
+
+    job, run_dir, final, epoch = _job_and_final(tmp_path)
+    assert final_is_current(final, job)
+    meta = json.loads((final / ckpt.META).read_text())
+    assert meta["spec"]["config"]["prior_scale"] == 1.0
+    meta["spec"]["config"]["prior_scale"] = meta["config"]["model"]["prior_scale"] = 5.0
+    (final / ckpt.META).write_text(json.dumps(meta, indent=1))  # valid JSON, same identity
+    with pytest.raises(ckpt.CheckpointError, match=r"final/meta\.json fails its SHA-256 "
+                                                   r"checksum \(SHA-256 mismatch"):
+        load_model(final)
+    assert not final_is_current(final, job)  # so pretrain() resumes instead of using it
+    # the resume (or republish) source skips an edited checkpoint for the intact one
+    edited = run_dir / "local" / "epoch-0002"
+    final.rename(edited)
+    with caplog.at_level(logging.WARNING):
+        assert LocalContext(job, run_dir).resume_dir() == epoch
+        assert latest_intact([edited]) is None
+    assert "skipping unusable checkpoint" in caplog.text and "meta.json fails" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["garbage", "no spec", "no sidecar"])
+def test_garbage_checkpoint_meta_is_one_line(damage, tmp_path, capsys) -> None:
+    from spice_ray.cli import run_main
+    from spice_ray.model import checkpoint as ckpt
+    from spice_ray.model.registry import load_model
+    from spice_ray.train.ray_train import final_is_current
+
+    job, _, final, _ = _job_and_final(tmp_path)
+    path = final / ckpt.META
+    if damage == "garbage":
+        path.write_bytes(b"\xff\xfe\x00garbage" * 50)
+    elif damage == "no spec":
+        meta = json.loads(path.read_text())
+        del meta["spec"]
+        path.write_text(json.dumps(meta))
+    else:
+        (final / "meta.json.sha256").unlink()
+    assert not final_is_current(final, job)  # no traceback: the job is trained or resumed
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        run_main(load_model, final)
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and f"checkpoint file {path} fails its SHA-256" in err
+    assert_one_short_line(err)
+
+
+def test_checkpoint_meta_reads_back_and_names_missing_keys(tmp_path) -> None:
+    from spice_ray.model import checkpoint as ckpt
+
+    _, _, final, _ = _job_and_final(tmp_path)
+    meta = ckpt.read_meta(final)
+    assert meta["epoch"] == 1 and meta["kind"] == "spice"
+    del meta["spec"]
+    ckpt.write_meta(final, meta)  # re-signed by hand: still refused, by name
+    with pytest.raises(ckpt.CheckpointError, match=r"meta\.json is incomplete: spec missing"):
+        ckpt.read_meta(final)
+
+
+@pytest.mark.ray
+def test_edited_final_meta_is_republished_from_the_intact_checkpoint(ray_local, tmp_path,
+                                                                     caplog) -> None:
+    from spice_ray.data.generate import generate_dataset
+    from spice_ray.model import checkpoint as ckpt
+    from spice_ray.train.ray_train import pretrain
+
+    cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}"])
+    ds = generate_dataset(cfg, tmp_path / "ds").dataset_dir
+    final = pretrain(cfg, "spice", 0, ds)
+    good = (final / ckpt.META).read_bytes()
+    weights = (final / ckpt.WEIGHTS).read_bytes()
+    (final / ckpt.META).write_bytes(good.replace(b'"prior_scale": 1.0', b'"prior_scale": 5.0'))
+    assert (final / ckpt.META).read_bytes() != good
+    with caplog.at_level(logging.INFO):
+        again = pretrain(cfg, "spice", 0, ds)
+    assert again == final and (final / ckpt.WEIGHTS).read_bytes() == weights
+    assert json.loads((final / ckpt.META).read_bytes()) == json.loads(good)
+    assert ckpt.read_meta(final)["spec"]["config"]["prior_scale"] == 1.0
