@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +22,10 @@ from tqdm import tqdm
 
 
 def fmt_seconds(seconds: float) -> str:
-    """``42 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    """``42 s``, ``3 min 05 s``, ``1 h 02 min``; ``unknown`` for a non-finite value (an ETA
+    before any rate exists must never stop a run)."""
+    if not math.isfinite(seconds):
+        return "unknown"
     s = int(round(max(0.0, seconds)))
     if s < 60:
         return f"{s} s"
@@ -43,6 +47,9 @@ class Bar:
         self.done = 0
         self.status = ""
         self.t0 = self._last_line = console.clock()
+        self._first: tuple[float, int] | None = None
+        """(time, done) at the first progress: the rate is measured from there, so the first
+        unit's start-up (worker start, compilation) does not inflate the ETA."""
         self._tqdm = (tqdm(total=self.total, desc=desc, unit=unit, file=console.stream,
                            dynamic_ncols=True, leave=False, mininterval=0.5)
                       if console.live else None)
@@ -53,6 +60,8 @@ class Bar:
         new = min(max(new, self.done), self.total)
         if status:
             self.status = status
+        if self._first is None and new > self.done:
+            self._first = (self.console.clock(), new)
         if self._tqdm is not None:
             if status:
                 self._tqdm.set_postfix_str(status, refresh=False)
@@ -63,13 +72,22 @@ class Bar:
         now = self.console.clock()
         if now - self._last_line >= self.console.heartbeat_s and self.done < self.total:
             self._last_line = now
+            eta = self.eta()
             self.console.line(f"  {self.desc}: {self.done}/{self.total} {self.unit}"
                               + (f", {self.status}" if self.status else "")
-                              + f", ETA {fmt_seconds(self.eta())}")
+                              + (f", ETA {fmt_seconds(eta)}" if eta is not None else ""))
 
-    def eta(self) -> float:
-        rate = self.done / max(self.console.clock() - self.t0, 1e-9)
-        return (self.total - self.done) / rate if rate > 0 else float("inf")
+    def eta(self) -> float | None:
+        """Seconds left at the rate since the first progress; None until that rate exists
+        (at least one more unit done after the first, in measurable time)."""
+        if self._first is None:
+            return None
+        t1, done1 = self._first
+        elapsed, moved = self.console.clock() - t1, self.done - done1
+        if moved <= 0 or not elapsed > 0:
+            return None
+        eta = (self.total - self.done) * elapsed / moved
+        return eta if math.isfinite(eta) else None
 
     def close(self, summary: str = "") -> None:
         """End the bar with one line: ``desc: summary (time)``."""

@@ -64,6 +64,43 @@ def test_train_progress_is_throttled_and_names_loss_components() -> None:
 
 def test_fmt_seconds() -> None:
     assert [fmt_seconds(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
+    assert [fmt_seconds(s) for s in (float("inf"), float("nan"), -float("inf"))] == [
+        "unknown", "unknown", "unknown"]
+
+
+def test_no_eta_before_a_rate_exists_and_none_ever_crashes() -> None:
+    """Off a terminal a heartbeat before the first unit finished used to format an infinite
+    ETA and kill the run (OverflowError): a sweep piped to a file died on its first line."""
+    out, clock = io.StringIO(), Clock()
+    console = Console(out, live=False, heartbeat_s=30.0, clock=clock)
+    bar = console.bar("sweep kernel_beta", total=6, unit="trial")
+    clock.t = 31.0
+    bar.update(0, status="0 done")  # a heartbeat with nothing finished: no ETA, no error
+    clock.t = 62.0
+    bar.update(1, status="1 done")  # one unit: still no rate
+    assert bar.eta() is None
+    clock.t = 93.0
+    bar.update(1, status="2 done")  # now a rate: 1 trial per 31 s, 4 left
+    bar.close("6 trials")
+    lines = out.getvalue().splitlines()
+    assert lines == ["  sweep kernel_beta: 0/6 trial, 0 done",
+                     "  sweep kernel_beta: 1/6 trial, 1 done",
+                     "  sweep kernel_beta: 2/6 trial, 2 done, ETA 2 min 04 s",
+                     "  sweep kernel_beta: 6 trials (1 min 33 s)"]
+
+
+def test_first_step_start_up_does_not_inflate_the_eta() -> None:
+    """The first training step pays compilation and worker start (here 60 s); later steps take
+    1 s each: the ETA is the steps left at 1 s, not at the first step's pace."""
+    out, clock = io.StringIO(), Clock()
+    console = Console(out, live=False, heartbeat_s=30.0, clock=clock)
+    bar = console.bar("model 1/1", total=310, unit="step")
+    clock.t = 60.0
+    bar.update(1)
+    assert bar.eta() is None and "ETA" not in out.getvalue()
+    clock.t = 100.0
+    bar.update(40)
+    assert bar.eta() == 269.0
 
 
 def test_a_failing_stage_still_shows_its_error(tmp_path) -> None:
