@@ -21,6 +21,7 @@ import sys
 from spice_ray.cli import add_config_args, run_main, start_run
 from spice_ray.config import ConfigError
 from spice_ray.console import Console
+from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
 from spice_ray.study import describe_plan, plan_study, run_study
 
 log = logging.getLogger("spice_ray.full_run")
@@ -30,8 +31,9 @@ def cli(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser, env=False)
-    parser.add_argument("--experiments", default="bandit,bandit20,darkroom",
-                        help="comma-separated subset of bandit, bandit20, darkroom")
+    parser.add_argument("--experiments", default=",".join(DEFAULT_EXPERIMENTS),
+                        help="comma-separated experiments, of " + ", ".join(EXPERIMENTS)
+                        + " (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (stages, resources, sizes, times) and exit")
     args = parser.parse_args(argv)
