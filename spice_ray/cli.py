@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,7 +23,7 @@ from spice_ray.config import (
     resolve_run_dir,
 )
 from spice_ray.console import Console
-from spice_ray.errors import SpiceRayError
+from spice_ray.errors import SpiceRayError, Stopped
 from spice_ray.runlock import RunLock
 
 log = logging.getLogger("spice_ray")
@@ -119,7 +120,8 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
     if problems:
         lock.release()
         fail("\nerror: ".join(problems))
-    atexit.register(_collect_quietly, run_dir)  # also after a failure: the logs say why
+    atexit.register(lock.release)  # also after a failure or a signal (idempotent)
+    atexit.register(_collect_quietly, run_dir)  # runs first: also after a failure or a signal
     return lock
 
 
@@ -296,10 +298,54 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EN
                  errno.EPERM}
 
 
+_SIGNALLED: list[int] = []
+"""Signals received by :func:`run_main`'s handler (libraries such as Ray may catch the
+exception it raises and raise a plain KeyboardInterrupt instead, losing which signal it was)."""
+
+
+def _raise_stopped(signum: int, frame: Any) -> NoReturn:
+    _SIGNALLED.append(signum)
+    raise Stopped(signum)
+
+
+def _stop_quietly() -> None:
+    """Shut Ray down without its shutdown chatter (after a signal)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - already stopping; the exit status says why
+        log.debug("ray.shutdown after a signal failed", exc_info=True)
+
+
 def run_main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a pipeline's main; known failures exit with status 1 and a one-line message."""
+    """Call a pipeline's main; known failures exit with status 1 and a one-line message.
+
+    SIGINT (Ctrl-C) and SIGTERM stop the run cleanly: the stage at work unwinds (its bar says
+    "stopped"), Ray shuts down, one line names the signal and says that what finished is kept
+    and that the same command resumes, and the exit status is 128 + the signal (130, 143).
+    """
+    import signal
+
+    handlers = {}
+    _SIGNALLED.clear()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers[sig] = signal.signal(sig, _raise_stopped)
     try:
         return fn(*args, **kwargs)
+    except KeyboardInterrupt as exc:
+        signum = (exc.signum if isinstance(exc, Stopped) else
+                  _SIGNALLED[-1] if _SIGNALLED else int(signal.SIGINT))
+        for sig, old in handlers.items():  # a second Ctrl-C while shutting down: default
+            signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else old)
+        _stop_quietly()
+        name = signal.Signals(signum).name
+        print(f"stopped by {name}{' (Ctrl-C)' if name == 'SIGINT' else ''}: every finished "
+              "dataset shard, checkpoint and table is kept; run the same command again to "
+              "resume", file=sys.stderr)
+        raise SystemExit(128 + signum) from None
     except SpiceRayError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
@@ -310,3 +356,6 @@ def run_main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         print(f"error: cannot write{where}: {exc.strerror}. Free space or choose another "
               "--out; completed stages are kept and a re-run resumes.", file=sys.stderr)
         raise SystemExit(1) from exc
+    finally:
+        for sig, old in handlers.items():
+            signal.signal(sig, old)

@@ -89,6 +89,11 @@ class Bar:
         eta = (self.total - self.done) * elapsed / moved
         return eta if math.isfinite(eta) else None
 
+    def abort(self, exc: BaseException, where: str = "") -> None:
+        """End the bar after ``exc``: "stopped" for a signal or Ctrl-C, else "failed"."""
+        word = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
+        self.close(f"{word} in {where}" if where else word)
+
     def close(self, summary: str = "") -> None:
         """End the bar with one line: ``desc: summary (time)``."""
         if self._tqdm is not None:

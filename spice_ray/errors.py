@@ -60,3 +60,18 @@ class Excerpt:
 
     def __repr__(self) -> str:
         return excerpt(self.value)
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGINT from Ctrl-C, SIGTERM from a scheduler or
+    ``kill``): raised in the driver's main thread so every stage unwinds as after Ctrl-C.
+
+    Attributes:
+        signum: the signal number (exit status 128 + signum).
+    """
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)

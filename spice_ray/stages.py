@@ -31,8 +31,8 @@ def generate_stage(cfg: RunConfig, dataset_root: Path | None = None,
     bar = console.bar(label or ds_dir.name, total, "shard")
     try:
         report = generate_dataset(cfg, ds_dir, on_shard=lambda: bar.update(1))
-    except BaseException:
-        bar.close("failed")
+    except BaseException as exc:
+        bar.abort(exc)
         raise
     cfg.write(ds_dir)
     made = sum(len(v) for v in report.generated.values())

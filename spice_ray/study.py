@@ -183,8 +183,8 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         try:
             df = evaluate_parallel(source, cfg.env, cfg.eval, data, specs[ev.name],
                                    ev.protocols, seed=seed, on_tasks=bar.update)
-        except BaseException:
-            bar.close(f"failed in {what}")
+        except BaseException as exc:
+            bar.abort(exc, what)
             raise
         rows[ev.name].append(df.assign(variant=ev.model.variant if ev.model else ""))
     if cfg.eval.ppo_episodes > 0 and any(s.evaluation == "ppo" for t in exp.tables

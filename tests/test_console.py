@@ -116,3 +116,38 @@ def test_a_failing_stage_still_shows_its_error(tmp_path) -> None:
     assert error and "No space left on device" in error[0] and str(tmp_path) in error[0], \
         proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_signals_end_a_run_in_one_line_with_the_signals_exit_status(capsys) -> None:
+    """SIGINT (Ctrl-C) and SIGTERM used to print 'failed' and exit 1 (SIGTERM: 134 with a Ray
+    stack): now the unit at work says 'stopped', one line names the signal, the status is
+    128 + signal, and the previous handlers come back."""
+    import signal
+    import time
+
+    import pytest
+
+    from spice_ray.cli import run_main
+
+    before = signal.getsignal(signal.SIGTERM)
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        out = io.StringIO()
+        console = Console(out, live=False)
+
+        def work(sig: signal.Signals = sig, console: Console = console) -> None:
+            bar = console.bar("model 1/1", total=10, unit="step")
+            try:
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # the handler interrupts this
+            except BaseException as exc:
+                bar.abort(exc)
+                raise
+
+        with pytest.raises(SystemExit) as stop:
+            run_main(work)
+        assert stop.value.code == code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"stopped by {sig.name}")
+        assert "run the same command again to resume" in err[0]
+        assert out.getvalue().startswith("  model 1/1: stopped (")
+    assert signal.getsignal(signal.SIGTERM) is before

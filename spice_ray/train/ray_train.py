@@ -409,8 +409,8 @@ def pretrain(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
     try:
         result = (train_local(job, run_dir, bar) if cfg.train.num_workers == 0
                   else train_with_ray(job, run_dir, bar))
-    except BaseException:
-        bar.close("failed")
+    except BaseException as exc:
+        bar.abort(exc)
         raise
     metrics = (result.worker_return or {}).get("metrics", {})
     bar.close(f"{tc.epochs} epochs, {describe_loss(metrics, 'train_')}, val "
