@@ -50,8 +50,11 @@ class Bar:
         self._first: tuple[float, int] | None = None
         """(time, done) at the first progress: the rate is measured from there, so the first
         unit's start-up (worker start, compilation) does not inflate the ETA."""
+        # tqdm's own ETA counts from the bar's creation (the first step's start-up made a
+        # minutes-long model read 5 h): the live bar shows this bar's ETA in its postfix instead
         self._tqdm = (tqdm(total=self.total, desc=desc, unit=unit, file=console.stream,
-                           dynamic_ncols=True, leave=False, mininterval=0.5)
+                           dynamic_ncols=True, leave=False, mininterval=0.5,
+                           bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
                       if console.live else None)
 
     def update(self, advance: int = 0, *, done: int | None = None, status: str = "") -> None:
@@ -62,20 +65,23 @@ class Bar:
             self.status = status
         if self._first is None and new > self.done:
             self._first = (self.console.clock(), new)
+        advanced, self.done = new - self.done, new
         if self._tqdm is not None:
-            if status:
-                self._tqdm.set_postfix_str(status, refresh=False)
-            self._tqdm.update(new - self.done)
-            self.done = new
+            self._tqdm.set_postfix_str(self._postfix(), refresh=False)
+            self._tqdm.update(advanced)
             return
-        self.done = new
         now = self.console.clock()
         if now - self._last_line >= self.console.heartbeat_s and self.done < self.total:
             self._last_line = now
-            eta = self.eta()
+            postfix = self._postfix()
             self.console.line(f"  {self.desc}: {self.done}/{self.total} {self.unit}"
-                              + (f", {self.status}" if self.status else "")
-                              + (f", ETA {fmt_seconds(eta)}" if eta is not None else ""))
+                              + (f", {postfix}" if postfix else ""))
+
+    def _postfix(self) -> str:
+        """``status, ETA ...`` (either part left out while it has nothing to say)."""
+        eta = self.eta()
+        parts = (self.status, f"ETA {fmt_seconds(eta)}" if eta is not None else "")
+        return ", ".join(part for part in parts if part)
 
     def eta(self) -> float | None:
         """Seconds left at the rate since the first progress; None until that rate exists

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 import subprocess
 import sys
@@ -102,6 +103,63 @@ def test_first_step_start_up_does_not_inflate_the_eta() -> None:
     bar.update(40)
     assert bar.eta() == 269.0
 
+
+
+def test_live_bar_shows_no_eta_until_a_rate_exists(monkeypatch) -> None:
+    """On a terminal tqdm's own ETA counted from the bar's creation: after a first step of 60 s
+    (compilation) a 310-step model read '1/310 [01:00<5:09:00, 60.00s/step]'. The live bar
+    shows the console's ETA, measured from the first progress, and none before it exists."""
+    import tqdm.std
+
+    clock = Clock()
+    monkeypatch.setattr(tqdm.std, "time", clock)  # tqdm's elapsed on the same fake clock
+    console = Console(io.StringIO(), live=True, clock=clock)
+    bar = console.bar("model 1/1", total=310, unit="step")
+    clock.t = 60.0
+    bar.update(1, status="epoch 1/1")
+    assert str(bar._tqdm).endswith("| 1/310 [01:00, epoch 1/1]")
+    clock.t = 100.0
+    bar.update(40)  # 40 steps in 40 s since the first: 269 left at 1 s each
+    assert str(bar._tqdm).endswith("| 41/310 [01:40, epoch 1/1, ETA 4 min 29 s]")
+    bar.close()
+
+
+def test_the_console_never_raises_on_any_clock_or_progress() -> None:
+    """Whatever the clock reads (zero elapsed, going backwards, inf, nan) and however the work
+    moves, a bar prints and closes without raising, and shows an ETA only once a rate
+    exists: a second update that moved past the first progress, in positive time."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    times = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
+        [0.0, -1.0, 1e-300, 1e308, float("inf"), float("nan")]))
+
+    @settings(max_examples=300, deadline=None)
+    @given(total=st.integers(-2, 400), start=times,
+           steps=st.lists(st.tuples(times, st.integers(-3, 500), st.booleans()), max_size=8))
+    def check(total: int, start: float, steps: list[tuple[float, int, bool]]) -> None:
+        for live in (False, True):
+            out, clock = io.StringIO(), Clock()
+            clock.t = start
+            console = Console(out, live=live, heartbeat_s=0.0, clock=clock)
+            bar = console.bar("m", total=total, unit="step")
+            advancing = 0
+            for t, n, absolute in steps:
+                clock.t = t
+                before = bar.done
+                if absolute:
+                    bar.update(done=n)
+                else:
+                    bar.update(n, status=f"at {t}")
+                eta = bar.eta()
+                assert eta is None or (math.isfinite(eta) and eta >= 0)
+                advancing += bar.done > before
+                if advancing < 2:
+                    assert eta is None and "ETA" not in out.getvalue()
+                assert fmt_seconds(t) and fmt_seconds(eta or 0.0)
+            bar.close("done")
+
+    check()
 
 def test_a_failing_stage_still_shows_its_error(tmp_path) -> None:
     from spice_ray.data.store import DISK_FULL_ENV

@@ -3,13 +3,15 @@ probability of improvement (``spice_ray.results.summary``, the results CLI)."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from spice_ray.results import summarise, write
 from spice_ray.results.__main__ import main as results_main
-from spice_ray.results.summary import bootstrap_ci, improvement, iqm
+from spice_ray.results.summary import STATS, bootstrap_ci, improvement, iqm
 
 
 def _rows(values: dict[str, np.ndarray], seeds: int = 1, x: int = 10) -> pd.DataFrame:
@@ -88,3 +90,37 @@ def test_cli_stats_and_compare(tmp_path, capsys) -> None:
     assert "P(SPICE beats DPT)" in out and "1.0" in out
     assert results_main([str(tmp_path), "compare", "SPICE"]) == 2
     assert "two methods" in capsys.readouterr().err
+
+
+def test_a_summary_by_method_keeps_a_methods_settings_apart(tmp_path, capsys) -> None:
+    """``--by method`` pooled SPICE at a fixed beta and at the sqrt(2 log t) schedule into one
+    row over twice the tasks: each setting is its own row (n = tasks), labelled as the report
+    labels it, unless pooling is asked for."""
+    tasks = np.arange(10.0)
+    fixed = _rows({"SPICE": tasks}).assign(config='{"beta":1.0,"beta_schedule":"fixed"}')
+    theory = _rows({"SPICE": tasks + 4.0}).assign(
+        config='{"beta":1.0,"beta_schedule":"sqrt2logt"}')
+    df = pd.concat([fixed, theory, _rows({"DPT": tasks + 9.0})], ignore_index=True)
+    for stat in STATS:
+        s = summarise(df, ["method"], stat)
+        assert list(s["n"]) == [10, 10, 10] and list(s.columns[:2]) == ["method", "config"]
+    s = summarise(df, ["method"]).set_index("config")
+    assert s.loc['{"beta":1.0,"beta_schedule":"fixed"}', "mean"] == pytest.approx(4.5)
+    assert s.loc['{"beta":1.0,"beta_schedule":"sqrt2logt"}', "mean"] == pytest.approx(8.5)
+    pooled = summarise(df, ["method"], pool=True).set_index("method")
+    assert pooled.loc["SPICE", "n"] == 20 and list(pooled.columns) == ["mean", "sem", "n",
+                                                                         "seeds"]
+    write(tmp_path, "bandit_online", df)
+    assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--format",
+                         "csv"]) == 0
+    out = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert list(out.columns) == ["method", "label", "config", "mean", "sem", "n", "seeds"]
+    assert dict(zip(out["label"], out["n"], strict=True)) == {
+        "DPT": 10, "SPICE (beta=1.0, beta_schedule=fixed)": 10,
+        "SPICE (beta=1.0, beta_schedule=sqrt2logt)": 10}
+    assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--pool",
+                         "--format", "csv"]) == 0
+    out = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert list(out.columns) == ["method", "mean", "sem", "n", "seeds"]
+    assert out[["method", "mean", "n"]].values.tolist() == [["DPT", 13.5, 10],
+                                                            ["SPICE", 6.5, 20]]

@@ -5,6 +5,7 @@
         --where "metric == 'cumulative_regret' and x == 500"
     python -m spice_ray.results RUN_DIR bandit_offline --by method,x --format csv
     python -m spice_ray.results RUN_DIR bandit_online --by method --stat bootstrap
+    python -m spice_ray.results RUN_DIR bandit_online --by method --pool  # settings in one row
     python -m spice_ray.results RUN_DIR compare SPICE DPT       # P(SPICE beats DPT) per table
 """
 
@@ -17,7 +18,8 @@ import sys
 import pandas as pd
 
 from spice_ray.results.query import QueryError, filter_rows
-from spice_ray.results.summary import STATS, improvement, summarise
+from spice_ray.results.report import _label as row_label
+from spice_ray.results.summary import LABEL_KEYS, STATS, improvement, summarise
 from spice_ray.results.tables import ResultsError, describe, list_experiments, list_sweeps, load
 
 
@@ -32,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
                         "interval over tasks; iqm: interquartile mean and its interval")
     p.add_argument("--table", default=None, help="compare: only this table")
     p.add_argument("--by", default=None,
-                   help="comma-separated grouping columns (default: all but seed and task_id)")
+                   help="comma-separated grouping columns (default: all but seed and task_id); "
+                        "with method, a method's settings (config, rule, variant) stay apart "
+                        "and each row gets the report's label")
+    p.add_argument("--pool", action="store_true",
+                   help="group by exactly --by, pooling a method's settings into one row")
     p.add_argument("--where", default=None,
                    help="row filter: column names, literals, comparisons, and/or/not, in, "
                         "arithmetic; e.g. \"metric == 'cumulative_regret' and x == 500\"")
@@ -64,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         if df.empty:
             print("no rows match", file=sys.stderr)
             return 1
-        out = df if args.raw else summarise(df, args.by.split(",") if args.by else None,
-                                            args.stat)
+        by = args.by.split(",") if args.by else None
+        out = df if args.raw else summarise(df, by, args.stat, pool=args.pool)
+        if not args.raw and by and any(c in out.columns and c not in by for c in LABEL_KEYS):
+            out.insert(len(by), "label", out.apply(row_label, axis=1))  # as the report reads
     except ResultsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

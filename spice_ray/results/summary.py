@@ -87,21 +87,40 @@ def _task_by_seed(rows: pd.DataFrame) -> np.ndarray:
                             aggfunc="mean", dropna=False).to_numpy(dtype=np.float64)
 
 
-def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "sem"
-              ) -> pd.DataFrame:
+LABEL_KEYS = ("variant", "rule", "config")
+"""The key columns beside ``method`` that tell one method's rows apart: the report groups its
+rows by method and these, and labels each (``spice_ray.results.report._label``)."""
+
+
+def _settings_apart(per_task: pd.DataFrame, by: list[str]) -> list[str]:
+    """The :data:`LABEL_KEYS` not in ``by`` that take several values within a group of ``by``
+    (e.g. SPICE at a fixed beta and at the sqrt(2 log t) schedule); none unless ``by`` groups
+    by method."""
+    if "method" not in by:
+        return []
+    groups = per_task.groupby(by, dropna=False, observed=True)
+    return [c for c in LABEL_KEYS if c in per_task.columns and c not in by
+            and groups[c].nunique(dropna=False).max() > 1]
+
+
+def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "sem", *,
+              pool: bool = False) -> pd.DataFrame:
     """A statistic over tasks, after averaging seeds per task.
 
     Args:
         df: rows with ``value``, ``seed``, ``task_id`` and key columns (a result table, a sweep
             table, or any subset of one).
         by: grouping columns (default: every key column of the result schema except seed and
-            task_id that ``df`` has).
+            task_id that ``df`` has). When they include ``method``, the :data:`LABEL_KEYS`
+            that differ within a group are added after them, so that two settings of a method
+            are two rows, as in the report, never one row over twice the tasks.
         stat: "sem": columns ``mean``, ``sem``; "bootstrap": ``mean``, ``ci_low``,
             ``ci_high`` (95%); "iqm": ``iqm``, ``ci_low``, ``ci_high``.
+        pool: group by exactly ``by``, pooling a method's settings into one row.
 
     Returns:
-        One row per group with the stat's columns, ``n`` (tasks) and ``seeds``; the SEM of a
-        single task is NaN.
+        One row per group with the grouping columns, the stat's columns, ``n`` (tasks) and
+        ``seeds``; the SEM of a single task is NaN.
 
     Raises:
         ResultsError: a grouping column is not in the rows.
@@ -117,6 +136,8 @@ def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "se
         raise ResultsError(f"cannot group by {unknown}; columns are {list(per_task.columns)}")
     if stat not in STATS:
         raise ResultsError(f"stat={stat!r} is invalid: one of {', '.join(STATS)}")
+    if not pool:
+        by += _settings_apart(per_task, by)
     g = per_task.groupby(by, dropna=False, observed=True)
     out = g["value"].agg(mean="mean", std="std", n="count").reset_index()
     out["seeds"] = g["seeds"].max().to_numpy()
