@@ -307,6 +307,11 @@ def _count_at_betas(cfg: RunConfig) -> list[AgentSpec]:
             for s in _count(cfg) for b in PRIOR_BETAS]
 
 
+def _together(*agents: Callable[[RunConfig], list[AgentSpec]]
+              ) -> Callable[[RunConfig], list[AgentSpec]]:
+    return lambda cfg: [spec for make in agents for spec in make(cfg)]
+
+
 def _methods(*names: str) -> Callable[[RunConfig], list[AgentSpec]]:
     return lambda cfg: [AgentSpec(m, fusion=cfg.fusion) for m in names]
 
@@ -316,9 +321,15 @@ def prior_family(name: str, title: str, references: tuple[str, ...], count: bool
     """A family where the prior must matter: SPICE, the flat and the oracle prior under SPICE's
     fusion, Bayes posterior-UCB on the exact posterior (each at beta 1 and 2), and classical
     references; one online table whose analysis is the share of the flat-to-oracle gap SPICE
-    closes."""
+    closes. In the bandit families "SPICE (learned mean, exact sd)" is a diagnostic: the
+    learned prior's mean with the exact posterior's width (is the mean learned but the width
+    too wide for the fusion to use it?)."""
+    stateless = envs.env_class(name).stateless
+    learned = _at_betas("spice")
+    if stateless:  # the diagnostic row: the learned mean with the exact posterior's width
+        learned = _together(learned, _at_betas("spice-exact-width"))
     evaluations = (
-        Evaluation("spice", _at_betas("spice"), ("online",), ModelRef("spice")),
+        Evaluation("spice", learned, ("online",), ModelRef("spice")),
         Evaluation("flat", _at_betas("spice-flat", state_kernel=True), ("online",)),
         Evaluation("oracle", _at_betas("spice-oracle", state_kernel=True), ("online",)),
         Evaluation("bayes", _at_betas("bayes-ucb"), ("online",)),
@@ -326,7 +337,6 @@ def prior_family(name: str, title: str, references: tuple[str, ...], count: bool
         *((Evaluation("count", _count_at_betas, ("online",)),) if count else ()),
     )
     rows = tuple(Select(e.name) for e in evaluations)
-    stateless = envs.env_class(name).stateless
     figures = ("online", "distribution") if stateless else ("online_return", "distribution")
     metrics = ("cumulative_regret",) if stateless else ("cumulative_regret",
                                                         "cumulative_return")

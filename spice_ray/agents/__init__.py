@@ -41,16 +41,18 @@ def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel |
     if info.stateless_only and not env.stateless:
         raise ValueError(f"method {spec.method!r} needs a stateless environment; "
                          f"{env.name} has states")
+    if info.requires and not hasattr(env, info.requires):
+        raise ValueError(f"method {spec.method!r} needs an environment with "
+                         f"{info.requires}; {env.name} has none")
     if info.model is not None:
         if model is None:
             raise ValueError(f"method {spec.method!r} needs a model")
         if info.fused:
+            width = (env.task_posterior(spec.fusion.gamma) if spec.method == "spice-exact-width"
+                     else None)
             return SpiceAgent(spec.fusion, model=model, stateless=env.stateless,
-                              use_cache=spec.use_cache, name=spec.method)
+                              use_cache=spec.use_cache, name=spec.method, exact_width=width)
         return PolicyAgent(model, env.stateless, spec.sample, spec.use_cache, spec.method)
-    if info.requires and not hasattr(env, info.requires):
-        raise ValueError(f"method {spec.method!r} needs an environment with "
-                         f"{info.requires}; {env.name} has none")
     if info.fused:
         prior = (env.task_posterior(spec.fusion.gamma) if info.prior == "oracle"
                  else FlatPrior(*spec.prior))

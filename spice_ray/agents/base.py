@@ -88,6 +88,8 @@ class Method:
 METHODS: dict[str, Method] = {
     "spice": Method("SPICE", model="spice", offline=True, fused=True),
     "spice-flat": Method("SPICE (flat prior)", offline=True, fused=True, prior="flat"),
+    "spice-exact-width": Method("SPICE (learned mean, exact sd)", model="spice", fused=True,
+                                requires="task_posterior"),
     "spice-oracle": Method("SPICE (oracle prior)", fused=True, prior="oracle",
                            requires="task_posterior"),
     "bayes-ucb": Method("Bayes posterior-UCB", requires="task_posterior",
@@ -112,7 +114,8 @@ that constant prior (a count-based explorer). The oracle references need an envi
 exact task posterior (``spice_ray.envs.bayes``): ``spice-oracle`` is SPICE's fusion and rule
 fed that posterior as its prior (the best any learned prior could give), ``bayes-ucb`` acts
 by posterior-UCB on it without re-fusing the context, ``bayes-ts`` / ``lints`` by Thompson
-sampling from it. ``linucb`` is ridge-regression UCB (c = ``eval.ucb_c``, ridge 1) over the
+sampling from it; ``spice-exact-width`` is a diagnostic: the learned prior's mean with the
+exact posterior's sd. ``linucb`` is ridge-regression UCB (c = ``eval.ucb_c``, ridge 1) over the
 linear bandit's arm features; ``nearest`` walks to the nearest unvisited cell of a grid (to the
 goal once found)."""
 

@@ -96,11 +96,14 @@ class SpiceAgent:
         stateless: the environment has one constant state (KV cache allowed).
         use_cache: stateless environments: KV-cache decoding (see ``ContextRunner``).
         name: the method name.
+        exact_width: a diagnostic: with a model, the learned prior's mean but the sd of this
+            exact task posterior (does a calibrated width let the fusion use the mean?).
     """
 
     def __init__(self, fusion: FusionConfig, model: TrunkModel | None = None,
                  prior: FlatPrior | TaskPosterior | None = None, stateless: bool = False,
-                 use_cache: bool = True, name: str = "spice") -> None:
+                 use_cache: bool = True, name: str = "spice",
+                 exact_width: TaskPosterior | None = None) -> None:
         if (model is None) == (prior is None):
             raise ValueError("SpiceAgent needs either a model or a flat prior")
         if model is None and fusion.kernel != "uniform" and fusion.kernel_space != "state":
@@ -108,9 +111,12 @@ class SpiceAgent:
                              "flat prior compares raw states (kernel_space=state)")
         if model is not None and not hasattr(model, "ensemble"):
             raise ValueError("SPICE needs a SpiceModel (a value ensemble)")
+        if exact_width is not None and model is None:
+            raise ValueError("exact_width replaces a learned prior's sd: it needs a model")
         self.fusion = fusion
         self.model = model
         self.prior = prior
+        self.exact_width = exact_width
         self.name = name
         self.runner = None if model is None else ContextRunner(
             model.eval(), stateless, use_cache,
@@ -127,6 +133,11 @@ class SpiceAgent:
         """Whether the prior is an exact task posterior (it follows the context)."""
         return self.prior is not None and not isinstance(self.prior, FlatPrior)
 
+    @property
+    def _exact(self) -> TaskPosterior | None:
+        """The exact posterior this agent follows (oracle prior or exact width), if any."""
+        return self.prior if self.oracle else self.exact_width
+
     def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
               ) -> None:
         if self.model is not None and num_actions != self.model.num_actions:
@@ -135,8 +146,8 @@ class SpiceAgent:
         self.num_actions = num_actions
         if self.runner is not None:
             self.runner.reset(num_tasks)
-        if self.oracle:
-            self.prior.reset(num_tasks)
+        if self._exact is not None:
+            self._exact.reset(num_tasks)
         self._stats = RunningStats.zeros(num_tasks, num_actions, dtype=STATS_DTYPE)
         self._context = None
         self._num_tasks = num_tasks
@@ -152,8 +163,8 @@ class SpiceAgent:
             self._context.actions.append(actions.cpu())
             self._context.rewards.append(rewards.cpu())
             self._context.states.append(states.cpu())
-        if self.oracle:
-            self.prior.observe(*(x.detach().cpu().numpy()
+        if self._exact is not None:
+            self._exact.observe(*(x.detach().cpu().numpy()
                                  for x in (actions, rewards, states, next_states)))
         if self.incremental:
             assert self._stats is not None
@@ -224,6 +235,9 @@ class SpiceAgent:
             prior_std = torch.full(shape, self.prior.var ** 0.5, dtype=STATS_DTYPE)
         else:
             prior_mean, prior_std = view.head.prior_mean, view.head.prior_std
+            if self.exact_width is not None:
+                exact_var = self.exact_width.moments(states.detach().cpu().numpy())[1]
+                prior_std = torch.from_numpy(exact_var).to(STATS_DTYPE).sqrt()
         return fused_posterior(self.fusion, prior_mean, prior_std, counts, mean)
 
     def act(self, t: int, states: Tensor) -> Tensor:
