@@ -112,7 +112,11 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
         console = console or Console()
         setup_logging(run_dir, console, verbose)
         started = not ray.is_initialized()
-        init_ray(address, verbose=verbose, console=console)
+        try:
+            init_ray(address, verbose=verbose, console=console)
+        except ClusterUnreachable as exc:
+            lock.release()
+            fail(str(exc))
         problems = resources.check_requests(_requests(cfgs, stages, extra_requests),
                                             resources.cluster_capacity(address))
         if problems and started:
@@ -247,6 +251,56 @@ def _copy_if_present(src: str, dst: str) -> None:
         pass
 
 
+REACH_TIMEOUT_S = 4.0
+"""Seconds to wait for a cluster's GCS to answer before refusing the address."""
+
+
+class ClusterUnreachable(SpiceRayError, ConnectionError):
+    """No Ray cluster answers at the address given."""
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Refuse, within ``timeout_s``, a ``host:port`` address where nothing answers (Ray itself
+    would retry its GCS connection for minutes, printing warnings). "auto" and ``ray://``
+    addresses are left to Ray, whose discovery fails fast.
+
+    Raises:
+        ClusterUnreachable: naming the address and the time waited.
+    """
+    import socket
+    import time
+
+    host, sep, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not sep or not port.isdigit():
+        return
+    t0 = time.monotonic()
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        _unreachable(address, exc.strerror or str(exc), t0)
+    # Something listens; Ray's GCS speaks gRPC. Anything else (a web server, a closed tunnel)
+    # would leave ray.init retrying for minutes.
+    import grpc
+
+    channel = grpc.insecure_channel(address)
+    try:
+        left = max(0.1, timeout_s - (time.monotonic() - t0))
+        grpc.channel_ready_future(channel).result(timeout=left)
+    except grpc.FutureTimeoutError:
+        _unreachable(address, "no gRPC server answers there", t0)
+    finally:
+        channel.close()
+
+
+def _unreachable(address: str, why: str, t0: float) -> None:
+    import time
+
+    raise ClusterUnreachable(
+        f"no Ray cluster answers at --address {address} ({why}, waited "
+        f"{time.monotonic() - t0:.1f} s): start one there (ray start --head), or leave "
+        "--address out to run on a local Ray") from None
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: bool = False,
              console: Console | None = None):
     """Start an embedded local Ray (default) or join a cluster (``address``, e.g. "auto").
@@ -260,8 +314,19 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
     if ray.is_initialized():
         return ray
     if address:
-        ray.init(address=address, log_to_driver=verbose)
+        check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=verbose)
+        except ConnectionError as exc:  # "auto" with no cluster running
+            raise ClusterUnreachable(f"no Ray cluster found for --address {address}: "
+                                     f"{str(exc).splitlines()[0][:200]}") from None
+        log.info("joined the Ray cluster at %s", address)
     else:
+        if os.environ.get("RAY_ADDRESS"):
+            message = (f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is set but --address is not: "
+                       "this run starts its own local Ray (pass --address auto to join that "
+                       "cluster)")
+            log.warning(message)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local only; never on a cluster
         # The dashboard serves the State API, which Ray Train's placement-group cleaner polls
         # (without it, it warns every few seconds); it takes the next free port after 8265.

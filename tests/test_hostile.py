@@ -260,3 +260,52 @@ def test_edited_final_meta_is_republished_from_the_intact_checkpoint(ray_local, 
     assert again == final and (final / ckpt.WEIGHTS).read_bytes() == weights
     assert json.loads((final / ckpt.META).read_bytes()) == json.loads(good)
     assert ckpt.read_meta(final)["spec"]["config"]["prior_scale"] == 1.0
+
+
+# ---- 4. Ray not starting ----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_address_is_refused_in_bounded_time() -> None:
+    """Nothing listening, and a listener that is not Ray's GCS (never speaks gRPC): both refused
+    within the timeout, naming the address and the time waited."""
+    import socket
+
+    from spice_ray.cli import ClusterUnreachable, check_reachable
+
+    port = _free_port()
+    start = time.perf_counter()
+    with pytest.raises(ClusterUnreachable, match=rf"127\.0\.0\.1:{port} \(.*waited \d"):
+        check_reachable(f"127.0.0.1:{port}", timeout_s=2.0)
+    assert time.perf_counter() - start < 2.5
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = "127.0.0.1:%d" % silent.getsockname()[1]
+        start = time.perf_counter()
+        with pytest.raises(ClusterUnreachable, match="no gRPC server answers there"):
+            check_reachable(address, timeout_s=1.0)
+        assert time.perf_counter() - start < 2.0
+    check_reachable("auto")  # left to Ray's own discovery, which fails fast
+
+
+def test_full_run_with_nothing_at_address_exits_2_in_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    address = f"127.0.0.1:{_free_port()}"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, FULL_RUN, "--preset", "smoke", "--experiments",
+                           "bandit", "--out", str(tmp_path / "run"), "--address", address],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert_one_short_line(proc.stderr)
+    assert proc.stderr.startswith(f"error: no Ray cluster answers at --address {address}")
+    assert time.perf_counter() - start < 30  # interpreter and imports included
