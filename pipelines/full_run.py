@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 
+from spice_ray import resources
 from spice_ray.cli import add_config_args, run_main, start_run
 from spice_ray.config import ConfigError
 from spice_ray.console import Console
@@ -45,6 +47,13 @@ def cli(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from exc
     if args.dry_run:
         print(describe_plan(plan))
+        cfgs = list(plan.configs.values())  # the checks a real run makes before any work
+        problems = resources.check_sizes(cfgs, plan.run_dir)
+        if args.address is None:
+            problems += resources.check_models(cfgs)
+        if problems:
+            print("error: " + "\nerror: ".join(problems), file=sys.stderr)
+            raise SystemExit(2)
         return
     console = Console()
     lock = start_run(args.address, list(plan.configs.values()), plan.run_dir, console=console,
@@ -57,7 +66,7 @@ def cli(argv: list[str] | None = None) -> None:
     console.line(f"report:  {report.resolve()}")
     console.line(f"figures: {(plan.run_dir / 'figures').resolve()} ({len(figures)} PNG files)")
     console.line(f"tables:  {(plan.run_dir / 'results').resolve()} "
-                 f"(query: python -m spice_ray.results {plan.run_dir})")
+                 f"(query: python -m spice_ray.results {shlex.quote(str(plan.run_dir))})")
 
 
 if __name__ == "__main__":

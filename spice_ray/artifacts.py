@@ -49,6 +49,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.filename is None:  # e.g. a full disk inside a library's writer: name the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -23,7 +23,7 @@ from spice_ray.config import (
     resolve_run_dir,
 )
 from spice_ray.console import Console
-from spice_ray.errors import SpiceRayError, Stopped
+from spice_ray.errors import SpiceRayError, Stopped, current_stage
 from spice_ray.runlock import RunLock
 
 log = logging.getLogger("spice_ray")
@@ -108,6 +108,8 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
     except runlock.RunDirectoryLocked as exc:
         fail(str(exc))
     problems = resources.check_sizes(cfgs, run_dir)
+    if address is None:  # a worker's memory is this machine's (a cluster's nodes: unknown)
+        problems += resources.check_models(cfgs)
     if not problems:
         console = console or Console()
         setup_logging(run_dir, console, verbose)
@@ -157,8 +159,17 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _LOG_DIR: list[Path] = []
 
 
+class _LogFile(logging.FileHandler):
+    """The run's log file. When it cannot be written (a full disk) it falls silent instead of
+    printing logging's "--- Logging error ---" traceback for every record: the failure that
+    matters is reported by the stage that hit it."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        self.failed = True
+
+
 def _file_handler(path: Path) -> logging.Handler:
-    handler = logging.FileHandler(path)
+    handler = _LogFile(path)
     handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
     handler.spice_ray = True  # type: ignore[attr-defined]
     return handler
@@ -235,8 +246,12 @@ def collect_ray_logs(run_dir: str | Path) -> Path | None:
     dest = Path(run_dir) / "logs" / "ray"
     tmp = dest.with_name(".ray.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, symlinks=True, ignore=shutil.ignore_patterns("*.sock"),
-                    copy_function=_copy_if_present)
+    try:
+        shutil.copytree(src, tmp, symlinks=True, ignore=shutil.ignore_patterns("*.sock"),
+                        copy_function=_copy_if_present)
+    except (OSError, shutil.Error):
+        shutil.rmtree(tmp, ignore_errors=True)  # never a half copy; the old one stays
+        raise
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return dest
@@ -347,6 +362,10 @@ def check_writable(directory: str | Path) -> Path:
         SystemExit(2): with a message naming the directory, if it cannot be written.
     """
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        print(f"error: output directory {directory} is a file, not a directory: choose "
+              "another --out", file=sys.stderr)
+        raise SystemExit(2)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
@@ -417,9 +436,11 @@ def run_main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     except OSError as exc:
         if exc.errno not in _WRITE_ERRNOS:
             raise
-        where = f" ({exc.filename})" if exc.filename else ""
-        print(f"error: cannot write{where}: {exc.strerror}. Free space or choose another "
-              "--out; completed stages are kept and a re-run resumes.", file=sys.stderr)
+        where = f" {exc.filename}" if exc.filename else ""
+        stage = current_stage()
+        during = f" in stage {stage}" if stage else ""
+        print(f"error: cannot write{where}{during}: {exc.strerror}. Free space or choose "
+              "another --out; completed stages are kept and a re-run resumes.", file=sys.stderr)
         raise SystemExit(1) from exc
     finally:
         for sig, old in handlers.items():

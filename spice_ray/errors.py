@@ -75,3 +75,21 @@ class Stopped(KeyboardInterrupt):
 
         super().__init__(signal.Signals(signum).name)
         self.signum = int(signum)
+
+
+_STAGE: list[str] = []
+"""The stage the driver is in (``"2/5 pretrain"``), for messages about failures that are not
+the stage's own (a full disk, a lost connection)."""
+
+
+def enter_stage(stage: str, detail: str = "") -> None:
+    """Record (and log) that the driver enters ``stage``."""
+    import logging
+
+    _STAGE[:] = [stage]
+    logging.getLogger("spice_ray").info("[stage %s]%s", stage, f" {detail}" if detail else "")
+
+
+def current_stage() -> str | None:
+    """The stage last entered in this process, or None."""
+    return _STAGE[0] if _STAGE else None

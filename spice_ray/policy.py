@@ -32,6 +32,13 @@ from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import load_model
 
 
+def excerpt_array(x: np.ndarray) -> str:
+    """A short rendering of a user's array for an error message."""
+    flat = np.asarray(x).reshape(-1)
+    more = f", ... ({flat.size} values)" if flat.size > 8 else ""
+    return f"[{', '.join(str(v) for v in flat[:8])}{more}]"
+
+
 class _Policy:
     """Shared plumbing: one agent, batch or single environment, numpy in and out."""
 
@@ -42,6 +49,7 @@ class _Policy:
         self._single = True
         self.num_envs = 1
         self._t = 0
+        self._started = False
 
     @staticmethod
     def _load(path: str | Path, kind: str, device: str | torch.device) -> tuple[Any, Any]:
@@ -63,23 +71,77 @@ class _Policy:
         self.num_envs = num_envs or 1
         if isinstance(draws, int):
             draws = torch.Generator().manual_seed(draws)
+        if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, int)
+                                     or num_envs < 1):
+            raise ValueError(f"num_envs must be a positive int or None, not {num_envs!r}")
+        self._single = num_envs is None
+        self.num_envs = num_envs or 1
+        if isinstance(draws, int):
+            draws = torch.Generator().manual_seed(draws)
         self.agent.reset(num_envs or 1, self.env.num_actions, draws)
         self._t = 0
+        self._started = True
 
-    def _states(self, state: Any) -> torch.Tensor:
-        x = torch.as_tensor(np.asarray(state, dtype=np.float64))
-        return x.reshape(1, -1) if self._single else x.reshape(x.shape[0], -1)
+    @property
+    def context_limit(self) -> int:
+        """Transitions the model sees at once (its trained horizon). Past it, the policy goes
+        on with a sliding window over the most recent ``context_limit`` transitions for the
+        model's prior; the fusion's evidence keeps every transition."""
+        return int(self.agent.model.max_len) - 1
+
+    def _check_started(self, call: str) -> None:
+        if not self._started:
+            raise RuntimeError(f"{call}() before reset(): call policy.reset() (or "
+                               "reset(num_envs=B)) to start the context first")
+
+    def _expected(self) -> str:
+        S = self.env.state_dim
+        return f"({S},)" if self._single else f"({self.num_envs}, {S})"
+
+    def _states(self, state: Any, name: str = "state") -> torch.Tensor:
+        """float64 [B, S] from the user's state(s), refusing a wrong shape or a non-finite
+        value with a message that names the argument."""
+        S = self.env.state_dim
+        if state is None and self.env.stateless:
+            return torch.zeros(self.num_envs, S, dtype=torch.float64)
+        try:
+            x = np.asarray(state, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} must be numbers of shape {self._expected()}: "
+                             f"{exc}") from None
+        if x.size != self.num_envs * S or (not self._single and x.shape[0] != self.num_envs):
+            raise ValueError(f"{name} has shape {x.shape}; the {self.env.name} policy takes "
+                             f"shape {self._expected()}")
+        if not np.isfinite(x).all():
+            raise ValueError(f"{name} holds a NaN or infinite value: {x.reshape(-1)[:8]}")
+        return torch.as_tensor(x.reshape(self.num_envs, S))
 
     def act(self, state: Any) -> Any:
         """The action(s) for the current state(s): an int, or int64 [B] for a batch."""
+        self._check_started("act")
         a = self.agent.act(self._t, self._states(state)).cpu().numpy()
         return int(a[0]) if self._single else a
 
     def observe(self, state: Any, action: Any, reward: Any, next_state: Any) -> None:
         """Append the transition (state, action, reward, next state) to the context(s)."""
-        actions = torch.as_tensor(np.atleast_1d(np.asarray(action, dtype=np.int64)))
-        rewards = torch.as_tensor(np.atleast_1d(np.asarray(reward, dtype=np.float64)))
-        self.agent.observe(actions, rewards, self._states(state), self._states(next_state))
+        self._check_started("observe")
+        A, B = self.env.num_actions, self.num_envs
+        a = np.atleast_1d(np.asarray(action))
+        if a.shape != (B,) or not np.issubdtype(a.dtype, np.integer) or (
+                (a < 0) | (a >= A)).any():
+            raise ValueError(f"action must be {'an int' if self._single else f'{B} ints'} in "
+                             f"[0, {A}), not {excerpt_array(a)}")
+        r = np.atleast_1d(np.asarray(reward, dtype=np.float64))
+        if r.shape != (B,):
+            raise ValueError(f"reward has shape {r.shape}; expected "
+                             f"{'a number' if self._single else f'({B},)'}")
+        if not np.isfinite(r).all():
+            raise ValueError(f"reward holds a NaN or infinite value: {excerpt_array(r)}; "
+                             "nothing was added to the context")
+        states = self._states(state)
+        next_states = self._states(next_state, "next_state")
+        self.agent.observe(torch.as_tensor(a.astype(np.int64)), torch.as_tensor(r), states,
+                           next_states)
         self._t += 1
 
 
@@ -118,8 +180,7 @@ class SpicePolicy(_Policy):
         Args:
             state: the current state(s) (needed in environments with states; bandits: None).
         """
-        if state is None:
-            state = np.zeros((self.num_envs, self.env.state_dim))
+        self._check_started("posterior")
         post = self.agent.posterior(self._states(state))
         mean, var = post.mean.numpy(), post.var.numpy()
         return (mean[0], var[0]) if self._single else (mean, var)

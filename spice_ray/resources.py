@@ -298,3 +298,94 @@ def check_sizes(cfgs: Iterable[RunConfig], run_dir: str | Path,
                       f"disk, but {_existing_parent(run_dir)} has {human_bytes(free_disk)} free; "
                       "lower data.num_train_tasks or choose another --out")
     return errors
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What one model of a config costs a Train worker.
+
+    Attributes:
+        kind: the model kind.
+        params: trainable parameters (counted exactly on PyTorch's meta device: no memory).
+        state_bytes: fp32 weights, gradients and AdamW's two moments (16 bytes a parameter),
+            plus the frozen buffers (the ensemble's random prior networks).
+        activation_bytes: activations kept for the backward pass of one worker's batch, an
+            estimate for a GPT-2 block stack in fp32 (per layer and token: about 16 D numbers,
+            plus 2 T per head for the attention scores) plus the value heads.
+        batch: sequences per worker step.
+    """
+
+    kind: str
+    params: int
+    state_bytes: int
+    activation_bytes: int
+    batch: int
+
+    @property
+    def worker_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
+
+def model_estimate(cfg: RunConfig, kind: str) -> ModelSize:
+    """Parameters and memory per Train worker of a ``kind`` model for ``cfg``."""
+    import torch
+
+    from spice_ray.model.registry import build_model
+
+    with torch.device("meta"):
+        model = build_model(kind, cfg)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad) + sum(
+        b.numel() for b in model.buffers())
+    m, tc = cfg.model, cfg.train
+    workers = max(1, tc.num_workers)  # 0: in the driver process, one "worker"
+    batch = math.ceil(tc.batch_size / workers)
+    T = cfg.env.horizon + 1
+    per_layer = batch * T * (16 * m.n_embd + 2 * m.n_head * T)
+    heads = batch * T * (m.ensemble_size * m.head_hidden * m.head_depth * 4
+                         if kind == "spice" else 4 * cfg.env.num_actions)
+    return ModelSize(kind, params, 16 * params + 4 * frozen,
+                     4 * (m.n_layer * per_layer + heads), batch)
+
+
+def check_models(cfgs: Iterable[RunConfig], free_memory: int | None = None,
+                 gpu_memory: int | None = None) -> list[str]:
+    """Refuse, before any work, models whose training cannot fit in a worker: all
+    ``train.num_workers`` CPU workers of a job in this machine's available memory (or one
+    worker in one GPU's memory with ``train.use_gpu``, where the GPU size is known). One line
+    per config, naming the fields and both numbers."""
+    from spice_ray.model.registry import MODELS
+
+    cfgs = list(cfgs)
+    if free_memory is None:
+        free_memory = available_memory()
+    if gpu_memory is None and any(c.train.use_gpu for c in cfgs):
+        import torch
+
+        if torch.cuda.is_available():  # this machine's first GPU (a cluster's: not known here)
+            gpu_memory = torch.cuda.get_device_properties(0).total_memory
+    errors, seen = [], set()
+    for cfg in cfgs:
+        key = (cfg.model, cfg.env, cfg.train.batch_size, cfg.train.num_workers,
+               cfg.train.use_gpu)
+        if key in seen:
+            continue
+        seen.add(key)
+        size = max((model_estimate(cfg, kind) for kind in MODELS),
+                   key=lambda s: s.worker_bytes)
+        m = cfg.model
+        fields = (f"model.n_layer={m.n_layer}, model.n_embd={m.n_embd}, train.batch_size="
+                  f"{cfg.train.batch_size}")
+        what = (f"a {size.kind} model of {size.params:,} parameters needs ~"
+                f"{human_bytes(size.worker_bytes)} per Train worker (weights, gradients and "
+                f"AdamW ~{human_bytes(size.state_bytes)}; activations of {size.batch} "
+                f"sequences ~{human_bytes(size.activation_bytes)})")
+        if cfg.train.use_gpu:
+            if gpu_memory is not None and size.worker_bytes > gpu_memory:
+                errors.append(f"{fields}: {what}, but a GPU has {human_bytes(gpu_memory)}")
+        elif size.worker_bytes * max(1, cfg.train.num_workers) > free_memory:
+            workers = (f", x train.num_workers={cfg.train.num_workers}"
+                       if cfg.train.num_workers > 1 else "")
+            errors.append(f"{fields}: {what}{workers}, but {human_bytes(free_memory)} of "
+                          "memory is available")
+    return errors

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from spice_ray.config import RunConfig
-from spice_ray.console import SILENT, Console
+from spice_ray.console import SILENT, Console, count
 from spice_ray.data import store
 from spice_ray.data.generate import GenerationReport, generate_dataset
 
@@ -39,6 +39,7 @@ def generate_stage(cfg: RunConfig, dataset_root: Path | None = None,
     kept = sum(len(v) for v in report.skipped.values())
     log.info("%s: %d shards generated, %d already valid, %.1f s", ds_dir, made, kept,
              report.seconds)
-    bar.close(f"{report.num_tasks} tasks, {made} shards written, {kept} already valid"
-              if made else f"{report.num_tasks} tasks, all {kept} shards current")
+    bar.close(f"{report.num_tasks} tasks, {count(made, 'shard')} written, {kept} already "
+              "valid" if made else f"{report.num_tasks} tasks, all {count(kept, 'shard')} "
+              "current")
     return report

@@ -23,10 +23,11 @@ from spice_ray.artifacts import is_current
 from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
 from spice_ray.console import SILENT, Console, count
 from spice_ray.data import store
+from spice_ray.errors import enter_stage
 from spice_ray.evaluate.actors import evaluate_parallel
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Experiment, ModelRef
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.resources import dataset_estimate, human_bytes
+from spice_ray.resources import dataset_estimate, human_bytes, model_estimate
 from spice_ray.results import plots
 from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
@@ -120,14 +121,17 @@ def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = 
 # ---- stage 3: evaluation -----------------------------------------------------------------
 
 
-def _table_done(run_dir: Path, table: str, inputs_hash: str) -> bool:
-    """Whether the table is intact (its SHA-256 sidecar matches) and made from these inputs;
-    a corrupt or truncated table is named in the log and recomputed."""
-    path = table_path(run_dir, table)
-    current, reason = is_current(path, inputs_hash)
-    if not current and reason != "missing":
-        log.warning("[evaluate] %s: %s; recomputing it", path, reason)
-    return current
+def _tables_done(run_dir: Path, name: str, tables: list[str], inputs_hash: str) -> bool:
+    """Whether every table is intact (its SHA-256 sidecar matches) and made from these inputs.
+    Every table that exists but is not (corrupt, truncated, made from other inputs) is named,
+    with why, in one warning: the experiment is recomputed."""
+    states = {t: is_current(table_path(run_dir, t), inputs_hash) for t in tables}
+    stale = [f"{t} ({reason})" for t, (current, reason) in states.items()
+             if not current and reason != "missing"]
+    if stale:
+        log.warning("[evaluate] %s: recomputing %s: %s", name, count(len(stale), "table"),
+                    "; ".join(stale))
+    return all(current for current, _ in states.values())
 
 
 def _flat_prior(cfg: RunConfig, dataset: Path) -> tuple[float, float]:
@@ -164,7 +168,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         "ckpts": {f"{k[1]}/{k[2]}/{k[3]}": ckpt.content_id(p)
                   for k, p in sorted(finals.items()) if k[0] == name},
         "data": store.split_id(dataset, "eval")})
-    if all(_table_done(plan.run_dir, t, inputs) for t in tables):
+    if _tables_done(plan.run_dir, name, tables, inputs):
         log.info("[evaluate] %s: tables are current, skipped", name)
         console.line(f"  {name}: {len(tables)} tables are current, skipped")
         return tables
@@ -258,28 +262,28 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     console.stage(1, 5, "datasets", f"{len(plan.configs)} (Ray Data)")
     datasets = {}
     for name, cfg in plan.configs.items():
-        log.info("[stage 1/5 datasets] %s", name)
+        enter_stage("1/5 datasets", name)
         datasets[name] = generate_stage(cfg, console=console, label=name).dataset_dir
     plan.timings["datasets"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    log.info("[stage 2/5 pretrain]")
+    enter_stage("2/5 pretrain")
     n_models = sum(len(EXPERIMENTS[n].models) * len(c.seeds) for n, c in plan.configs.items())
     console.stage(2, 5, "pretrain", f"{count(n_models, 'model')} (Ray Train)")
     finals = pretrain_all(plan, datasets, console)
     plan.timings["pretrain"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
-    log.info("[stage 3/5 evaluate]")
+    enter_stage("3/5 evaluate")
     console.stage(3, 5, "evaluate", f"{count(len(plan.configs), 'experiment')} (Ray actors)")
     for name in plan.configs:
         evaluate_experiment(plan, name, datasets[name], finals, console)
     plan.timings["evaluate"] = time.perf_counter() - t2
 
-    log.info("[stage 4/5 figures]")
+    enter_stage("4/5 figures")
     figures = draw_figures(plan)
     console.stage(4, 5, "figures", f"{count(sum(len(v) for v in figures.values()), 'PNG file')}")
-    log.info("[stage 5/5 report]")
+    enter_stage("5/5 report")
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
              *(n for name in plan.configs for n in EXPERIMENTS[name].notes),
              "Stage wall times (this invocation; 0 when skipped): "
@@ -313,10 +317,17 @@ def describe_plan(plan: StudyPlan) -> str:
         models: tuple[ModelRef, ...] = EXPERIMENTS[name].models
         steps = cfg.train.epochs * steps_per_epoch(cfg)
         tc = cfg.train
-        lines.append(f"  {name:9s} {len(models)} models x {len(cfg.seeds)} seeds, "
+        n_models, n_seeds = count(len(models), "model"), count(len(cfg.seeds), "seed")
+        lines.append(f"  {name:9s} {n_models} x {n_seeds}, "
                      f"{tc.epochs} epochs, {steps} steps of batch {tc.batch_size} x "
                      f"T={cfg.env.horizon} each; {tc.num_workers} workers "
                      f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
+        for kind in sorted({m.kind for m in models}):
+            size = model_estimate(cfg, kind)
+            lines.append(f"  {'':9s} {kind}: {size.params:,} parameters, ~"
+                         f"{human_bytes(size.worker_bytes)} per worker (weights, gradients, "
+                         f"AdamW {human_bytes(size.state_bytes)}; activations "
+                         f"{human_bytes(size.activation_bytes)})")
     lines.append("stage 3 evaluation (Ray actors):")
     for name, cfg in plan.configs.items():
         lines.append(f"  {name:9s} {cfg.eval.num_tasks} tasks, H={cfg.eval.online_horizon}, "

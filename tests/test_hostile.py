@@ -288,7 +288,7 @@ def test_unreachable_address_is_refused_in_bounded_time() -> None:
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        address = "127.0.0.1:%d" % silent.getsockname()[1]
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
         start = time.perf_counter()
         with pytest.raises(ClusterUnreachable, match="no gRPC server answers there"):
             check_reachable(address, timeout_s=1.0)
@@ -309,3 +309,129 @@ def test_full_run_with_nothing_at_address_exits_2_in_one_line(tmp_path) -> None:
     assert_one_short_line(proc.stderr)
     assert proc.stderr.startswith(f"error: no Ray cluster answers at --address {address}")
     assert time.perf_counter() - start < 30  # interpreter and imports included
+
+
+# ---- 5. A full disk ---------------------------------------------------------------------
+
+
+def test_full_disk_names_the_file_and_the_stage_in_one_line(tmp_path, capsys) -> None:
+    import errno
+
+    from spice_ray.artifacts import atomic_path
+    from spice_ray.cli import run_main
+    from spice_ray.errors import enter_stage
+
+    target = tmp_path / "checkpoints" / "model.pt"
+
+    def stage() -> None:
+        enter_stage("2/5 pretrain")
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")  # as torch.save raises it
+
+    with pytest.raises(SystemExit) as exc:
+        run_main(stage)
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert_one_short_line(err)
+    assert err.startswith(f"error: cannot write {target} in stage 2/5 pretrain: No space left")
+    assert list(target.parent.iterdir()) == []  # no half file left behind
+
+
+def test_log_file_that_cannot_be_written_falls_silent(tmp_path, capsys) -> None:
+    from spice_ray.cli import _file_handler
+
+    class Full:
+        def write(self, text: str) -> None:
+            raise OSError(28, "No space left on device")
+
+        def flush(self) -> None:
+            pass
+
+    handler = _file_handler(tmp_path / "driver.log")
+    handler.stream = Full()
+    logger = logging.getLogger("spice_ray.test_full_disk")
+    logger.addHandler(handler)
+    try:
+        logger.warning("one")
+        logger.warning("two")
+    finally:
+        logger.removeHandler(handler)
+    assert "Logging error" not in capsys.readouterr().err
+    assert handler.failed
+
+
+# ---- 6. Silent overrides ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["--preset", "smoke", "--set", "preset=paper"],
+     "preset='paper' in --set contradicts preset='smoke' chosen by --preset"),
+    (["--preset", "smoke", "--experiments", "darkroom", "--set",
+      "env.name=darkroom_continuous"],
+     "env.name='darkroom_continuous' in --set contradicts env.name='darkroom'"),
+])
+def test_a_set_value_contradicting_the_command_line_is_refused(argv, shown, tmp_path,
+                                                               capsys) -> None:
+    code, err, _ = full_run([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and shown in err, err
+    assert_one_short_line(err)
+
+
+def test_a_config_file_naming_another_preset_is_refused_and_the_same_one_passes(tmp_path
+                                                                               ) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("preset: paper\n")
+    with pytest.raises(ConfigError, match=rf"preset='paper' in config file {path} contradicts"):
+        make_config("smoke", "bandit", yaml_path=path)
+    path.write_text("preset: smoke\nenv: {name: bandit}\n")
+    assert make_config("smoke", "bandit", yaml_path=path).preset == "smoke"
+
+
+# ---- 7. A model that cannot fit ---------------------------------------------------------
+
+
+def test_a_model_that_cannot_fit_is_refused_by_the_dry_run(tmp_path, capsys) -> None:
+    code, err, seconds = full_run(["--preset", "smoke", "--experiments", "bandit", "--out",
+                                   str(tmp_path / "o"), "--set", "model.n_embd=1000000"],
+                                  capsys)
+    assert code == 2 and err.startswith("error: model.n_layer=2, model.n_embd=1000000"), err
+    assert "24,000,115,000,344 parameters" in err and "of memory is available" in err
+    assert_one_short_line(err)
+    assert seconds < 10
+
+
+def test_model_estimate_counts_the_built_models_parameters() -> None:
+    from spice_ray.model.registry import build_model
+    from spice_ray.resources import check_models, model_estimate
+
+    cfg = make_config("smoke", "darkroom")
+    for kind in ("spice", "dpt"):
+        size = model_estimate(cfg, kind)
+        model = build_model(kind, cfg)
+        assert size.params == sum(p.numel() for p in model.parameters() if p.requires_grad)
+        assert size.state_bytes >= 16 * size.params and size.activation_bytes > 0
+    wide = make_config("smoke", "darkroom", overrides=["model.n_embd=256", "model.n_head=4"])
+    assert model_estimate(wide, "spice").worker_bytes > model_estimate(cfg, "spice").worker_bytes
+    assert check_models([cfg], free_memory=2**30) == []
+    [line] = check_models([cfg], free_memory=1000)
+    assert "but 1000.0 B of memory is available" in line
+    gpu = make_config("smoke", "darkroom", overrides=["train.use_gpu=true"])
+    assert check_models([gpu], free_memory=1000) == []  # a GPU's memory is what counts
+    assert "but a GPU has" in check_models([gpu], gpu_memory=1000)[0]
+
+
+# ---- 8. Messages ------------------------------------------------------------------------
+
+
+def test_out_pointing_at_a_file_says_so(tmp_path, capsys) -> None:
+    from spice_ray.cli import check_writable
+
+    target = tmp_path / "a file"
+    target.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        check_writable(target)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"error: output directory {target} is a file, not a directory: choose " \
+                  "another --out\n"

@@ -72,3 +72,71 @@ def test_single_environment_api_and_options(tmp_path) -> None:
     assert 0 <= dpt.act([0.0]) < 5
     with pytest.raises(Exception, match="holds a 'dpt' model"):
         spice_ray.SpicePolicy.from_checkpoint(tmp_path / "dpt")
+
+
+def test_policy_runs_past_its_context_limit_with_a_sliding_window(tmp_path) -> None:
+    """Past the trained horizon the prior conditions on the last ``context_limit`` transitions
+    (cached decoding is left, not broken): the same actions as an uncached agent, no error."""
+    cfg = make_config("smoke", "bandit")
+    path = _checkpoint(tmp_path, cfg)
+    cached = spice_ray.SpicePolicy.from_checkpoint(path, rule="greedy")
+    limit = cached.context_limit
+    assert limit == load_model(path).max_len - 1
+    plain = spice_ray.SpicePolicy.from_checkpoint(path, rule="greedy")
+    plain.agent.runner.use_cache = False
+    rng = np.random.default_rng(0)
+    for policy in (cached, plain):
+        policy.reset(num_envs=3)
+    for _ in range(2 * limit + 3):
+        a = cached.act(None)
+        np.testing.assert_array_equal(a, plain.act(None))
+        mean_c, _ = cached.posterior()
+        mean_p, _ = plain.posterior()
+        np.testing.assert_allclose(mean_c, mean_p, rtol=1e-5, atol=1e-6)
+        r = rng.normal(0.5, 0.3, size=3)
+        for policy in (cached, plain):
+            policy.observe(None, a, r, None)
+    assert not cached.agent.runner.cached and cached.agent.runner.t == 2 * limit + 3
+    cached.reset()  # a new context starts cached again
+    assert cached.agent.runner.cached
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda p: p.act([0.0, 1.0]), r"state has shape \(2,\); the bandit policy takes shape \(1,\)"),
+    (lambda p: p.act([float("nan")]), "state holds a NaN"),
+    (lambda p: p.act("abc"), "state must be numbers"),
+    (lambda p: p.observe([0.0], 0, float("nan"), [0.0]), "reward holds a NaN"),
+    (lambda p: p.observe([0.0], 0, float("inf"), [0.0]), "reward holds a NaN or infinite"),
+    (lambda p: p.observe([0.0], 7, 1.0, [0.0]), r"action must be an int in \[0, 5\), not \[7\]"),
+    (lambda p: p.observe([0.0], -1, 1.0, [0.0]), r"action must be an int in \[0, 5\)"),
+    (lambda p: p.observe([0.0], 1.5, 1.0, [0.0]), r"action must be an int"),
+    (lambda p: p.observe([0.0], 1, 1.0, [[0.0, 2.0]]), "next_state has shape"),
+])
+def test_policy_refuses_bad_input_and_keeps_its_context(tmp_path, call, match) -> None:
+    cfg = make_config("smoke", "bandit")
+    policy = spice_ray.SpicePolicy.from_checkpoint(_checkpoint(tmp_path, cfg))
+    with pytest.raises(RuntimeError, match=r"act\(\) before reset\(\)"):
+        policy.act([0.0])
+    policy.reset()
+    policy.observe([0.0], 1, 0.8, [0.0])
+    before = policy.posterior()
+    with pytest.raises(ValueError, match=match):
+        call(policy)
+    after = policy.posterior()  # nothing was added: the posterior is unchanged and finite
+    for x, y in zip(before, after, strict=True):
+        np.testing.assert_array_equal(x, y)
+        assert np.isfinite(y).all()
+    assert policy.agent.runner.t == 1
+
+
+def test_batched_policy_names_the_batch_shape(tmp_path) -> None:
+    cfg = make_config("smoke", "darkroom")
+    policy = spice_ray.SpicePolicy.from_checkpoint(_checkpoint(tmp_path, cfg))
+    policy.reset(num_envs=4)
+    with pytest.raises(ValueError, match=r"shape \(3, 2\); the darkroom policy takes shape "
+                                         r"\(4, 2\)"):
+        policy.act(np.zeros((3, 2)))
+    with pytest.raises(ValueError, match=r"action must be 4 ints"):
+        policy.observe(np.zeros((4, 2)), [0, 1], np.zeros(4), np.zeros((4, 2)))
+    with pytest.raises(ValueError, match="num_envs must be a positive int"):
+        policy.reset(num_envs=0)

@@ -96,15 +96,25 @@ def test_tables_refuse_non_finite_values(tmp_path) -> None:
     assert len(load(tmp_path, "bandit_online")) == 4  # the good table is untouched
 
 
-def test_study_recomputes_a_corrupt_table(tmp_path, caplog) -> None:
-    from spice_ray.study import _table_done
+def test_study_recomputes_a_corrupt_table_and_names_every_stale_one(tmp_path, caplog) -> None:
+    from spice_ray.study import _tables_done
 
-    _table(tmp_path)
-    assert _table_done(tmp_path, "bandit_online", "abc")
+    df = _table(tmp_path)
+    write(tmp_path, "bandit_offline", df, inputs="abc")
+    tables = ["bandit_online", "bandit_offline"]
+    assert _tables_done(tmp_path, "bandit", tables, "abc")
     _flip_bit(tmp_path / "results" / "bandit_online.parquet")
     with caplog.at_level(logging.WARNING):
-        assert not _table_done(tmp_path, "bandit_online", "abc")
-    assert "bandit_online.parquet: SHA-256 mismatch (corrupted); recomputing it" in caplog.text
+        assert not _tables_done(tmp_path, "bandit", tables, "abc")
+    assert ("bandit: recomputing 1 table: bandit_online (SHA-256 mismatch (corrupted))"
+            in caplog.text)
+    caplog.clear()
+    write(tmp_path, "bandit_online", df, inputs="abc")
+    with caplog.at_level(logging.WARNING):  # a config change: every table is named, once
+        assert not _tables_done(tmp_path, "bandit", tables, "new")
+    assert ("bandit: recomputing 2 tables: bandit_online (computed from other inputs); "
+            "bandit_offline (computed from other inputs)") in caplog.text
+    assert caplog.text.count("recomputing") == 1
 
 
 # ---- 3. non-finite values never pass ----------------------------------------------------
@@ -220,6 +230,17 @@ def test_results_cli_where_cannot_run_code(tmp_path, capsys) -> None:
     assert results_main([str(tmp_path), "bandit_online", "--where", expr]) == 2
     assert not marker.exists()
     assert "--where" in capsys.readouterr().err
+
+
+def test_results_cli_messages_are_short_and_say_what_is_there(tmp_path, capsys) -> None:
+    _table(tmp_path)
+    assert results_main([str(tmp_path), "bandit_online", "--where", "x == " + "1" * 100_000]
+                        ) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 400 and "(100005 characters)" in err
+    assert results_main([str(tmp_path), "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert f"no table 'nosuch' in {tmp_path}" in err and "its tables: bandit_online" in err
 
 
 # ---- 5. impossible resource requests fail at once ---------------------------------------
@@ -360,6 +381,14 @@ def test_garbage_manifest_or_spec_is_rebuilt(ray_local, tmp_path, caplog) -> Non
     assert sum(len(v) for v in rep.generated.values()) == 0
     assert store.load_manifest(ds).raw == want
     assert "spec.json is corrupted" in caplog.text
+    # a deleted shard is named, then rebuilt byte for byte
+    gone = store.shard_path(ds, "train", 0)
+    data = gone.read_bytes()
+    gone.unlink()
+    with caplog.at_level(logging.WARNING):
+        rep = generate_dataset(cfg, ds)
+    assert rep.generated["train"] == [0] and gone.read_bytes() == data
+    assert f"1 of its shards missing ({gone.relative_to(ds)}); regenerating them" in caplog.text
     # a directory whose name does not carry the spec's hash is not silently claimed
     other = tmp_path / "mine"
     other.mkdir()

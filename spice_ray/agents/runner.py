@@ -93,15 +93,17 @@ class ContextRunner:
         keep_prior_means: also return the prior mean at every position (n-step bootstraps).
 
     Context window: the trunk has ``model.max_len`` positions, so at most ``max_len - 1``
-    transitions fit after the query. Without the cache, a longer rollout (darkroom with several
-    ``episodes``) conditions on the most recent ``max_len - 1`` transitions; with the cache it
-    raises instead.
+    transitions fit after the query. A longer rollout (darkroom with several ``episodes``, a
+    deployed policy run past the trained horizon) conditions on the most recent ``max_len - 1``
+    transitions: a sliding window. With the cache, the runner leaves cached decoding when the
+    window is full (a cache cannot drop its oldest position) and re-runs the trunk from then on.
     """
 
     def __init__(self, model: TrunkModel, stateless: bool, use_cache: bool = True,
                  keep_latents: bool = False, keep_prior_means: bool = False) -> None:
         self.model = model
-        self.cached = bool(use_cache) and stateless
+        self.use_cache = bool(use_cache) and stateless
+        self.cached = self.use_cache
         self.keep_latents = keep_latents
         self.keep_prior_means = keep_prior_means
         ref = model.trunk.embed.weight
@@ -114,6 +116,7 @@ class ContextRunner:
         B, S, dev = num_tasks, self.model.state_dim, self.device
         self.num_tasks = B
         self.t = 0
+        self.cached = self.use_cache
         self._actions = _Growing(B, (), torch.long, dev)
         self._rewards = _Growing(B, (), STATS_DTYPE, dev)
         self._states = _Growing(B, (S,), self.dtype, dev)
@@ -122,6 +125,7 @@ class ContextRunner:
             self._cache = self.model.init_cache(B)
             self._latents = _Growing(B, (self.model.trunk.n_embd,), self.dtype, dev)
             self._pms = _Growing(B, (self.model.num_actions,), self.dtype, dev)
+            self._next = _Growing(B, (S,), self.dtype, dev)  # for leaving the cache
             with torch.no_grad():
                 self._head = self.model.step_query(self._zero_states(), self._cache)
             self._keep(self._head, first=True)
@@ -143,6 +147,8 @@ class ContextRunner:
     def append(self, states: Tensor | None, actions: Tensor, rewards: Tensor,
                next_states: Tensor | None) -> None:
         """Add one transition per task ([B, S] or None for the zero state, [B], [B])."""
+        if self.cached and self.t == self.window:
+            self._leave_cache()
         s = self._zero_states() if states is None else states.to(self.device, self.dtype)
         s2 = self._zero_states() if next_states is None else next_states.to(self.device,
                                                                              self.dtype)
@@ -152,11 +158,26 @@ class ContextRunner:
         self._rewards.append(r)
         self._states.append(s)
         if self.cached:
+            self._next.append(s2)
             self._pending.append((s, a, r, s2))  # the model steps lazily, when next asked
         else:
             self._feats.append(transition_features(s, a, r.to(self.dtype), s2,
                                                    self.model.num_actions))
         self.t += 1
+
+    def _leave_cache(self) -> None:
+        """The window is full: build the transition features of the context so far and go on
+        uncached (the query of a stateless environment is the zero state either way)."""
+        self.view()  # step the pending transitions, so the latents kept so far are complete
+        A = self.model.num_actions
+        feats = transition_features(self._states.view(), self._actions.view(),
+                                    self._rewards.view().to(self.dtype), self._next.view(), A)
+        self._feats = _Growing(self.num_tasks, (feats.shape[-1],), self.dtype, self.device,
+                               capacity=max(64, 2 * feats.shape[1]))
+        self._feats.data[:, :feats.shape[1]] = feats
+        self._feats.length = feats.shape[1]
+        self.cached = False
+        del self._cache, self._next
 
     @torch.no_grad()
     def view(self, query_states: Tensor | None = None) -> ContextView:

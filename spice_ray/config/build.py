@@ -359,12 +359,27 @@ def make_config(
         ConfigError: naming the first offending field, before anything runs.
     """
     values = preset_dict(preset, env)
+    sources = [(f"config file {yaml_path}", load_yaml(yaml_path))] if yaml_path is not None \
+        else []
+    sources.append(("--set", parse_set(list(overrides))))
+    for source, given in sources:  # what the command line chose is not overridden in silence
+        _refuse_contradiction(source, "preset", given.get("preset"), preset, "--preset")
+        named = given.get("env", {}).get("name") if isinstance(given.get("env"), dict) else None
+        _refuse_contradiction(source, "env.name", named, env, "--env or --experiments")
     if yaml_path is not None:
-        values = deep_merge(values, load_yaml(yaml_path))
+        values = deep_merge(values, sources[0][1])
     if extra:
         values = deep_merge(values, extra)
-    values = deep_merge(values, parse_set(list(overrides)))
+    values = deep_merge(values, sources[-1][1])
     return _build(RunConfig, values)
+
+
+def _refuse_contradiction(source: str, field: str, given: Any, chosen: str, flag: str) -> None:
+    """``field`` set in ``source`` to something other than what ``flag`` chose: refused (the
+    preset and the environment decide every other default, so they are chosen in one place)."""
+    if given is not None and given != chosen:
+        raise ConfigError(f"{field}={excerpt(given)} in {source} contradicts {field}="
+                          f"{chosen!r} chosen by {flag}: choose it there")
 
 
 def load_yaml(path: str | Path, error: type[Exception] = ConfigError,

@@ -121,6 +121,7 @@ def find_missing_shards(cfg: RunConfig, ds_dir: Path, splits: tuple[str, ...],
                         report: GenerationReport) -> list[tuple[str, int]]:
     """Check every expected shard; delete and return the (split, shard) pairs to generate."""
     missing: list[tuple[str, int]] = []
+    absent: list[Path] = []
     for split in splits:
         n = store.split_sizes(cfg.data)[split]
         report.invalid[split], report.generated[split], report.skipped[split] = {}, [], []
@@ -137,6 +138,13 @@ def find_missing_shards(cfg: RunConfig, ds_dir: Path, splits: tuple[str, ...],
                 report.invalid[split][i] = reason
                 log.warning("%s: %s; regenerating it", path, reason)
                 path.unlink(missing_ok=True)
+            else:
+                absent.append(path)
+    if absent and any(report.skipped.values()):  # part of a dataset gone: say which part
+        shown = ", ".join(str(p.relative_to(ds_dir)) for p in absent[:5])
+        more = f" and {len(absent) - 5} more" if len(absent) > 5 else ""
+        log.warning("%s: %d of its shards missing (%s%s); regenerating them", ds_dir,
+                    len(absent), shown, more)
     return missing
 
 

@@ -17,6 +17,7 @@ import sys
 
 import pandas as pd
 
+from spice_ray.errors import excerpt
 from spice_ray.results.query import QueryError, filter_rows
 from spice_ray.results.report import _label as row_label
 from spice_ray.results.summary import LABEL_KEYS, STATS, improvement, summarise
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 df = filter_rows(df, args.where)
             except QueryError as exc:
-                raise ResultsError(f"--where {args.where!r}: {exc}") from exc
+                raise ResultsError(f"--where {excerpt(args.where)}: {exc}") from exc
         if df.empty:
             print("no rows match", file=sys.stderr)
             return 1

@@ -182,7 +182,8 @@ def load(run_dir: str | Path, experiment: str | None = None) -> pd.DataFrame:
         path = table_path(run_dir, name)
         if not path.exists():
             have = ", ".join(list_experiments(run_dir) + list_sweeps(run_dir)) or "none"
-            raise ResultsError(f"{path} does not exist; experiments in {run_dir}: {have}")
+            raise ResultsError(f"no table {experiment or name!r} in {run_dir} ({path} does not "
+                               f"exist); its tables: {have}")
         frames.append(read_frame(path))
     if experiment and experiment.startswith(SWEEPS_PREFIX):
         return frames[0]
