@@ -24,7 +24,7 @@ from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, r
 from spice_ray.console import SILENT, Console, count
 from spice_ray.data import store
 from spice_ray.errors import enter_stage
-from spice_ray.evaluate.actors import evaluate_parallel
+from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Experiment, ModelRef
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.resources import dataset_estimate, human_bytes, model_estimate
@@ -156,8 +156,12 @@ def _specs(exp: Experiment, cfg: RunConfig, dataset: Path) -> dict[str, list[Age
 
 
 def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Finals,
-                        console: Console = SILENT) -> list[str]:
-    """Every evaluation of experiment ``name`` and its tables (skipped when current)."""
+                        console: Console = SILENT, pool: EvalPool | None = None) -> list[str]:
+    """Every evaluation of experiment ``name`` and its tables (skipped when current), on the
+    actors of ``pool`` (default: a pool for this experiment)."""
+    if pool is None:
+        with EvalPool() as own:
+            return evaluate_experiment(plan, name, dataset, finals, console, own)
     exp, cfg = EXPERIMENTS[name], plan.configs[name]
     tables = [t.name for t in exp.tables_for(cfg)]
     specs = _specs(exp, cfg, dataset)
@@ -186,7 +190,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
             if ev.model else None
         try:
             df = evaluate_parallel(source, cfg.env, cfg.eval, data, specs[ev.name],
-                                   ev.protocols, seed=seed, on_tasks=bar.update)
+                                   ev.protocols, seed=seed, on_tasks=bar.update, pool=pool)
         except BaseException as exc:
             bar.abort(exc, what)
             raise
@@ -276,8 +280,9 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     t2 = time.perf_counter()
     enter_stage("3/5 evaluate")
     console.stage(3, 5, "evaluate", f"{count(len(plan.configs), 'experiment')} (Ray actors)")
-    for name in plan.configs:
-        evaluate_experiment(plan, name, datasets[name], finals, console)
+    with EvalPool() as pool:  # the actors start once for the whole stage
+        for name in plan.configs:
+            evaluate_experiment(plan, name, datasets[name], finals, console, pool)
     plan.timings["evaluate"] = time.perf_counter() - t2
 
     enter_stage("4/5 figures")

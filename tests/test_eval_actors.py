@@ -87,3 +87,32 @@ def test_killed_actor_shard_is_rerun_without_loss(ray_local, setup, tmp_path) ->
     got, want = _sorted(df), _sorted(reference)
     pd.testing.assert_frame_equal(got.drop(columns="value"), want.drop(columns="value"))
     np.testing.assert_allclose(got["value"], want["value"], atol=1e-9)
+
+
+def test_a_pool_reuses_its_actors_across_evaluations(ray_local, setup, tmp_path) -> None:
+    """The stage's pool: the same actor processes serve every call (no start per evaluation),
+    give the same rows as fresh actors, and a dead one is replaced without losing a shard."""
+    import ray
+
+    from spice_ray.evaluate import EvalPool
+    from spice_ray.model.checkpoint import save_checkpoint
+
+    model, data, reference = setup
+    path = save_checkpoint(tmp_path / "ckpt", model, CFG, dataset_hash="test", epoch=0)
+    with EvalPool() as pool:
+        first = evaluate_parallel(str(path), CFG.env, CFG.eval, data, SPECS, PROTOCOLS,
+                                  seed=2, num_actors=2, pool=pool)
+        pids = sorted(ray.get([a.pid.remote() for a in pool.actors(CFG.eval, 2)]))
+        second = evaluate_parallel(str(path), CFG.env, CFG.eval, data, SPECS, PROTOCOLS,
+                                   seed=2, num_actors=2, pool=pool)
+        assert sorted(ray.get([a.pid.remote() for a in pool.actors(CFG.eval, 2)])) == pids
+        marker = tmp_path / "actor-died"
+        third = evaluate_parallel(str(path), CFG.env, CFG.eval, data, SPECS, PROTOCOLS,
+                                  seed=2, num_actors=2, pool=pool, fail_once_marker=str(marker))
+        assert marker.exists()
+        after = ray.get([a.pid.remote() for a in pool.actors(CFG.eval, 2)])
+        assert len(set(after) - set(pids)) == 1  # the dead actor was replaced, once
+    for df in (first, second, third):
+        got, want = _sorted(df), _sorted(reference)
+        pd.testing.assert_frame_equal(got.drop(columns="value"), want.drop(columns="value"))
+        np.testing.assert_allclose(got["value"], want["value"], atol=1e-9)

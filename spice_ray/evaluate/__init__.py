@@ -1,13 +1,13 @@
 """Evaluation: one online loop and the offline curve over any environment and agent, the prior
 calibration diagnostic, tidy rows, and Ray actors that shard tasks."""
 
-from spice_ray.evaluate.actors import EvalActor, evaluate_parallel, evaluate_tasks
+from spice_ray.evaluate.actors import EvalActor, EvalPool, evaluate_parallel, evaluate_tasks
 from spice_ray.evaluate.calibration import calibration_rows, calibration_stats
 from spice_ray.evaluate.offline import offline_context_lengths, offline_rows, sequence_outputs
 from spice_ray.evaluate.online import Rollout, agent_draws, online_noise, online_rows, run_online
 from spice_ray.evaluate.rows import check_rows, concat_rows, tidy_rows
 
-__all__ = ["EvalActor", "Rollout", "agent_draws", "calibration_rows", "calibration_stats",
-           "check_rows", "concat_rows", "evaluate_parallel", "evaluate_tasks",
+__all__ = ["EvalActor", "EvalPool", "Rollout", "agent_draws", "calibration_rows",
+           "calibration_stats", "check_rows", "concat_rows", "evaluate_parallel", "evaluate_tasks",
            "offline_context_lengths", "offline_rows", "online_noise", "online_rows",
            "run_online", "sequence_outputs", "tidy_rows"]

@@ -1,12 +1,13 @@
 """Evaluation over tasks: one shard in-process (:func:`evaluate_tasks`), or fanned out over Ray
 actors (:func:`evaluate_parallel`) with shard retries when an actor dies.
 
-Each :class:`EvalActor` loads the checkpoint once (a checkpoint directory, or an in-memory
-payload from ``spice_ray.model.registry.model_payload``) and evaluates whole shards of tasks
-for a list of :class:`AgentSpec`. The driver splits the N tasks into one shard per actor; if
-an actor dies (``ray.exceptions.RayActorError``) its shard is rerun on a fresh actor, and the
-gathered table is checked: every key once, every task in every (method, rule, config, metric)
-group, the same x values for every task.
+Each :class:`EvalActor` evaluates whole shards of tasks for a list of :class:`AgentSpec` and a
+checkpoint (a directory, kept loaded across calls, or an in-memory payload from
+``spice_ray.model.registry.model_payload``). An :class:`EvalPool` keeps the actors for a whole
+stage, so its evaluations pay the actors' start once. The driver splits the N tasks into one
+shard per actor; if an actor dies (``ray.exceptions.RayActorError``) its shard is rerun on a
+fresh actor, and the gathered table is checked: every key once, every task in every (method,
+rule, config, metric) group, the same x values for every task.
 
 Actors reserve ``EvalConfig.actor_cpus`` (fractional: on a small machine Ray Data's own tasks
 need the rest) and ``EvalConfig.actor_gpus`` and run torch on one thread. Ray is imported
@@ -102,50 +103,121 @@ def evaluate_tasks(
 
 
 class EvalActor:
-    """Loads a checkpoint once and evaluates shards of tasks (wrap with ``ray.remote``).
+    """Evaluates shards of tasks for any checkpoint (wrap with ``ray.remote``).
+
+    One actor serves many evaluations (:class:`EvalPool`): the stage pays the actor's start
+    (a process, torch, the package) once, not once per evaluation. Checkpoints loaded from a
+    directory are kept (the last :data:`MODEL_CACHE` of them), so the seeds and methods of one
+    checkpoint load and verify its weights once.
 
     Args:
-        model_source: checkpoint path or ``model_payload`` dict (an ObjectRef to one is
-            resolved by Ray); None for baselines only.
-        env: environment config (checked against the checkpoint).
-        eval_cfg: evaluation settings; ``actor_gpus`` > 0 puts the model on CUDA if present.
-        fail_once_marker: fault injection for tests: the first actor to create this file
-            (atomically) exits the process at the start of its first shard; later actors see
-            the file and run normally.
+        use_gpu: put models on CUDA when one is present (``EvalConfig.actor_gpus`` > 0).
     """
 
-    def __init__(self, model_source: ModelSource | None, env: EnvConfig, eval_cfg: EvalConfig,
-                 fail_once_marker: str | None = None) -> None:
-        torch.set_num_threads(1)  # fractional CPUs: one thread per actor
-        self.env = env
-        self.eval_cfg = eval_cfg
-        self.fail_once_marker = fail_once_marker
-        use_cuda = eval_cfg.actor_gpus > 0 and torch.cuda.is_available()
-        self.device = torch.device("cuda" if use_cuda else "cpu")
-        self.model = None
-        if model_source is not None:
-            self.model = from_source(model_source, env).to(self.device)
+    MODEL_CACHE = 4
 
-    def _maybe_fail(self) -> None:
-        if self.fail_once_marker is None:
+    def __init__(self, use_gpu: bool = False) -> None:
+        torch.set_num_threads(1)  # fractional CPUs: one thread per actor
+        self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
+        self._models: dict[tuple[str, str], TrunkModel] = {}
+
+    def _model(self, source: ModelSource | None, env: EnvConfig) -> TrunkModel | None:
+        if source is None:
+            return None
+        if not isinstance(source, (str, Path)):  # an in-memory payload: cheap to rebuild
+            return from_source(source, env).to(self.device)
+        key = (str(source), repr(env))
+        if key not in self._models:
+            if len(self._models) >= self.MODEL_CACHE:
+                self._models.pop(next(iter(self._models)))  # the oldest
+            self._models[key] = from_source(source, env).to(self.device)
+        return self._models[key]
+
+    @staticmethod
+    def _maybe_fail(fail_once_marker: str | None) -> None:
+        """Fault injection for tests: the first actor to create this file (atomically) exits
+        its process at the start of the shard; later calls see the file and run normally."""
+        if fail_once_marker is None:
             return
         try:
-            fd = os.open(self.fail_once_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(fail_once_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
         os._exit(1)  # simulate a crashed worker: no exception, no cleanup
 
-    def evaluate(self, data: Mapping[str, np.ndarray], specs: Sequence[AgentSpec],
-                 protocols: Sequence[str], seed: int) -> pd.DataFrame:
-        """:func:`evaluate_tasks` on one shard; tidy rows."""
-        self._maybe_fail()
-        return evaluate_tasks(self.env, self.eval_cfg, data, specs, self.model, protocols, seed)
+    def evaluate(self, model_source: ModelSource | None, env: EnvConfig, eval_cfg: EvalConfig,
+                 data: Mapping[str, np.ndarray], specs: Sequence[AgentSpec],
+                 protocols: Sequence[str], seed: int, fail_once_marker: str | None = None
+                 ) -> pd.DataFrame:
+        """:func:`evaluate_tasks` on one shard with the checkpoint ``model_source`` (a path,
+        a ``model_payload`` dict, or None for baselines only); tidy rows."""
+        self._maybe_fail(fail_once_marker)
+        return evaluate_tasks(env, eval_cfg, data, specs, self._model(model_source, env),
+                              protocols, seed)
 
     def pid(self) -> int:
         """The actor's process id (for tests)."""
         return os.getpid()
+
+
+class EvalPool:
+    """Evaluation actors kept for a whole stage and reused by every :func:`evaluate_parallel`
+    call given the pool (a context manager: the actors end with it).
+
+    Actors are started when first needed and keyed by their resources (``actor_cpus``,
+    ``actor_gpus``): an evaluation asking for other resources gets its own actors, and the
+    idle ones of the other kind are ended first, so a pool never holds more than one
+    evaluation's worth of CPUs. A dead actor is replaced.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[float, float] | None = None
+        self._actors: list[Any] = []
+
+    def actors(self, eval_cfg: EvalConfig, m: int) -> list[Any]:
+        """The first ``m`` actors for ``eval_cfg``'s resources, started as needed."""
+        key = (float(eval_cfg.actor_cpus), float(eval_cfg.actor_gpus))
+        if key != self._key:
+            self.close()
+            self._key = key
+        while len(self._actors) < m:
+            self._actors.append(_actor_class(eval_cfg).remote(eval_cfg.actor_gpus > 0))
+        return self._actors[:m]
+
+    def replace(self, eval_cfg: EvalConfig, actor: Any) -> Any:
+        """A fresh actor in place of ``actor`` (which died, or is killed now)."""
+        import ray
+
+        ray.kill(actor, no_restart=True)
+        fresh = _actor_class(eval_cfg).remote(eval_cfg.actor_gpus > 0)
+        self._actors = [fresh if a is actor else a for a in self._actors]
+        return fresh
+
+    def close(self) -> None:
+        """End every actor (dropping the handles: ``ray.kill`` on a live actor races its own
+        exit, "KillActor RPC failed" in the GCS log)."""
+        self._actors = []
+        self._key = None
+
+    def __enter__(self) -> EvalPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _actor_class(eval_cfg: EvalConfig) -> Any:
+    import ray
+
+    options: dict[str, Any] = {"num_cpus": eval_cfg.actor_cpus, "max_restarts": 0,
+                               "max_task_retries": 0}
+    if eval_cfg.actor_gpus > 0:
+        options["num_gpus"] = eval_cfg.actor_gpus
+        if label := placement_resources(TRAINER):  # the GPU nodes of cluster.yaml
+            options["resources"] = label
+    return ray.remote(EvalActor).options(**options)
 
 
 def evaluate_parallel(
@@ -160,6 +232,7 @@ def evaluate_parallel(
     max_retries: int = 2,
     fail_once_marker: str | None = None,
     on_tasks: Callable[[int], None] | None = None,
+    pool: EvalPool | None = None,
 ) -> pd.DataFrame:
     """Split the tasks over M actors, gather their rows, rerun shards whose actor died.
 
@@ -177,8 +250,9 @@ def evaluate_parallel(
         seed: the checkpoint's training seed, written to every row.
         num_actors: M (default ``eval_cfg.num_actors``), at most N.
         max_retries: reruns allowed per shard after its actor died.
-        fail_once_marker: fault injection, see :class:`EvalActor`.
+        fail_once_marker: fault injection, see :meth:`EvalActor._maybe_fail`.
         on_tasks: called with a shard's task count when its rows arrive (progress).
+        pool: actors to reuse (kept alive after the call); default: actors for this call only.
 
     Returns:
         The rows of all shards, checked by :func:`check_rows`.
@@ -190,6 +264,10 @@ def evaluate_parallel(
     import ray
     from ray.exceptions import RayActorError
 
+    if pool is None:
+        with EvalPool() as own:
+            return evaluate_parallel(model_source, env, eval_cfg, data, specs, protocols, seed,
+                                     num_actors, max_retries, fail_once_marker, on_tasks, own)
     task_ids = np.asarray(data["task_id"])
     n = len(task_ids)
     m = max(1, min(num_actors or eval_cfg.num_actors, n))
@@ -201,49 +279,33 @@ def evaluate_parallel(
         source = str(Path(model_source).resolve())  # actors run in another working directory
     else:
         source = None
-    options: dict[str, Any] = {"num_cpus": eval_cfg.actor_cpus, "max_restarts": 0,
-                               "max_task_retries": 0}
-    if eval_cfg.actor_gpus > 0:
-        options["num_gpus"] = eval_cfg.actor_gpus
-        if label := placement_resources(TRAINER):  # the GPU nodes of cluster.yaml
-            options["resources"] = label
-    actor_cls = ray.remote(EvalActor).options(**options)
+    actors = pool.actors(eval_cfg, len(shards))
 
-    def submit(i: int) -> tuple[Any, Any]:
-        actor = actor_cls.remote(source, env, eval_cfg, fail_once_marker)
-        return actor.evaluate.remote(shard_data[i], list(specs), list(protocols), seed), actor
+    def submit(i: int, actor: Any) -> Any:
+        return actor.evaluate.remote(source, env, eval_cfg, shard_data[i], list(specs),
+                                     list(protocols), seed, fail_once_marker)
 
-    pending: dict[Any, tuple[int, Any]] = {}
-    for i in range(len(shards)):
-        ref, actor = submit(i)
-        pending[ref] = (i, actor)
+    pending: dict[Any, tuple[int, Any]] = {submit(i, a): (i, a) for i, a in enumerate(actors)}
     results: dict[int, pd.DataFrame] = {}
     retries = [0] * len(shards)
-    try:
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            i, actor = pending.pop(done[0])
-            try:
-                results[i] = ray.get(done[0])
-            except RayActorError as exc:
-                retries[i] += 1
-                if retries[i] > max_retries:
-                    raise RuntimeError(f"shard {i} ({len(shards[i])} tasks): its actor died "
-                                       f"{retries[i]} times") from exc
-                log.warning("actor of shard %d died (%s); rerunning it on a fresh actor "
-                            "(retry %d of %d)", i, type(exc).__name__, retries[i], max_retries)
-                ray.kill(actor, no_restart=True)
-                ref, actor = submit(i)
-                pending[ref] = (i, actor)
-                continue
-            # One shard per actor: dropping its last handle ends it gracefully and frees its
-            # CPUs (ray.kill here would race its exit: "KillActor RPC failed" in GCS's log).
-            del actor
-            if on_tasks is not None:
-                on_tasks(len(shards[i]))
-    finally:
-        for _, actor in pending.values():
-            ray.kill(actor, no_restart=True)
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        i, actor = pending.pop(done[0])
+        try:
+            results[i] = ray.get(done[0])
+        except RayActorError as exc:
+            retries[i] += 1
+            if retries[i] > max_retries:
+                pool.replace(eval_cfg, actor)
+                raise RuntimeError(f"shard {i} ({len(shards[i])} tasks): its actor died "
+                                   f"{retries[i]} times") from exc
+            log.warning("actor of shard %d died (%s); rerunning it on a fresh actor "
+                        "(retry %d of %d)", i, type(exc).__name__, retries[i], max_retries)
+            actor = pool.replace(eval_cfg, actor)
+            pending[submit(i, actor)] = (i, actor)
+            continue
+        if on_tasks is not None:
+            on_tasks(len(shards[i]))
     df = concat_rows(results[i] for i in range(len(shards)))
     check_rows(df, task_ids)
     return df

@@ -125,7 +125,7 @@ def evaluate_chunks(
     """
     from spice_ray.agents import AgentSpec
     from spice_ray.data.store import load_split
-    from spice_ray.evaluate import concat_rows, evaluate_parallel
+    from spice_ray.evaluate import EvalPool, concat_rows, evaluate_parallel
 
     eval_cfg = dataclasses.replace(cfg.eval, num_actors=cfg.sweep.actors_per_trial,
                                    actor_cpus=cfg.sweep.actor_cpus)
@@ -137,14 +137,15 @@ def evaluate_chunks(
                for seed in seeds}
     n = len(data["task_id"])
     frames = []
-    for part in np.array_split(np.arange(n), max(1, min(chunks, n))):
-        chunk = {k: np.asarray(v)[part] for k, v in data.items()}
-        for seed in seeds:
-            rows = evaluate_parallel(sources[seed], cfg.env, eval_cfg, chunk, [spec],
-                                     ("online",), seed=seed,
-                                     num_actors=cfg.sweep.actors_per_trial)
-            frames.append(downsample(rows, curve_points))
-        yield concat_rows(frames)
+    with EvalPool() as pool:  # the trial's actors start once, for every chunk and seed
+        for part in np.array_split(np.arange(n), max(1, min(chunks, n))):
+            chunk = {k: np.asarray(v)[part] for k, v in data.items()}
+            for seed in seeds:
+                rows = evaluate_parallel(sources[seed], cfg.env, eval_cfg, chunk, [spec],
+                                         ("online",), seed=seed,
+                                         num_actors=cfg.sweep.actors_per_trial, pool=pool)
+                frames.append(downsample(rows, curve_points))
+            yield concat_rows(frames)
 
 
 def evaluate_config(
