@@ -7,6 +7,7 @@ import atexit
 import errno
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -134,8 +135,9 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
 def _collect_quietly(run_dir: Path) -> None:
     try:
         collect_ray_logs(run_dir)
-    except OSError as exc:  # a full disk must not hide the run's own error
-        log.warning("could not copy Ray's logs to %s/logs/ray: %s", run_dir, exc)
+    except OSError as exc:  # a full disk must not hide the run's own error (the last line)
+        why = exc.args[0][0][2] if isinstance(exc, shutil.Error) and exc.args[0] else exc
+        log.info("could not copy Ray's logs to %s/logs/ray: %s", run_dir, str(why)[:300])
 
 
 def _requests(cfgs: Sequence[RunConfig], stages: Sequence[str],

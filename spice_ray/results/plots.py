@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from spice_ray.artifacts import atomic_path  # noqa: E402
 from spice_ray.results.summary import summarise  # noqa: E402
 
 METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "Count-UCB", "DPT", "AD-BC", "UCB", "TS", "Emp",
@@ -63,10 +64,12 @@ def _curves(ax, df: pd.DataFrame, metric: str, logx: bool = False) -> None:
 
 
 def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:  # never a half PNG; a full disk names the file
+            fig.savefig(tmp, dpi=120, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 
