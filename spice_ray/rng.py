@@ -143,6 +143,7 @@ class StepDraws:
         self.streams = streams
         self.stream = stream
         self.requests = 0
+        self.tie_requests = 0
 
     def __len__(self) -> int:
         return len(self.streams)
@@ -151,6 +152,14 @@ class StepDraws:
         name = f"{self.stream}/{self.requests}"
         self.requests += 1
         return name
+
+    def ties(self) -> np.ndarray:
+        """Uniforms float64 [B] in [0, 1) that break the next argmax's ties. A stream and a
+        counter of their own: an agent that breaks ties draws the same Thompson noise or policy
+        samples as one that does not."""
+        name = f"{self.stream}/ties/{self.tie_requests}"
+        self.tie_requests += 1
+        return self.streams.uniform(name)
 
     def normal(self, shape: tuple[int, ...] = ()) -> np.ndarray:
         """Standard normals float64 [B, *shape] for the next request."""

@@ -23,6 +23,7 @@ from spice_ray.config import EvalConfig, FusionConfig, make_config
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.envs import bandit, darkroom
 from spice_ray.evaluate import (
+    agent_draws,
     calibration_rows,
     calibration_stats,
     check_rows,
@@ -67,10 +68,14 @@ def _model(cfg, cls=SpiceModel, seed: int = 0, max_len: int | None = None,
     return m.to(dtype).eval()
 
 
-def _bandit_run(agent, data, sigma: float = 0.3, horizon: int = 24, seed: int = 0):
+def _bandit_run(agent, data, sigma: float = 0.3, horizon: int = 24, seed: int | None = 0):
+    """An online run with the evaluation's noise; draws from a torch.Generator(seed), or with
+    ``seed=None`` the evaluation's own per-task draws (ties broken exactly as it does)."""
     noise = online_noise(1234, data["task_id"], horizon)
     tasks = bandit.BanditTasks(np.asarray(data["means"], np.float64), sigma)
-    run = run_online(agent, BENV, tasks, horizon, noise, 1, torch.Generator().manual_seed(seed))
+    draws = (agent_draws(1234, data["task_id"]) if seed is None
+             else torch.Generator().manual_seed(seed))
+    run = run_online(agent, BENV, tasks, horizon, noise, 1, draws)
     return torch.from_numpy(run.actions), torch.from_numpy(run.rewards)
 
 
@@ -350,7 +355,7 @@ def test_evaluate_tasks_protocols_and_keys() -> None:
 def test_final_regret_of_baselines_matches_cumulative_regret() -> None:
     data = _data(BANDIT)
     df = online_rows(BANDIT.env, BANDIT.eval, data, [AgentSpec("ucb")])
-    actions, _ = _bandit_run(UCB(1.0), data)
+    actions, _ = _bandit_run(UCB(1.0), data, seed=None)
     final = df[df.x == 24].sort_values("task_id")["value"].to_numpy()
     tasks = bandit.BanditTasks(np.asarray(data["means"], np.float64), 0.3)
     np.testing.assert_allclose(final, bandit.regret(tasks, actions.numpy()).sum(1))

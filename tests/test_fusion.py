@@ -378,3 +378,43 @@ def test_sample_categorical_frequencies_and_shard_independence() -> None:
         sample_categorical(probs[:2], _draws([0, 1, 2]))
     with pytest.raises(ValueError, match="StepDraws for 3 tasks"):
         thompson_action(probs[:2], probs[:2], _draws([0, 1, 2]))
+
+
+# ---- random tie-breaking -----------------------------------------------------------------
+
+
+def test_argmax_ties_picks_each_tied_action_by_its_share_of_the_uniform() -> None:
+    from spice_ray.fusion import argmax_ties
+
+    scores = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0]]).expand(6, 5)
+    u = torch.tensor([0.0, 0.32, 0.34, 0.6, 0.67, 0.999])
+    assert argmax_ties(scores, u).tolist() == [1, 1, 2, 2, 4, 4]  # thirds of [0, 1)
+    assert argmax_ties(scores, None).tolist() == [1] * 6  # no draws: the lowest index
+    unique = torch.tensor([[0.1, 0.5, 0.2]])
+    assert argmax_ties(unique, torch.tensor([0.9])).tolist() == [1]  # no tie: the argmax
+    batched = torch.zeros(2, 3, 4)  # any leading shape
+    assert argmax_ties(batched, torch.full((2, 3), 0.99)).eq(3).all()
+
+
+def test_random_ties_are_uniform_and_keyed_by_task_and_step() -> None:
+    """A flat prior before any pull: every arm equally often over tasks; the same (task, step)
+    draws whatever batch the task is in; a second run of the same tasks repeats them."""
+    from spice_ray.evaluate import agent_draws
+    from spice_ray.fusion import Posterior, select_action
+
+    n, A = 4000, 5
+    flat = Posterior(torch.full((n, A), 0.5, dtype=torch.float64),
+                     torch.full((n, A), 1 / 12, dtype=torch.float64))
+    ids = np.arange(n)
+    first = select_action(flat, "ucb", 1.0, agent_draws(7, ids))
+    counts = np.bincount(first.numpy(), minlength=A)
+    assert abs(counts - n / A).max() < 4 * np.sqrt(n / A)  # ~uniform (binomial sd ~ 25)
+    again = select_action(flat, "ucb", 1.0, agent_draws(7, ids))
+    assert torch.equal(first, again)
+    part = Posterior(flat.mean[100:200], flat.var[100:200])
+    assert torch.equal(select_action(part, "ucb", 1.0, agent_draws(7, ids[100:200])),
+                       first[100:200])
+    draws = agent_draws(7, ids)
+    select_action(flat, "ucb", 1.0, draws)
+    second = select_action(flat, "greedy", 1.0, draws)  # the next step: fresh draws
+    assert (second != first).float().mean() > 0.7

@@ -18,7 +18,15 @@ import torch
 from torch import Tensor
 
 from spice_ray.envs.bayes import TaskPosterior
-from spice_ray.fusion import STATS_DTYPE, Posterior, RandomSource, beta_at, select_action
+from spice_ray.fusion import (
+    STATS_DTYPE,
+    Posterior,
+    RandomSource,
+    argmax_ties,
+    beta_at,
+    select_action,
+    tie_draws,
+)
 from spice_ray.fusion.posterior import BetaSchedule
 
 STAY = 4
@@ -65,7 +73,7 @@ class BayesAgent:
             return torch.from_numpy(self.posterior.sample(s, self._draws).argmax(axis=1))
         mean, var = (torch.from_numpy(v).to(STATS_DTYPE) for v in self.posterior.moments(s))
         return select_action(Posterior(mean, var), "ucb",
-                             beta_at(t, self.beta, self.beta_schedule))
+                             beta_at(t, self.beta, self.beta_schedule), self._draws)
 
 
 class LinUCB:
@@ -88,6 +96,7 @@ class LinUCB:
               ) -> None:
         self.counts = np.zeros((num_tasks, num_actions))
         self.sums = np.zeros((num_tasks, num_actions))
+        self._draws = draws
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor | None = None,
                 next_states: Tensor | None = None) -> None:
@@ -102,7 +111,8 @@ class LinUCB:
         inv = np.linalg.inv(gram)
         theta = np.einsum("bij,bj->bi", inv, self.sums @ phi)  # (B, d)
         width = np.sqrt(np.maximum(np.einsum("ai,bij,aj->ba", phi, inv, phi), 0.0))
-        return torch.from_numpy((theta @ phi.T + self.c * width).argmax(axis=1))
+        scores = torch.from_numpy(theta @ phi.T + self.c * width)  # (B, A)
+        return argmax_ties(scores, tie_draws(self._draws, scores))
 
 
 class NearestUnvisited:

@@ -33,24 +33,27 @@ from spice_ray.fusion import (
     Posterior,
     RandomSource,
     RunningStats,
-    argmax_lowest,
+    argmax_ties,
     beta_at,
     gaussian_posterior,
     greedy_action,
     select_action,
+    tie_draws,
     weighted_action_stats,
 )
 from spice_ray.fusion.posterior import ActionRule, BetaSchedule
 
 
-def _unpulled_first(counts: Tensor, scores: Tensor) -> Tensor:
-    """argmax of scores, but any unpulled arm (lowest index first) wins. [B, A] -> [B]."""
-    return argmax_lowest(torch.where(counts > 0, scores, torch.inf))
+def _unpulled_first(counts: Tensor, scores: Tensor, ties: Tensor | None = None) -> Tensor:
+    """argmax of scores, but an unpulled arm wins (one of them at random with ``ties``, else
+    the lowest index). [B, A] -> [B]."""
+    return argmax_ties(torch.where(counts > 0, scores, torch.inf), ties)
 
 
-def _seen_only(counts: Tensor, scores: Tensor) -> Tensor:
-    """argmax of scores over arms seen at least once; arm 0 if none. [B, A] -> [B]."""
-    return argmax_lowest(torch.where(counts > 0, scores, -torch.inf))
+def _seen_only(counts: Tensor, scores: Tensor, ties: Tensor | None = None) -> Tensor:
+    """argmax of scores over arms seen at least once; any arm (by ``ties``, else arm 0) if
+    none. [B, A] -> [B]."""
+    return argmax_ties(torch.where(counts > 0, scores, -torch.inf), ties)
 
 
 def _bonus(counts: Tensor, c: float) -> Tensor:
@@ -94,17 +97,23 @@ class CountingBandit:
         """Actions long [B] from the running statistics."""
         return self._online(self.stats.counts, self.stats.mean, t)
 
-    def offline_pick(self, actions: Tensor, rewards: Tensor, num_actions: int) -> Tensor:
-        """One arm per task from contexts actions long [B, h], rewards [B, h] -> long [B]."""
+    def offline_pick(self, actions: Tensor, rewards: Tensor, num_actions: int,
+                     ties: Tensor | None = None) -> Tensor:
+        """One arm per task from contexts actions long [B, h], rewards [B, h] -> long [B];
+        ties [B] uniforms break ties (:func:`argmax_ties`; None: the lowest index)."""
         rewards = torch.as_tensor(rewards, dtype=STATS_DTYPE)
         actions = torch.as_tensor(actions, dtype=torch.long)
         counts, mean = weighted_action_stats(None, actions, rewards, num_actions)
-        return self._offline(counts, mean)
+        return self._offline(counts, mean, ties)
+
+    def _ties(self, scores: Tensor) -> Tensor | None:
+        """Uniforms that break the ties of this step's argmax (from the agent's draws)."""
+        return tie_draws(self._generator, scores)
 
     def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
         raise NotImplementedError
 
-    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
+    def _offline(self, counts: Tensor, mean: Tensor, ties: Tensor | None = None) -> Tensor:
         raise NotImplementedError
 
 
@@ -114,10 +123,10 @@ class EmpiricalMean(CountingBandit):
     name = "emp"
 
     def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
-        return _unpulled_first(counts, mean)
+        return _unpulled_first(counts, mean, self._ties(mean))
 
-    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
-        return _seen_only(counts, mean)
+    def _offline(self, counts: Tensor, mean: Tensor, ties: Tensor | None = None) -> Tensor:
+        return _seen_only(counts, mean, ties)
 
 
 class _ConfidenceBound(CountingBandit):
@@ -143,10 +152,10 @@ class UCB(_ConfidenceBound):
     name = "ucb"
 
     def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
-        return _unpulled_first(counts, mean + _bonus(counts, self.c))
+        return _unpulled_first(counts, mean + _bonus(counts, self.c), self._ties(mean))
 
-    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
-        return self._online(counts, mean, 0)
+    def _offline(self, counts: Tensor, mean: Tensor, ties: Tensor | None = None) -> Tensor:
+        return _unpulled_first(counts, mean + _bonus(counts, self.c), ties)
 
 
 class LCB(_ConfidenceBound):
@@ -164,8 +173,8 @@ class LCB(_ConfidenceBound):
     def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
         raise NotImplementedError("LCB is an offline baseline; it has no online rule")
 
-    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
-        return _seen_only(counts, mean - _bonus(counts, self.c))
+    def _offline(self, counts: Tensor, mean: Tensor, ties: Tensor | None = None) -> Tensor:
+        return _seen_only(counts, mean - _bonus(counts, self.c), ties)
 
 
 class PosteriorBandit(CountingBandit):
@@ -220,8 +229,8 @@ class PosteriorBandit(CountingBandit):
         beta = beta_at(t, self.beta, self.beta_schedule)
         return select_action(self.posterior(counts, mean), self.rule, beta, self._generator)
 
-    def _offline(self, counts: Tensor, mean: Tensor) -> Tensor:
-        return greedy_action(self.posterior(counts, mean).mean)
+    def _offline(self, counts: Tensor, mean: Tensor, ties: Tensor | None = None) -> Tensor:
+        return greedy_action(self.posterior(counts, mean).mean, ties)
 
 
 class ThompsonSampling(PosteriorBandit):

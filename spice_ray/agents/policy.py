@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from spice_ray.agents.runner import ContextRunner
-from spice_ray.fusion import STATS_DTYPE, RandomSource, argmax_lowest, sample_categorical
+from spice_ray.fusion import STATS_DTYPE, RandomSource, argmax_ties, sample_categorical, tie_draws
 from spice_ray.model.trunk import TrunkModel
 
 
@@ -46,7 +46,7 @@ class PolicyAgent:
         """Sampled or greedy actions, long [B] on the CPU."""
         logits = self.runner.view(states).head.logits.to("cpu", STATS_DTYPE)
         if not self.sample:
-            return argmax_lowest(logits)
+            return argmax_ties(logits, tie_draws(self._draws, logits))
         if self._draws is None:
             raise ValueError("a sampling policy agent needs a torch.Generator or StepDraws in "
                              "reset()")

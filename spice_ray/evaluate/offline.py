@@ -22,7 +22,7 @@ from spice_ray.config import EnvConfig, EvalConfig
 from spice_ray.evaluate.online import _applicable
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
 from spice_ray.fusion import (
-    argmax_lowest,
+    argmax_ties,
     bootstrap_values,
     context_evidence,
     fused_posterior,
@@ -31,6 +31,10 @@ from spice_ray.fusion import (
 )
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
+from spice_ray.rng import TaskStreams
+
+OFFLINE_TIES_STREAM = "offline/ties"
+"""TaskStreams stream of the offline picks' tie-breaking uniforms (one per task and h)."""
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +119,7 @@ def spice_offline_picks(
     num_actions: int,
     model: TrunkModel | None = None,
     state_dim: int = 1,
+    ties: Tensor | None = None,
 ) -> Tensor:
     """SPICE's greedy offline pick argmax_a m_post after the first h transitions, every h.
 
@@ -128,6 +133,7 @@ def spice_offline_picks(
         num_actions: A.
         model: the SpiceModel; needed by latent-space kernels (:func:`state_features`).
         state_dim: S of the environment's one state.
+        ties: [B, P] uniforms breaking ties (:func:`argmax_ties`); None: the lowest index.
 
     Returns:
         long [B, P] picks.
@@ -169,7 +175,7 @@ def spice_offline_picks(
         prior_mean = torch.full(counts.shape, spec.prior[0], dtype=torch.float64)
         prior_std = torch.full(counts.shape, spec.prior[1] ** 0.5, dtype=torch.float64)
     post = fused_posterior(f, prior_mean, prior_std, counts, mean)
-    return greedy_action(post.mean)  # (B, P)
+    return greedy_action(post.mean, ties)  # (B, P)
 
 
 def offline_rows(
@@ -209,6 +215,10 @@ def offline_rows(
     hs = offline_context_lengths(T, eval_cfg.offline_points) if hs is None else np.asarray(hs)
     if hs.min() < 0 or hs.max() > T:
         raise ValueError(f"context lengths must lie in [0, {T}]")
+    # Ties (a flat prior before any data, arms never seen) are broken by a uniform per (eval
+    # seed, task, h), the same for every agent: results do not depend on the sharding.
+    ties = torch.as_tensor(TaskStreams.from_seed(eval_cfg.seed, "eval", task_ids).uniform(
+        OFFLINE_TIES_STREAM, (T + 1,))[:, hs])  # (B, P)
     todo = _applicable(specs, env, eval_cfg, online=False)
     outputs: dict[str, Tensor] | None = None
     model_specs = [s for s in todo if s.uses_model]
@@ -226,14 +236,15 @@ def offline_rows(
             if spec.uses_model and (outputs is None or "prior_mean" not in outputs):
                 raise ValueError("method 'spice' needs a SpiceModel (a value ensemble)")
             picks = spice_offline_picks(spec, outputs or {}, actions, rewards, hs, A, model,
-                                        env.state_dim)
+                                        env.state_dim, ties)
         elif spec.uses_model:
             assert outputs is not None
-            picks = argmax_lowest(outputs["logits"])  # (B, P): greedy at position h
+            picks = argmax_ties(outputs["logits"], ties)  # (B, P): greedy at position h
         else:
             base = make_baseline(spec.method, eval_cfg, sigma)
-            picks = torch.stack([base.offline_pick(actions[:, :h], rewards[:, :h], A)
-                                 for h in (int(v) for v in hs)], 1)  # (B, P)
+            picks = torch.stack([base.offline_pick(actions[:, :h], rewards[:, :h], A,
+                                                   ties[:, j])
+                                 for j, h in enumerate(int(v) for v in hs)], 1)  # (B, P)
         pick_values = np.take_along_axis(values, picks.numpy().astype(np.int64), axis=1)
         subopt = values.max(axis=1, keepdims=True) - pick_values  # (B, P)
         frames.append(tidy_rows(env.name, spec.label, spec.rule(online=False),

@@ -287,6 +287,35 @@ def argmax_lowest(scores: Tensor) -> Tensor:
     return torch.argmax(scores, dim=-1)
 
 
+def argmax_ties(scores: Tensor, ties: Tensor | None = None) -> Tensor:
+    """argmax over the last axis with ties broken at random: of the k actions that share the
+    maximum, the floor(u k)-th in index order, u the uniform ``ties`` [...] in [0, 1) of that
+    row. ``ties`` None: the lowest index (:func:`argmax_lowest`). scores [..., A] -> long [...].
+
+    Ties are exact equality: a flat prior before any evidence, unpulled arms, unvisited cells.
+    """
+    if ties is None:
+        return argmax_lowest(scores)
+    tied = scores == scores.max(dim=-1, keepdim=True).values  # (..., A)
+    k = tied.sum(dim=-1)  # (...)
+    u = torch.as_tensor(ties, dtype=torch.float64, device=scores.device).reshape(k.shape)
+    j = torch.minimum((u * k).long(), k - 1)  # which of the k tied actions
+    rank = tied.long().cumsum(dim=-1) - 1  # (..., A): rank among the tied
+    return (tied & (rank == j.unsqueeze(-1))).long().argmax(dim=-1)
+
+
+def tie_draws(source: RandomSource | None, scores: Tensor) -> Tensor | None:
+    """The uniforms [...] that break the ties of ``scores`` [..., A] for the next action, from
+    the agent's source of randomness: its own stream of a ``StepDraws`` (keyed by task and
+    step), or the next uniforms of a ``torch.Generator``; None (no source): lowest index."""
+    if source is None:
+        return None
+    if isinstance(source, torch.Generator):
+        return torch.rand(scores.shape[:-1], generator=source, dtype=torch.float64,
+                          device=source.device)
+    return torch.as_tensor(source.ties())
+
+
 def beta_at(
     step: int | Tensor, beta: float = 1.0, schedule: BetaSchedule = "fixed"
 ) -> float | Tensor:
@@ -322,14 +351,17 @@ def ucb_scores(mean: Tensor, var: Tensor, beta: float | Tensor) -> Tensor:
     return mean + beta * torch.sqrt(var)
 
 
-def greedy_action(mean: Tensor) -> Tensor:
-    """argmax_a m_post (offline rule). mean [..., A] -> long [...]."""
-    return argmax_lowest(mean)
+def greedy_action(mean: Tensor, ties: Tensor | None = None) -> Tensor:
+    """argmax_a m_post (offline rule), ties broken by ``ties`` (:func:`argmax_ties`).
+    mean [..., A] -> long [...]."""
+    return argmax_ties(mean, ties)
 
 
-def ucb_action(mean: Tensor, var: Tensor, beta: float | Tensor) -> Tensor:
-    """Posterior-UCB rule argmax_a m_post + beta sqrt(v_post). [..., A] -> long [...]."""
-    return argmax_lowest(ucb_scores(mean, var, beta))
+def ucb_action(mean: Tensor, var: Tensor, beta: float | Tensor, ties: Tensor | None = None
+               ) -> Tensor:
+    """Posterior-UCB rule argmax_a m_post + beta sqrt(v_post), ties broken by ``ties``.
+    [..., A] -> long [...]."""
+    return argmax_ties(ucb_scores(mean, var, beta), ties)
 
 
 def standard_normal(like: Tensor, source: RandomSource) -> Tensor:
@@ -385,15 +417,17 @@ def select_action(
         posterior: Posterior(mean [..., A], var [..., A]).
         rule: "greedy", "ucb" or "thompson".
         beta: UCB coefficient, float or tensor [...] (see :func:`beta_at`).
-        generator: required for "thompson" (see :data:`RandomSource`).
+        generator: required for "thompson" (see :data:`RandomSource`); for "greedy" and
+            "ucb" it breaks ties (:func:`tie_draws`; without it, the lowest index wins).
 
     Returns:
         long [...] actions.
     """
     if rule == "greedy":
-        return greedy_action(posterior.mean)
+        return greedy_action(posterior.mean, tie_draws(generator, posterior.mean))
     if rule == "ucb":
-        return ucb_action(posterior.mean, posterior.var, beta)
+        return ucb_action(posterior.mean, posterior.var, beta,
+                          tie_draws(generator, posterior.mean))
     if rule == "thompson":
         if generator is None:
             raise ValueError("the thompson rule needs a torch.Generator or StepDraws")
