@@ -10,16 +10,18 @@ computed from (by content, so a copied run directory stays current).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from spice_ray import envs, tracking
 from spice_ray.agents import AgentSpec
-from spice_ray.artifacts import is_current
+from spice_ray.artifacts import atomic_write_text, is_current
 from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
 from spice_ray.console import SILENT, Console, count
 from spice_ray.data import store
@@ -50,6 +52,10 @@ class StudyPlan:
     run_dir: Path
     experiments: tuple[str, ...] = DEFAULT_EXPERIMENTS
     timings: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of each stage in this invocation (0-ish when skipped)."""
+    units: list[dict[str, Any]] = field(default_factory=list)
+    """Wall seconds of each model and evaluation: {"stage", "experiment", "what", "seconds",
+    "skipped"}; with ``timings``, ``<run>/logs/timing.json``."""
 
 
 def _env_field(key: str) -> str | None:
@@ -112,9 +118,12 @@ def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = 
     for i, (name, m, seed) in enumerate(jobs, 1):
         what = f"{name} {m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}"
         log.info("[pretrain %d/%d] %s", i, len(jobs), what)
+        t0 = time.perf_counter()
         finals[(name, m.kind, m.variant, seed)] = pretrain(
             m.config(plan.configs[name]), m.kind, seed, datasets[name], console=console,
             label=f"model {i}/{len(jobs)} {what}")
+        plan.units.append({"stage": "pretrain", "experiment": name,
+                           "what": what.split(" ", 1)[1], "seconds": time.perf_counter() - t0})
     return finals
 
 
@@ -188,12 +197,15 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         bar.update(status=f"{k}/{len(runs)} {what}")
         source = str(finals[(name, ev.model.kind, ev.model.variant, seed)]) \
             if ev.model else None
+        t0 = time.perf_counter()
         try:
             df = evaluate_parallel(source, cfg.env, cfg.eval, data, specs[ev.name],
                                    ev.protocols, seed=seed, on_tasks=bar.update, pool=pool)
         except BaseException as exc:
             bar.abort(exc, what)
             raise
+        plan.units.append({"stage": "evaluate", "experiment": name, "what": what,
+                           "seconds": time.perf_counter() - t0})
         rows[ev.name].append(df.assign(variant=ev.model.variant if ev.model else ""))
     if cfg.eval.ppo_episodes > 0 and any(s.evaluation == "ppo" for t in exp.tables
                                           for s in t.rows):
@@ -286,7 +298,9 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     plan.timings["evaluate"] = time.perf_counter() - t2
 
     enter_stage("4/5 figures")
+    t3 = time.perf_counter()
     figures = draw_figures(plan)
+    plan.timings["figures"] = time.perf_counter() - t3
     console.stage(4, 5, "figures", f"{count(sum(len(v) for v in figures.values()), 'PNG file')}")
     enter_stage("5/5 report")
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
@@ -299,11 +313,23 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     findings = {t.name: t.analysis(load(run_dir, t.name)) for t in tables if t.analysis}
     report = write_report(run_dir, figures, configs, notes, descriptions, findings,
                           horizon_points=(10, 50, first.env.horizon))
+    plan.timings["total"] = time.perf_counter() - t0
+    write_timing(plan)
     console.stage(5, 5, "report", str(report))
     if first.track != "none":
         tracking.log_study(first, run_dir)
         console.line(f"  tables, figures and report logged to {first.track}")
     return report
+
+
+def write_timing(plan: StudyPlan) -> Path:
+    """``<run>/logs/timing.json``: where this invocation's time went, per stage and per model
+    and evaluation (seconds), to guide the next speed-up by numbers."""
+    path = plan.run_dir / "logs" / "timing.json"
+    atomic_write_text(path, json.dumps(
+        {"stages": {k: round(v, 3) for k, v in plan.timings.items()},
+         "units": [{**u, "seconds": round(u["seconds"], 3)} for u in plan.units]}, indent=1))
+    return path
 
 
 def describe_plan(plan: StudyPlan) -> str:

@@ -48,6 +48,10 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
                for line in lines), proc.stdout
     logs = tmp_path / "run" / "logs"
     assert "[stage 3/5 evaluate]" in (logs / "driver.log").read_text()
+    timing = json.loads((logs / "timing.json").read_text())
+    assert set(timing["stages"]) == {"datasets", "pretrain", "evaluate", "figures", "total"}
+    assert {u["stage"] for u in timing["units"]} == {"pretrain", "evaluate"}
+    assert all(u["seconds"] >= 0 for u in timing["units"])
     assert (logs / "ray" / "raylet.out").exists() and any((logs / "ray").glob("worker-*.out"))
     assert any((logs / "ray" / "ray-data").glob("*.log"))  # Ray Data's own log files
     plan = plan_study("smoke", tmp_path / "run")
