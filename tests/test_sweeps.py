@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from spice_ray.config import make_config
+from spice_ray.config import ConfigError, make_config
 from spice_ray.sweep import (
     SweepError,
     SweepResult,
@@ -83,6 +83,12 @@ def test_table_and_summary(resumed: dict[str, Any], models: dict[str, Any]) -> N
         assert len(group) == n_tasks * len(steps) * len(cfg.seeds)
     summary = pd.read_parquet(result.summary_path)
     assert len(summary) == 2 and list(summary["rank"]) == [1, 2]
+    # scored on the validation tasks, never on the test tasks (the default sweep.split)
+    assert (table["split"] == "validation").all() and (summary["split"] == "validation").all()
+    from spice_ray.data.store import load_split
+
+    val = load_split(models["ds"], "validation", limit=n_tasks)["task_id"]
+    assert set(table["task_id"]) == set(val.tolist())
     assert (summary["n"] == n_tasks).all() and (summary["horizon"] == horizon).all()
     assert summary["mean"].is_monotonic_increasing and (summary["sem"] >= 0).all()
     final = table[table["x"] == horizon].groupby("params")["value"].mean()
@@ -244,3 +250,24 @@ def test_optuna_searcher_is_seeded_by_the_config() -> None:
 
     assert first_suggestions(3) == first_suggestions(3)
     assert first_suggestions(3) != first_suggestions(4)
+
+
+def test_a_trial_reads_the_split_the_config_names(monkeypatch) -> None:
+    """The tuning never reads the eval split unless sweep.split=eval says so."""
+    from spice_ray.data import store
+    from spice_ray.sweep.trial import evaluate_chunks
+
+    asked = []
+
+    def spy(dataset_dir, split, limit=None):
+        asked.append(split)
+        raise LookupError("stop here")
+
+    monkeypatch.setattr(store, "load_split", spy)
+    for overrides, want in (([], "validation"), (["sweep.split=eval"], "eval")):
+        cfg = make_config("smoke", "bandit", overrides=overrides)
+        with pytest.raises(LookupError):
+            next(evaluate_chunks(cfg, "unused", checkpoints={0: "unused"}))
+        assert asked[-1] == want
+    with pytest.raises(ConfigError, match="sweep.split='test' is invalid"):
+        make_config("smoke", "bandit", overrides=["sweep.split=test"])

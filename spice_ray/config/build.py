@@ -358,25 +358,19 @@ def make_config(
     Raises:
         ConfigError: naming the first offending field, before anything runs.
     """
-    values = preset_dict(preset, env)
-    sources = [(f"config file {yaml_path}", load_yaml(yaml_path))] if yaml_path is not None \
-        else []
-    sources.append(("--set", parse_set(list(overrides))))
-    for source, given in sources:  # what the command line chose is not overridden in silence
+    file = load_yaml(yaml_path) if yaml_path is not None else {}
+    sets = parse_set(list(overrides))
+    for source, given in ((f"config file {yaml_path}", file), ("--set", sets)):
         _refuse_contradiction(source, "preset", given.get("preset"), preset, "--preset")
         named = given.get("env", {}).get("name") if isinstance(given.get("env"), dict) else None
         _refuse_contradiction(source, "env.name", named, env, "--env or --experiments")
-    if yaml_path is not None:
-        values = deep_merge(values, sources[0][1])
-    if extra:
-        values = deep_merge(values, extra)
-    values = deep_merge(values, sources[-1][1])
-    return _build(RunConfig, values)
+    values = deep_merge(deep_merge(preset_dict(preset, env), file), extra or {})
+    return _build(RunConfig, deep_merge(values, sets))
 
 
 def _refuse_contradiction(source: str, field: str, given: Any, chosen: str, flag: str) -> None:
-    """``field`` set in ``source`` to something other than what ``flag`` chose: refused (the
-    preset and the environment decide every other default, so they are chosen in one place)."""
+    """What the command line chose (the preset, the environment: they decide every other
+    default) is not overridden in silence by ``source``."""
     if given is not None and given != chosen:
         raise ConfigError(f"{field}={excerpt(given)} in {source} contradicts {field}="
                           f"{chosen!r} chosen by {flag}: choose it there")

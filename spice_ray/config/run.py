@@ -157,15 +157,21 @@ class SweepConfig:
     """fifo runs every trial to the end; asha (Tune's ASHA) stops a trial whose running
     regret after a chunk is in the worse 1 - 1/reduction_factor of its rung."""
     chunks: int = 0
-    """Parts of the eval tasks a trial reports after (its running regret): 0 means 1 with
-    fifo and 4 with asha. Each chunk starts fresh evaluation actors."""
+    """Parts of the scored tasks a trial reports after (its running regret): 0 means 1 with
+    fifo and 4 with asha."""
     reduction_factor: float = 2.0
     """ASHA's reduction factor (> 1)."""
     seed: int = 0
     """Seed of the searcher (random and optuna)."""
+    split: Literal["validation", "eval"] = "validation"
+    """The tasks a trial is scored on: the validation split (default: a hyperparameter is
+    never chosen on the test tasks), or "eval", which every row and summary of the sweep then
+    names in its ``split`` column."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "sweep")
+        _check(self.split in ("validation", "eval"), "sweep.split", self.split,
+               "validation (the default) or eval")
         for name in ("actors_per_trial", "num_samples"):
             value = getattr(self, name)
             _check(value >= 1, f"sweep.{name}", value, "an integer >= 1")

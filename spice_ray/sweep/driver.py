@@ -171,7 +171,8 @@ def _move_aside(path: Path) -> Path:
     return dest
 
 
-def _trial_frames(grid: ResultGrid, name: str) -> Iterator[tuple[dict[str, Any], pd.DataFrame]]:
+def _trial_frames(grid: ResultGrid, name: str, split: str
+                  ) -> Iterator[tuple[dict[str, Any], pd.DataFrame]]:
     from spice_ray.results.tables import read_frame
 
     results = sorted(grid, key=lambda r: str((r.metrics or {}).get("trial_id", "")))
@@ -190,10 +191,11 @@ def _trial_frames(grid: ResultGrid, name: str) -> Iterator[tuple[dict[str, Any],
         info["stopped_early"] = int(metrics.get("chunk", 1)) < int(metrics.get("chunks", 1))
         flat = flatten_params(params)
         rows.insert(0, "sweep", name)
-        rows.insert(1, "trial_id", info["trial_id"])
-        rows.insert(2, "params", info["params"])
+        rows.insert(1, "split", split)  # the tasks it was scored on
+        rows.insert(2, "trial_id", info["trial_id"])
+        rows.insert(3, "params", info["params"])
         for i, (key, value) in enumerate(flat.items()):
-            rows.insert(3 + i, key, value)
+            rows.insert(4 + i, key, value)
         yield info | flat, rows
 
 
@@ -206,14 +208,17 @@ def summarise_sweep(table: pd.DataFrame) -> pd.DataFrame:
     reached). Sorted complete configs first, then best first, with a ``rank`` column (1 =
     lowest final regret among the complete).
     """
+    if "split" not in table:  # a table from before sweeps named their split: all on eval
+        table = table.assign(split="eval")
     reg = table[table["metric"] == REGRET_METRIC]
     final = reg[reg["x"] == reg.groupby("params")["x"].transform("max")]
     param_cols = [c for c in table.columns
-                  if c not in ("sweep", "trial_id", "params", "env", "method", "rule",
+                  if c not in ("sweep", "split", "trial_id", "params", "env", "method", "rule",
                                "config", "seed", "task_id", "metric", "x", "value")]
     stats = summarise(final[["params", "task_id", "seed", "value"]], ["params"]).set_index(
         "params").drop(columns="seeds")
-    meta = final.groupby("params").agg(env=("env", "first"), config=("config", "first"),
+    meta = final.groupby("params").agg(env=("env", "first"), split=("split", "first"),
+                                       config=("config", "first"),
                                        seeds=("seed", "nunique"), trials=("trial_id", "nunique"),
                                        horizon=("x", "max"))
     out = stats.join(meta)
@@ -223,8 +228,8 @@ def summarise_sweep(table: pd.DataFrame) -> pd.DataFrame:
     out = out.reset_index().sort_values(["complete", "mean", "params"],
                                         ascending=[False, True, True], kind="stable")
     out.insert(0, "rank", range(1, len(out) + 1))
-    return out[["rank", "params", *param_cols, "env", "mean", "sem", "n", "complete", "seeds",
-                "trials", "horizon", "config"]].reset_index(drop=True)
+    return out[["rank", "params", *param_cols, "env", "split", "mean", "sem", "n", "complete",
+                "seeds", "trials", "horizon", "config"]].reset_index(drop=True)
 
 
 def _searcher(cfg: RunConfig) -> Any:
@@ -310,6 +315,9 @@ def run_sweep(
     checkpoints = (None if checkpoints is None
                    else {int(k): str(Path(v).resolve()) for k, v in checkpoints.items()})
     cfg = base_cfg.replace(out_dir=str(out_dir))
+    if cfg.sweep.split == "eval":
+        log.warning("sweep %s is scored on the eval split (sweep.split=eval): a choice made "
+                    "from it is tuned on the test tasks; its tables say split=eval", name)
     sweeps = out_dir / SWEEPS_DIR
     exp_dir = sweeps / name
     inputs_file = sweeps / f"{name}.inputs.json"
@@ -367,7 +375,7 @@ def run_sweep(
                          f"re-run to resume them ({exp_dir}):\n  " + "\n  ".join(failed))
 
     infos, frames = [], []
-    for info, rows in _trial_frames(grid, name):
+    for info, rows in _trial_frames(grid, name, cfg.sweep.split):
         infos.append(info)
         frames.append(rows)
     trials = pd.DataFrame(infos)

@@ -106,13 +106,14 @@ def evaluate_chunks(
     train_in_trial: bool = False,
     chunks: int = 1,
 ) -> Iterator[pd.DataFrame]:
-    """SPICE online on the eval tasks for every seed, with ``cfg.fusion``, in ``chunks`` parts
+    """SPICE online on the ``cfg.sweep.split`` tasks (validation unless the config says eval)
+    for every seed, with ``cfg.fusion``, in ``chunks`` parts
     of the tasks; yields the rows so far after each part (every seed of its tasks).
 
     Args:
         cfg: the trial's config; ``sweep.actors_per_trial`` actors of ``sweep.actor_cpus``
             CPUs each evaluate the tasks.
-        dataset_dir: dataset with the eval split.
+        dataset_dir: dataset with that split.
         checkpoints: {seed: checkpoint dir}; None: per ``cfg.seeds``, found (or trained) by
             :func:`resolve_checkpoint`.
         curve_points: steps kept per curve (:func:`curve_steps`); None keeps every step.
@@ -129,7 +130,7 @@ def evaluate_chunks(
 
     eval_cfg = dataclasses.replace(cfg.eval, num_actors=cfg.sweep.actors_per_trial,
                                    actor_cpus=cfg.sweep.actor_cpus)
-    data = load_split(dataset_dir, "eval", limit=eval_cfg.num_tasks)
+    data = load_split(dataset_dir, cfg.sweep.split, limit=eval_cfg.num_tasks)
     spec = AgentSpec("spice", fusion=cfg.fusion)
     seeds = sorted(int(s) for s in checkpoints) if checkpoints is not None else list(cfg.seeds)
     sources = {seed: (str(checkpoints[seed]) if checkpoints is not None
