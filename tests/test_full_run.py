@@ -208,7 +208,7 @@ def test_results_cli(tmp_path, capsys) -> None:
                          "--by", "method", "--format", "json"]) == 0
     assert '"mean":4.75' in capsys.readouterr().out.replace(" ", "")
     assert results_main([str(tmp_path), "nope"]) == 2
-    assert "experiments in" in capsys.readouterr().err
+    assert "its tables: bandit_online" in capsys.readouterr().err
     assert results_main([str(tmp_path), "bandit_online", "--where", "bogus ==="]) == 2
 
 
