@@ -181,7 +181,10 @@ def load(run_dir: str | Path, experiment: str | None = None) -> pd.DataFrame:
     for name in names:
         path = table_path(run_dir, name)
         if not path.exists():
-            have = ", ".join(list_experiments(run_dir) + list_sweeps(run_dir)) or "none"
+            names = list_experiments(run_dir) + list_sweeps(run_dir)
+            have = ", ".join(names[:8]) + (f", ... ({len(names)} in all: "
+                                           f"python -m spice_ray.results {run_dir})"
+                                           if len(names) > 8 else "") if names else "none"
             raise ResultsError(f"no table {experiment or name!r} in {run_dir} ({path} does not "
                                f"exist); its tables: {have}")
         frames.append(read_frame(path))
