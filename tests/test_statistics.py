@@ -124,3 +124,29 @@ def test_a_summary_by_method_keeps_a_methods_settings_apart(tmp_path, capsys) ->
     assert list(out.columns) == ["method", "mean", "sem", "n", "seeds"]
     assert out[["method", "mean", "n"]].values.tolist() == [["DPT", 13.5, 10],
                                                             ["SPICE", 6.5, 20]]
+
+
+def test_paper_tables_bold_the_best_and_mark_rows_tied_with_it(tmp_path, capsys) -> None:
+    """A: best; B = A + small noise (tied by the paired test, though its own SEM is as wide as
+    A's); C = A + 1 (clearly worse). One metric at one x; --at last picks the final step."""
+    rng = np.random.default_rng(0)
+    a = rng.normal(5.0, 2.0, 40)
+    noise = rng.normal(0.0, 0.05, 40)
+    values = {"A": a, "B": a + noise - noise.mean() + 1e-3, "C": a + 1.0}
+    df = pd.concat([_rows(values, x=5), _rows({k: v * 2 for k, v in values.items()}, x=10)])
+    write(tmp_path, "bandit_online", df)
+    assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--at", "last",
+                         "--format", "markdown"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "| method | cumulative_regret (mean ± SEM) | tasks |"
+    assert out[2] == f"| A | **{2 * a.mean():.2f} ± {2 * a.std(ddof=1) / np.sqrt(40):.2f}** | 40 |"
+    assert out[3].startswith("| B | ") and out[3].endswith(" † | 40 |")
+    assert out[4].startswith("| C | ") and "†" not in out[4]
+    assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--at", "5",
+                         "--format", "latex"]) == 0
+    tex = capsys.readouterr().out
+    assert r"\textbf{" + f"{a.mean():.2f}" + r" $\pm$" in tex and r"$^\dagger$ & 40 \\" in tex
+    assert tex.index("A &") < tex.index("B &") < tex.index("C &")
+    assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--format",
+                         "latex"]) == 2  # two x values: refused, naming the way out
+    assert "--at last" in capsys.readouterr().err

@@ -7,6 +7,8 @@
     python -m spice_ray.results RUN_DIR bandit_online --by method --stat bootstrap
     python -m spice_ray.results RUN_DIR bandit_online --by method --pool  # settings in one row
     python -m spice_ray.results RUN_DIR compare SPICE DPT       # P(SPICE beats DPT) per table
+    python -m spice_ray.results RUN_DIR bandit_online --by method --at last \
+        --where "metric == 'cumulative_regret'" --format latex   # a table for the paper
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import pandas as pd
 
 from spice_ray.errors import excerpt
+from spice_ray.results import paper
 from spice_ray.results.query import QueryError, filter_rows
 from spice_ray.results.report import _label as row_label
 from spice_ray.results.summary import LABEL_KEYS, STATS, improvement, summarise
@@ -43,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--where", default=None,
                    help="row filter: column names, literals, comparisons, and/or/not, in, "
                         "arithmetic; e.g. \"metric == 'cumulative_regret' and x == 500\"")
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--format", choices=("table", "csv", "json", "markdown", "latex"),
+                   default="table",
+                   help="markdown / latex: one metric at one x, mean +- SEM, the best row in "
+                        "bold, a dagger on rows the paired test cannot tell from it")
+    p.add_argument("--at", default=None,
+                   help="keep one x per metric: 'last' (each metric's final step) or a number")
     p.add_argument("--raw", action="store_true", help="print rows instead of summaries")
     args = p.parse_args(argv)
     try:
@@ -68,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                 df = filter_rows(df, args.where)
             except QueryError as exc:
                 raise ResultsError(f"--where {excerpt(args.where)}: {exc}") from exc
+        if args.at is not None and args.experiment != "compare":
+            df = _at(df, args.at)
         if df.empty:
             print("no rows match", file=sys.stderr)
             return 1
@@ -75,6 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         out = df if args.raw else summarise(df, by, args.stat, pool=args.pool)
         if not args.raw and by and any(c in out.columns and c not in by for c in LABEL_KEYS):
             out.insert(len(by), "label", out.apply(row_label, axis=1))  # as the report reads
+        if args.format in ("markdown", "latex"):
+            if args.raw or args.stat != "sem" or not by:
+                raise ResultsError(f"--format {args.format} summarises rows: give --by (e.g. "
+                                   "--by method) and the default --stat sem, not --raw")
+            if "label" not in out:
+                out.insert(0, "label", out[by].astype(str).agg(", ".join, axis=1))
+            table = paper.ranked(df, out)
+            higher = bool(df["metric"].isin(paper.HIGHER_IS_BETTER).all())
+            table = table.sort_values("mean", ascending=not higher, kind="stable")
+            print(paper.render(table, args.format, str(df["metric"].iloc[0])))
+            return 0
     except ResultsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -87,6 +108,17 @@ def main(argv: list[str] | None = None) -> int:
                                "display.max_columns", 20):
             print(out.to_string(index=False))
     return 0
+
+
+def _at(df: pd.DataFrame, at: str) -> pd.DataFrame:
+    """The rows at one x per metric: its last step ("last") or the given x."""
+    if at == "last":
+        return df[df["x"] == df.groupby("metric")["x"].transform("max")]
+    try:
+        x = float(at)
+    except ValueError:
+        raise ResultsError(f"--at {excerpt(at)} is invalid: 'last' or a number") from None
+    return df[df["x"] == x]
 
 
 def _settings(config: str, siblings: list[str]) -> str:
