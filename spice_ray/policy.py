@@ -52,6 +52,39 @@ class _Policy:
         self._started = False
 
     @staticmethod
+    def checkpoint_of(run_dir: str | Path, experiment: str, kind: str, seed: int = 0,
+                      variant: str = "") -> Path:
+        """The final checkpoint of a study's model, from the run's checkpoint index.
+
+        Raises:
+            FileNotFoundError: no index (a run from before it existed: re-run the same
+                ``full_run`` command, which skips the work and writes it) or no such model,
+                naming the models there are.
+        """
+        import json
+
+        from spice_ray.study import CHECKPOINT_INDEX
+
+        run_dir = Path(run_dir)
+        index = run_dir / CHECKPOINT_INDEX
+        try:
+            entries = json.loads(index.read_text())["checkpoints"]
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{index} does not exist: is {run_dir} a study's run "
+                                    "directory? Re-running its full_run command writes "
+                                    "it") from None
+        for e in entries:
+            if (e["experiment"], e["kind"], e["variant"], e["seed"]) == (experiment, kind,
+                                                                        variant, seed):
+                return run_dir / e["path"]
+        have = sorted({f"{e['experiment']} {e['kind']}"
+                       f"{' [' + e['variant'] + ']' if e['variant'] else ''} seed {e['seed']}"
+                       for e in entries})
+        raise FileNotFoundError(f"no {kind} model of experiment {experiment!r}"
+                                f"{f' [{variant}]' if variant else ''} seed {seed} in "
+                                f"{run_dir}; it has: {', '.join(have[:12])}")
+
+    @staticmethod
     def _load(path: str | Path, kind: str, device: str | torch.device) -> tuple[Any, Any]:
         meta = ckpt.read_meta(path)
         cfg = from_dict(meta["config"])
@@ -174,6 +207,21 @@ class SpicePolicy(_Policy):
         policy.fusion = fusion
         return policy
 
+    @classmethod
+    def from_run(cls, run_dir: str | Path, experiment: str, seed: int = 0, variant: str = "",
+                 **options: Any) -> SpicePolicy:
+        """SPICE of a study's run: ``from_run("runs/small", "darkroom", seed=1)``; ``variant``
+        picks a weight ablation ("none", "iw", ...); ``options`` as :meth:`from_checkpoint`."""
+        return cls.from_checkpoint(cls.checkpoint_of(run_dir, experiment, "spice", seed,
+                                                     variant), **options)
+
+    def __repr__(self) -> str:
+        f = self.fusion
+        beta = "beta_t=sqrt(2 log t)" if f.beta_schedule == "sqrt2logt" else f"beta={f.beta}"
+        return (f"SpicePolicy({self.env.name}, A={self.env.num_actions}, rule={f.rule}, {beta},"
+                f" kernel={f.kernel}, context_limit={self.context_limit}, "
+                f"device={self.device})")
+
     def posterior(self, state: Any | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per-action posterior (mean, variance) at the current step, float64 [A] or [B, A].
 
@@ -195,3 +243,10 @@ class DptPolicy(_Policy):
         model, cfg = cls._load(path, "dpt", device)
         env = cfg.environment()
         return cls(PolicyAgent(model, env.stateless, sample=sample), env, torch.device(device))
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, experiment: str, seed: int = 0,
+                 **options: Any) -> DptPolicy:
+        """DPT (or AD-BC) of a study's run; ``options`` as :meth:`from_checkpoint`."""
+        return cls.from_checkpoint(cls.checkpoint_of(run_dir, experiment, "dpt", seed),
+                                   **options)

@@ -287,6 +287,7 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     n_models = sum(len(EXPERIMENTS[n].models) * len(c.seeds) for n, c in plan.configs.items())
     console.stage(2, 5, "pretrain", f"{count(n_models, 'model')} (Ray Train)")
     finals = pretrain_all(plan, datasets, console)
+    write_checkpoint_index(run_dir, finals)
     plan.timings["pretrain"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
@@ -320,6 +321,28 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
         tracking.log_study(first, run_dir)
         console.line(f"  tables, figures and report logged to {first.track}")
     return report
+
+
+CHECKPOINT_INDEX = "checkpoints/index.json"
+"""Under a run directory: every final checkpoint of the study by experiment, model kind,
+variant and seed (what ``SpicePolicy.from_run`` reads, so nobody globs hash-named paths)."""
+
+
+def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
+    """Record (merging with an earlier invocation's) the final checkpoints of ``finals``."""
+    path = run_dir / CHECKPOINT_INDEX
+    try:
+        entries = json.loads(path.read_text())["checkpoints"]
+    except (OSError, ValueError, KeyError, TypeError):
+        entries = []
+    new = {(name, kind, variant, seed): str(Path(final).relative_to(run_dir))
+           for (name, kind, variant, seed), final in finals.items()}
+    kept = [e for e in entries if isinstance(e, dict) and
+            (e.get("experiment"), e.get("kind"), e.get("variant"), e.get("seed")) not in new]
+    entries = kept + [{"experiment": k[0], "kind": k[1], "variant": k[2], "seed": k[3],
+                       "path": p} for k, p in sorted(new.items())]
+    atomic_write_text(path, json.dumps({"checkpoints": entries}, indent=1))
+    return path
 
 
 def write_timing(plan: StudyPlan) -> Path:

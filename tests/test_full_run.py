@@ -56,6 +56,14 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert any((logs / "ray" / "ray-data").glob("*.log"))  # Ray Data's own log files
     plan = plan_study("smoke", tmp_path / "run")
     report = plan.run_dir / "report.md"
+    # every model is found by what it is, not by its hash-named directory
+    import spice_ray
+
+    epi = spice_ray.SpicePolicy.from_run(plan.run_dir, "darkroom", variant="epi")
+    assert repr(epi).startswith("SpicePolicy(darkroom, A=5, rule=ucb")
+    assert spice_ray.DptPolicy.from_run(plan.run_dir, "bandit").env.name == "bandit"
+    with pytest.raises(FileNotFoundError, match="no spice model of experiment 'bandit' seed 7"):
+        spice_ray.SpicePolicy.from_run(plan.run_dir, "bandit", seed=7)
     run_dir = plan.run_dir
     tables = sorted(t.name for name, cfg in plan.configs.items()
                     for t in EXPERIMENTS[name].tables_for(cfg))
