@@ -9,18 +9,11 @@ A re-run with the same config skips valid shards and regenerates missing or corr
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
-from spice_ray.config import RunConfig
 from spice_ray.console import Console
 from spice_ray.resources import human_bytes
 from spice_ray.stages import generate_stage
-
-
-def main(cfg: RunConfig) -> Path:
-    """Generate the dataset of ``cfg``; returns its directory."""
-    return generate_stage(cfg).dataset_dir
 
 
 def cli(argv: list[str] | None = None) -> None:

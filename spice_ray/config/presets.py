@@ -1,8 +1,9 @@
-"""Presets: what the smoke, small and paper scales change, per environment.
+"""Presets: what the smoke, small, medium and paper scales change, per environment.
 
 ``paper`` is each environment's defaults (``Environment.defaults``) plus seeds and GPU workers;
-``small`` is the laptop study; ``smoke`` runs in seconds and is what the tests use. An
-environment without an entry here runs at its defaults in that preset.
+``small`` is the laptop study; ``medium`` is ``small`` with twice the darkroom tasks and epochs;
+``smoke`` runs in seconds and is what the tests use. An environment without an entry here runs
+at its defaults in that preset.
 """
 
 from __future__ import annotations

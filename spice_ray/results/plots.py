@@ -45,8 +45,11 @@ def curve_labels(summary: pd.DataFrame) -> pd.Series:
 
 
 def _order(label: str) -> tuple[int, str]:
-    head = label.split(" ")[0]
-    return (METHOD_ORDER.index(head) if head in METHOD_ORDER else len(METHOD_ORDER), label)
+    """Methods in :data:`METHOD_ORDER` (the longest name that starts the label: "SPICE (flat
+    prior) (beta=1.0)" is "SPICE (flat prior)", not "SPICE"), then the others by label."""
+    heads = [m for m in METHOD_ORDER if label == m or label.startswith(m + " ")]
+    head = max(heads, key=len) if heads else None
+    return (METHOD_ORDER.index(head) if head else len(METHOD_ORDER), label)
 
 
 def _curves(ax, df: pd.DataFrame, metric: str, logx: bool = False) -> None:

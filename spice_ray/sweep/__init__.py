@@ -33,7 +33,6 @@ from spice_ray.sweep.trial import (
     curve_steps,
     downsample,
     ensure_models,
-    evaluate_config,
     pretrain_grid,
     regret_stats,
     resolve_checkpoint,
@@ -41,7 +40,7 @@ from spice_ray.sweep.trial import (
 
 __all__ = ["SWEEPS_DIR", "SweepError", "SweepFault", "SweepResult", "add_sweep_args",
            "apply_params", "auto_max_concurrent", "bundles_total", "check_restorable",
-           "curve_steps", "downsample", "ensure_models", "evaluate_config", "expand_grid",
+           "curve_steps", "downsample", "ensure_models", "expand_grid",
            "flatten_params", "format_best", "format_result", "params_json", "pretrain_grid",
            "regret_stats", "resolve_checkpoint", "run_sweep", "start_sweep", "summarise_sweep",
            "sweep_kwargs", "trial_bundles"]

@@ -31,7 +31,7 @@ def trial_bundles(cfg: RunConfig, train_in_trial: bool = False,
 
     The head bundle is empty (``{"CPU": 0}``) unless the trial trains in-process, when it
     reserves ``train.worker_cpus``. GPU actors also carry the ``trainer`` node label that
-    ``evaluate_parallel`` requests on labelled clusters (``spice_ray.cluster``), so that they
+    ``evaluate_parallel`` requests on labelled clusters (``spice_ray.placement``), so that they
     still fit their bundles.
 
     Args:

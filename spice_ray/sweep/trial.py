@@ -149,18 +149,6 @@ def evaluate_chunks(
             yield concat_rows(frames)
 
 
-def evaluate_config(
-    cfg: RunConfig,
-    dataset_dir: str | Path,
-    checkpoints: Mapping[int, str] | None = None,
-    curve_points: int | None = None,
-    train_in_trial: bool = False,
-) -> pd.DataFrame:
-    """:func:`evaluate_chunks` in one part: the rows of every task and seed."""
-    *_, rows = evaluate_chunks(cfg, dataset_dir, checkpoints, curve_points, train_in_trial)
-    return rows
-
-
 def regret_stats(rows: pd.DataFrame) -> dict[str, Any]:
     """Final regret mean and SEM over tasks (seeds averaged per task first, by
     ``spice_ray.results.summarise``) and the mean curve.
@@ -301,5 +289,3 @@ def pretrain_grid(cfg: RunConfig, search_space: Mapping[str, Any], dataset_dir: 
             seen[job.identity()] = pretrain(c, "spice", seed, dataset_dir, console=console,
                                             label=what)
     return list(seen.values())
-
-
