@@ -78,6 +78,27 @@ def test_goal_split_is_fixed_and_disjoint() -> None:
     assert not np.array_equal(test, test3)
 
 
+def test_darkroom_goals_split_70_10_20_and_the_test_goals_do_not_move() -> None:
+    """Validation goals are disjoint from training and test goals; holding them out leaves the
+    20 test goals of the 80/20 split as they were; val_goal_fraction=0 is the paper's reading
+    (validation shares the training goals)."""
+    from spice_ray.config import make_config
+
+    splits = darkroom.split_goals(10, 0.8, 0.1, seed=0)
+    sets = {k: {tuple(c) for c in v} for k, v in splits.items()}
+    assert {k: len(v) for k, v in sets.items()} == {"train": 70, "validation": 10, "eval": 20}
+    assert len(sets["train"] | sets["validation"] | sets["eval"]) == 100
+    np.testing.assert_array_equal(splits["eval"], darkroom.goal_split(10, 0.8, 0)[1])
+    paper = darkroom.split_goals(10, 0.8, 0.0, seed=0)
+    np.testing.assert_array_equal(paper["train"], paper["validation"])
+    env = make_config("smoke", "darkroom").environment()
+    goals = env.sample_tasks(TaskStreams.from_seed(0, "validation", np.arange(2000)),
+                             "validation").goals
+    assert {tuple(g) for g in goals} == sets["validation"]
+    with pytest.raises(Exception, match="val_goal_fraction"):
+        make_config("smoke", "darkroom", overrides=["env.val_goal_fraction=0.9"])
+
+
 def test_rollout_states_are_trajectories() -> None:
     streams = TaskStreams.from_seed(3, "train", np.arange(50))
     train, _ = darkroom.goal_split(10, 0.8, 0)

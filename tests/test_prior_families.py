@@ -61,17 +61,17 @@ def test_linear_bandit_matches_its_definition() -> None:
 
 def test_region_darkroom_goals_follow_the_region_and_the_split() -> None:
     env = _env("darkroom_region", 100)
-    train_block, train_out = env.goal_pools("train")
-    eval_block, eval_out = env.goal_pools("eval")
-    assert (len(train_block), len(eval_block), len(train_out), len(eval_out)) == (13, 3, 67, 17)
-    train = {tuple(c) for c in env.goal_pool("train")}
-    held_out = {tuple(c) for c in env.goal_pool("eval")}
-    assert not train & held_out and len(train | held_out) == 100
-    for split in ("train", "eval"):
+    sizes = {s: tuple(len(g) for g in env.goal_pools(s)) for s in ("train", "validation", "eval")}
+    assert sizes == {"train": (11, 59), "validation": (2, 8), "eval": (3, 17)}  # per region
+    pools = {s: {tuple(c) for c in env.goal_pool(s)} for s in sizes}
+    assert not pools["train"] & pools["eval"] and not pools["validation"] & pools["eval"]
+    assert not pools["train"] & pools["validation"]
+    assert len(pools["train"] | pools["validation"] | pools["eval"]) == 100
+    for split in sizes:
         goals = env.sample_tasks(_streams(20_000, split=split), split).goals
         in_block = np.all(goals >= 6, axis=1)
         assert abs(in_block.mean() - 0.9) < 0.01
-        assert {tuple(g) for g in goals} == (held_out if split == "eval" else train)
+        assert {tuple(g) for g in goals} == pools[split]
     # the plain Darkroom's split is untouched by the region family
     assert len(goal_split(10, 0.8, 0)[0]) == 80
 

@@ -87,6 +87,27 @@ def goal_split(size: int, train_fraction: float, seed: int) -> tuple[np.ndarray,
     return cells[perm[:n_train]], cells[perm[n_train:]]
 
 
+def hold_out(pool: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the rest, the last ``count`` cells) of a permuted goal pool; ``count`` 0: (pool, pool),
+    i.e. validation tasks share the training goals (the paper's reading)."""
+    if count == 0:
+        return pool, pool
+    if not 0 < count < len(pool):
+        raise ValueError(f"holding out {count} validation goals of {len(pool)} leaves none "
+                         "to train on")
+    return pool[:-count], pool[-count:]
+
+
+def split_goals(size: int, train_fraction: float, val_fraction: float, seed: int
+                ) -> dict[str, np.ndarray]:
+    """Goal cells of each split: the test goals are the ``1 - train_fraction`` share of
+    :func:`goal_split`; of the rest, ``val_fraction`` of all cells are validation goals (so
+    the test goals do not depend on it), the others training goals."""
+    train, test = goal_split(size, train_fraction, seed)
+    train, val = hold_out(train, int(round(val_fraction * size * size)))
+    return {"train": train, "validation": val, "eval": test}
+
+
 def sample_tasks(streams: TaskStreams, goal_pool: np.ndarray, size: int) -> DarkroomTasks:
     """Goal uniform over ``goal_pool`` [G, 2], start uniform over the grid."""
     goal_idx = streams.integers("darkroom/goal", len(goal_pool))
@@ -238,7 +259,11 @@ class Darkroom(Environment):
         grid_size: int = 10
         """Side length (in [2, 255]); states are (x, y) in [0, grid_size)^2."""
         train_goal_fraction: float = 0.8
-        """Fraction of goal cells used for training tasks, in (0, 1)."""
+        """Fraction of goal cells not held out for the test (eval) tasks, in (0, 1)."""
+        val_goal_fraction: float = 0.1
+        """Fraction of all goal cells taken from those for the validation tasks, disjoint from
+        training and test goals (0: validation shares the training goals, the paper's
+        reading); the default splits 100 cells 70 / 10 / 20."""
         goal_split_seed: int = 0
         """Seed of the fixed train/test goal split."""
         reading: str = "walker"
@@ -252,6 +277,9 @@ class Darkroom(Environment):
             if not 0 < self.train_goal_fraction < 1:
                 raise ValueError(f"env.train_goal_fraction={self.train_goal_fraction!r} is "
                                  "invalid: a float in (0, 1)")
+            if not 0 <= self.val_goal_fraction < self.train_goal_fraction:
+                raise ValueError(f"env.val_goal_fraction={self.val_goal_fraction!r} is invalid: "
+                                 f"in [0, train_goal_fraction={self.train_goal_fraction})")
             if self.goal_split_seed < 0:
                 raise ValueError(f"env.goal_split_seed={self.goal_split_seed!r} is invalid: "
                                  ">= 0")
@@ -286,10 +314,10 @@ class Darkroom(Environment):
         )
 
     def goal_pool(self, split: str) -> np.ndarray:
-        """Training goals for train/validation, held-out goals for eval."""
+        """The goals of ``split``: training, validation or held-out test goals."""
         p = self.params
-        train, test = goal_split(p.grid_size, p.train_goal_fraction, p.goal_split_seed)
-        return test if split == "eval" else train
+        return split_goals(p.grid_size, p.train_goal_fraction, p.val_goal_fraction,
+                           p.goal_split_seed)[split]
 
     def sample_tasks(self, streams: TaskStreams, split: str) -> DarkroomTasks:
         """Goals of ``split`` and uniform starts (the region family overrides the goals)."""

@@ -113,7 +113,9 @@ class ContinuousDarkroom(Environment):
         embed_seed: int = 0
         """Seed of the fixed cell -> state embedding."""
         train_goal_fraction: float = 0.8
-        """Fraction of goal cells used for training tasks, in (0, 1)."""
+        """Fraction of goal cells not held out for the test (eval) tasks, in (0, 1)."""
+        val_goal_fraction: float = 0.1
+        """Fraction of all goal cells for the validation tasks (as ``darkroom``'s)."""
         goal_split_seed: int = 0
         """Seed of the fixed train/test goal split."""
         reading: str = "walker"
@@ -126,6 +128,8 @@ class ContinuousDarkroom(Environment):
                       (self.embed_seed >= 0, "embed_seed", ">= 0"),
                       (0 < self.train_goal_fraction < 1, "train_goal_fraction",
                        "a float in (0, 1)"),
+                      (0 <= self.val_goal_fraction < self.train_goal_fraction,
+                       "val_goal_fraction", "in [0, train_goal_fraction)"),
                       (self.goal_split_seed >= 0, "goal_split_seed", ">= 0"),
                       (self.reading in darkroom.READINGS, "reading",
                        f"one of {', '.join(darkroom.READINGS)}")]
@@ -162,9 +166,9 @@ class ContinuousDarkroom(Environment):
 
     def generate(self, data: Any, split: str, streams: TaskStreams) -> dict[str, np.ndarray]:
         p = self.params
-        train, test = darkroom.goal_split(p.grid_size, p.train_goal_fraction,
-                                          p.goal_split_seed)
-        grid = darkroom.sample_tasks(streams, test if split == "eval" else train, p.grid_size)
+        goals = darkroom.split_goals(p.grid_size, p.train_goal_fraction, p.val_goal_fraction,
+                                     p.goal_split_seed)[split]
+        grid = darkroom.sample_tasks(streams, goals, p.grid_size)
         tasks = self._tasks(grid)
         actions = streams.integers("behaviour/actions", darkroom.NUM_ACTIONS, (self.horizon,))
         cells, _ = darkroom.rollout_states(grid, grid.starts, actions)  # (B, H+1, 2)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from spice_ray.envs.base import register
-from spice_ray.envs.darkroom import Darkroom, DarkroomTasks, all_cells, move
+from spice_ray.envs.darkroom import Darkroom, DarkroomTasks, all_cells, hold_out, move
 from spice_ray.rng import TaskStreams
 
 
@@ -33,9 +33,10 @@ def region_mask(size: int, block: int) -> np.ndarray:
     return np.all(cells >= size - block, axis=1)
 
 
-def stratified_split(size: int, block: int, train_fraction: float, seed: int
-                     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per region ("block", "outside"): (train cells [G, 2], held-out cells [G', 2])."""
+def stratified_split(size: int, block: int, train_fraction: float, seed: int,
+                     val_fraction: float = 0.0) -> dict[str, dict[str, np.ndarray]]:
+    """Per region ("block", "outside"): its goal cells [G, 2] of each split ("train",
+    "validation", "eval"), the same proportions in each region."""
     cells, inside = all_cells(size), region_mask(size, block)
     rng = np.random.default_rng(np.random.SeedSequence([seed, size, block]))
     out = {}
@@ -45,7 +46,8 @@ def stratified_split(size: int, block: int, train_fraction: float, seed: int
         if not 0 < n_train < len(pool):
             raise ValueError(f"train_fraction={train_fraction} leaves an empty goal split in "
                              f"the {region} region")
-        out[region] = (pool[:n_train], pool[n_train:])
+        train, val = hold_out(pool[:n_train], int(round(val_fraction * len(pool))))
+        out[region] = {"train": train, "validation": val, "eval": pool[n_train:]}
     return out
 
 
@@ -74,13 +76,11 @@ class DarkroomRegion(Darkroom):
                                  "[0, 1]")
 
     def goal_pools(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        """(block goals, outside goals) of ``split``: training cells for train and
-        validation, held-out cells for eval."""
+        """(block goals, outside goals) of ``split``: training, validation or held-out."""
         p = self.params
         parts = stratified_split(p.grid_size, p.block, p.train_goal_fraction,
-                                 p.goal_split_seed)
-        k = 1 if split == "eval" else 0
-        return parts["block"][k], parts["outside"][k]
+                                 p.goal_split_seed, p.val_goal_fraction)
+        return parts["block"][split], parts["outside"][split]
 
     def goal_pool(self, split: str) -> np.ndarray:
         return np.concatenate(self.goal_pools(split))
