@@ -150,3 +150,18 @@ def test_paper_tables_bold_the_best_and_mark_rows_tied_with_it(tmp_path, capsys)
     assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--format",
                          "latex"]) == 2  # two x values: refused, naming the way out
     assert "--at last" in capsys.readouterr().err
+
+
+def test_every_method_has_one_colour_in_every_figure() -> None:
+    """The figure style registry covers the method registry, a method's colour does not depend
+    on the figure or its settings, and two methods never share a colour."""
+    from spice_ray.agents.base import METHODS
+    from spice_ray.results.plots import METHOD_ORDER, method_of, style
+
+    labels = [m.label for m in METHODS.values()]
+    assert set(labels) <= set(METHOD_ORDER)
+    colours = {label: style(label)["color"] for label in labels}
+    assert len(set(colours.values())) == len(colours)
+    assert method_of("SPICE (flat prior) (β=2)") == "SPICE (flat prior)"
+    assert style("SPICE (flat prior) (β=2)", 1)["color"] == colours["SPICE (flat prior)"]
+    assert style("SPICE (β=2)", 1)["linestyle"] != style("SPICE (β=1)", 0)["linestyle"]

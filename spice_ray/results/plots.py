@@ -16,21 +16,75 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 from spice_ray.artifacts import atomic_path  # noqa: E402
 from spice_ray.results.summary import summarise  # noqa: E402
 
-METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "Count-UCB", "DPT", "AD-BC", "UCB", "TS", "Emp",
-                "LCB", "Random", "PPO")
+METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
+                "SPICE (learned mean, exact sd)", "Bayes posterior-UCB", "Count-UCB", "DPT",
+                "AD-BC", "UCB", "TS", "TS (true prior)", "LinUCB", "LinTS (true prior)", "Emp",
+                "LCB", "Nearest-unvisited", "Random", "PPO", "Optimal")
+"""Every method's place in legends and tables, and its colour (:func:`style`): one colour per
+method in every figure. A test checks that every method of the registry is here."""
+
+_COLOURS = ("#1f77b4", "#7f7f7f", "#2ca02c", "#17becf", "#9467bd", "#8c564b", "#d62728",
+            "#ff7f0e", "#bcbd22", "#e377c2", "#f7b6d2", "#aec7e8", "#98df8a", "#c49c94",
+            "#c5b0d5", "#dbdb8d", "#000000", "#ff9896", "#525252")
+_DASHES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3)))
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+_VARIANT_COLOURS = {"none": "#aec7e8", "iw": "#98df8a", "adv": "#ff9896", "epi": "#9467bd"}
+
+
+def method_of(label: str) -> str | None:
+    """The method a curve label starts with (the longest match: "SPICE (flat prior) (...)" is
+    "SPICE (flat prior)", not "SPICE"), or None."""
+    heads = [m for m in METHOD_ORDER if label == m or label.startswith(m + " ")]
+    return max(heads, key=len) if heads else None
+
+
+def style(label: str, setting: int = 0) -> dict[str, object]:
+    """Colour, marker and dash of a curve: the colour and marker are the method's (a weight
+    ablation variant "[iw]" has its own colour), the dash tells a method's settings apart
+    (``setting``: their index within the figure)."""
+    method = method_of(label)
+    i = METHOD_ORDER.index(method) if method else len(METHOD_ORDER)
+    colour = _COLOURS[i % len(_COLOURS)] if method else "#999999"
+    for variant, c in _VARIANT_COLOURS.items():
+        if f"[{variant}]" in label:
+            colour = c
+    return {"color": colour, "marker": _MARKERS[i % len(_MARKERS)],
+            "linestyle": _DASHES[setting % len(_DASHES)]}
 
 
 def _config_label(config: str) -> str:
+    """The settings that tell a method's curves apart, short: "β=1", "β_t=√(2 ln t)",
+    "rbf τ=0.7"."""
     try:
         cfg = json.loads(config)
     except (TypeError, json.JSONDecodeError):
         return str(config)
-    keep = {k: v for k, v in cfg.items() if k in ("beta", "beta_schedule", "kernel", "tau")}
-    return ", ".join(f"{k}={v}" for k, v in keep.items())
+    parts = []
+    if cfg.get("beta_schedule") == "sqrt2logt":
+        parts.append("β_t=√(2 ln t)")
+    elif "beta" in cfg:
+        parts.append(f"β={cfg['beta']:g}")
+    if cfg.get("kernel") not in (None, "uniform"):
+        parts.append(f"{cfg['kernel']} τ={cfg['tau']:g}" if "tau" in cfg else cfg["kernel"])
+    return ", ".join(parts)
+
+
+def band_note(df: pd.DataFrame) -> str:
+    """What a figure's bands and error bars are: mean ± 1 SEM over N tasks × S seeds."""
+    seeds = df.loc[df["seed"] >= 0, "seed"].nunique() if "seed" in df else 0
+    return (f"lines: mean; bands / bars: ± 1 SEM over {df['task_id'].nunique()} tasks"
+            + (f" (seeds averaged per task, {seeds} seeds)" if seeds > 1 else ""))
+
+
+def _legend(ax, title: str | None = None) -> None:
+    """A legend outside the data, right of the axes."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
+              title=title, title_fontsize=7)
 
 
 def curve_labels(summary: pd.DataFrame) -> pd.Series:
@@ -45,10 +99,8 @@ def curve_labels(summary: pd.DataFrame) -> pd.Series:
 
 
 def _order(label: str) -> tuple[int, str]:
-    """Methods in :data:`METHOD_ORDER` (the longest name that starts the label: "SPICE (flat
-    prior) (beta=1.0)" is "SPICE (flat prior)", not "SPICE"), then the others by label."""
-    heads = [m for m in METHOD_ORDER if label == m or label.startswith(m + " ")]
-    head = max(heads, key=len) if heads else None
+    """Methods in :data:`METHOD_ORDER`, then the others by label."""
+    head = method_of(label)
     return (METHOD_ORDER.index(head) if head else len(METHOD_ORDER), label)
 
 
@@ -56,21 +108,31 @@ def _curves(ax, df: pd.DataFrame, metric: str, logx: bool = False) -> None:
     sub = df[df["metric"] == metric]
     summ = summarise(sub, ["method", "variant", "rule", "config", "x"])
     summ["label"] = curve_labels(summ)
+    settings: dict[str | None, int] = {}
     for label in sorted(summ["label"].unique(), key=_order):
         s = summ[summ["label"] == label].sort_values("x")
         x, m, e = s["x"].to_numpy(), s["mean"].to_numpy(), s["sem"].fillna(0).to_numpy()
-        (line,) = ax.plot(x, m, label=label, lw=1.5)
-        ax.fill_between(x, m - e, m + e, color=line.get_color(), alpha=0.2, lw=0)
+        head = method_of(label)
+        st = style(label, settings.get(head, 0))
+        settings[head] = settings.get(head, 0) + 1
+        ax.plot(x, m, label=label, lw=1.5, color=st["color"], linestyle=st["linestyle"],
+                marker=st["marker"], markevery=max(1, len(x) // 6), markersize=4)
+        ax.fill_between(x, m - e, m + e, color=st["color"], alpha=0.15, lw=0)
     if logx:
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
     ax.grid(alpha=0.3)
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, note: str | None = None) -> Path:
+    """Write the figure (nothing clipped: the legends outside the axes are kept), with
+    ``note`` (what its bands are) under it."""
     fig.tight_layout()
+    if note:
+        fig.text(0.01, -0.02, note, fontsize=7, ha="left", va="top")
     try:
         with atomic_path(path) as tmp:  # never a half PNG; a full disk names the file
-            fig.savefig(tmp, dpi=120, format="png")
+            fig.savefig(tmp, dpi=120, format="png", bbox_inches="tight")
     finally:
         plt.close(fig)
     return path
@@ -81,8 +143,8 @@ def plot_offline(df: pd.DataFrame, path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(5.5, 4))
     _curves(ax, df, "suboptimality", logx=True)
     ax.set(xlabel="context length h", ylabel="suboptimality  mu* - mu(a_hat)", title=title)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    _legend(ax)
+    return _save(fig, path, band_note(df[df["metric"] == "suboptimality"]))
 
 
 def plot_online(df: pd.DataFrame, path: Path, title: str, zoom_methods=("UCB", "TS", "SPICE")
@@ -93,14 +155,18 @@ def plot_online(df: pd.DataFrame, path: Path, title: str, zoom_methods=("UCB", "
     for ax in (full, zoom):
         _curves(ax, online, "cumulative_regret")
         ax.set(xlabel="step t", ylabel="cumulative regret")
-    full.set_title(f"{title} (full scale)")
-    zoom.set_title(f"{title} (zoomed)")
+    fig.suptitle(title, fontsize=11)
+    full.set_title("full scale", fontsize=9)
     last = online[online["x"] == online["x"].max()]
     best = summarise(last[last["method"].isin(zoom_methods)], ["method"])
-    if not best.empty:
+    if not best.empty and 1.6 * float(best["mean"].max()) < 0.8 * full.get_ylim()[1]:
         zoom.set_ylim(0, 1.6 * float(best["mean"].max()))
-    full.legend(fontsize=8)
-    return _save(fig, path)
+        zoom.set_title(f"zoomed to {', '.join(zoom_methods)}", fontsize=9)
+        _legend(zoom)
+    else:  # nothing worth zooming into: one panel
+        fig.delaxes(zoom)
+        _legend(full)
+    return _save(fig, path, band_note(online))
 
 
 def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
@@ -115,13 +181,14 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
     for i, method in enumerate(methods):
         s = summ[summ["method"] == method].set_index("sigma").reindex(sigmas)
         ax.bar(np.arange(len(sigmas)) + i * width, s["mean"], width, yerr=s["sem"].fillna(0),
-               label=method, capsize=2)
+               label=method, capsize=2, color=style(method)["color"])
     ax.set_xticks(np.arange(len(sigmas)) + 0.4 - width / 2, [f"sigma={s:g}" for s in sigmas])
     ax.set_yscale("log")
-    ax.set(ylabel="final cumulative regret", title=title)
-    ax.legend(fontsize=8)
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set(ylabel="final cumulative regret (log)", title=title)
+    _legend(ax)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, path)
+    return _save(fig, path, band_note(sub))
 
 
 def plot_online_return(df: pd.DataFrame, path: Path, title: str) -> Path:
@@ -131,8 +198,8 @@ def plot_online_return(df: pd.DataFrame, path: Path, title: str) -> Path:
     ret.set(xlabel="step t", ylabel="cumulative return", title=f"{title}: return")
     _curves(reg, df, "cumulative_regret")
     reg.set(xlabel="step t", ylabel="cumulative regret", title=f"{title}: regret")
-    ret.legend(fontsize=8)
-    return _save(fig, path)
+    _legend(reg)
+    return _save(fig, path, band_note(df[df["metric"] == "cumulative_regret"]))
 
 
 def plot_weights(df: pd.DataFrame, path: Path, title: str) -> Path:
@@ -140,8 +207,8 @@ def plot_weights(df: pd.DataFrame, path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     _curves(ax, df, "cumulative_regret")
     ax.set(xlabel="step t", ylabel="cumulative regret", title=title)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    _legend(ax)
+    return _save(fig, path, band_note(df[df["metric"] == "cumulative_regret"]))
 
 
 def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
@@ -169,7 +236,9 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
     npri.legend(fontsize=8)
     npri.grid(alpha=0.3)
     cov.grid(alpha=0.3)
-    return _save(fig, path)
+    for ax in (cov, npri):
+        ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
+    return _save(fig, path, band_note(df))
 
 
 def plot_final_distribution(df: pd.DataFrame, path: Path, title: str,
@@ -187,12 +256,12 @@ def plot_final_distribution(df: pd.DataFrame, path: Path, title: str,
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups)), 4))
     ax.boxplot([groups[i] for i in order], whis=(5, 95), showmeans=True,
                flierprops={"markersize": 3})
-    ax.set_xticks(range(1, len(order) + 1), [labels.iloc[i] for i in order], rotation=30,
-                  ha="right", fontsize=8)
-    ax.set(ylabel=f"final {metric.replace('_', ' ')} per task",
-           title=f"{title}: per-task distribution (whiskers 5-95%, triangle = mean)")
+    ax.set_xticks(range(1, len(order) + 1), [labels.iloc[i] for i in order], rotation=35,
+                  ha="right", fontsize=7)
+    ax.set(ylabel=f"final {metric.replace('_', ' ')} per task", title=f"{title}: per task")
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, path)
+    return _save(fig, path, f"box: quartiles, whiskers 5-95%, triangle: mean; one point per "
+                            f"task ({per_task['task_id'].nunique()} tasks, seeds averaged)")
 
 
 def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Path:
@@ -211,15 +280,17 @@ def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Pat
             grid = np.zeros(size * size)
             grid[rows["x"].to_numpy()] = rows["value"].to_numpy()
             ax = axes[r, c]
-            ax.imshow(grid.reshape(size, size).T, origin="lower", cmap="viridis")
+            image = ax.imshow(grid.reshape(size, size).T, origin="lower", cmap="viridis")
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
                 ax.set_title(method, fontsize=8)
             if c == 0:
                 ax.set_ylabel(f"task {task}", fontsize=8)
-    fig.suptitle(f"{title}: state visits (x right, y up)", fontsize=10)
-    return _save(fig, path)
+            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
+    fig.suptitle(f"{title}: state visits per cell (x right, y up)", fontsize=10)
+    return _save(fig, path, "colour: visits of the cell in the task's rollout (each model's "
+                            "lowest training seed)")
 
 
 PLOTS = {
