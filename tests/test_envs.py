@@ -128,3 +128,27 @@ def test_gymnasium_wrappers() -> None:
     assert obs.tolist() == [1, 0] and r == 1.0 and not trunc and info["regret"] == 0.0
     _, r, _, trunc, info = dr.step(1)  # leaves the goal: the walker stays, regret 1
     assert r == 0.0 and trunc and info["regret"] == 1.0
+
+
+def test_every_environment_is_a_registered_gymnasium_env() -> None:
+    """gymnasium.make gives the study's own task: the same means / goal and start as row
+    ``task`` of the dataset split at that preset."""
+    import gymnasium
+
+    from spice_ray.config import make_config
+    from spice_ray.data.tasks import generate_tasks
+    from spice_ray.envs.base import names
+    from spice_ray.envs.gym import register_gym_envs
+
+    assert register_gym_envs() == [f"spice_ray/{n}-v0" for n in names()]
+    env = gymnasium.make("spice_ray/darkroom-v0", task=3, preset="smoke")
+    obs, _ = env.reset(seed=0)
+    cfg = make_config("smoke", "darkroom")
+    want = generate_tasks(cfg.env, cfg.data, "eval", np.array([3]))
+    np.testing.assert_array_equal(obs, want["states"][0, 0] * 0 + env.unwrapped._state[0])
+    assert tuple(env.unwrapped.tasks.goals[0]) == tuple(want["goal"][0])
+    for name in names():
+        e = gymnasium.make(f"spice_ray/{name}-v0", preset="smoke", task=1)
+        e.reset(seed=1)
+        _, reward, terminated, truncated, info = e.step(e.action_space.sample())
+        assert np.isfinite(reward) and np.isfinite(info["regret"]) and not terminated

@@ -7,6 +7,8 @@ its behaviour roll-in and its label are (``Environment.generate``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from spice_ray.config import DataConfig, EnvConfig
@@ -20,3 +22,18 @@ def generate_tasks(env: EnvConfig, data: DataConfig, split: str, task_ids: np.nd
     cols = env.environment().generate(data, split, TaskStreams.from_seed(data.seed, split, ids))
     cols["task_id"] = ids
     return cols
+
+
+def gym_env(name: str, task: int = 0, split: str = "eval", preset: str = "small",
+            horizon: int | None = None) -> Any:
+    """Task ``task`` of ``split`` of environment ``name`` at ``preset`` scale as a
+    ``gymnasium.Env`` (:class:`spice_ray.envs.gym.TaskEnv`): the same task as row ``task`` of
+    the study's dataset of that preset (keyed by ``data.seed``, split and task id). The entry
+    point of ``gymnasium.make("spice_ray/<name>-v0", task=..., split=..., preset=...)``."""
+    from spice_ray.config import make_config
+    from spice_ray.envs.gym import TaskEnv
+
+    cfg = make_config(preset, name)
+    env = cfg.environment()
+    tasks = env.eval_tasks(generate_tasks(cfg.env, cfg.data, split, np.array([int(task)])))
+    return TaskEnv(env, tasks, 0, horizon)

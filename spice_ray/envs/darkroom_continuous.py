@@ -26,6 +26,7 @@ N = 100 held-out tasks and 20% of goals held out. The choices made here:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,13 @@ class ContinuousTasks:
     @property
     def num_tasks(self) -> int:
         return self.grid.num_tasks
+
+    def select(self, index: int) -> ContinuousTasks:
+        """Task ``index`` as a batch of one (the embedding is shared, not per task)."""
+        one = slice(index, index + 1)
+        grid = dataclasses.replace(self.grid, goals=self.grid.goals[one],
+                                   starts=self.grid.starts[one])
+        return dataclasses.replace(self, grid=grid)
 
     def embed(self, cells: np.ndarray) -> np.ndarray:
         """phi(cell) [..., d] of cells [..., 2]."""

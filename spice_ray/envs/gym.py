@@ -1,5 +1,13 @@
 """A Gymnasium view of one task of any registered environment.
 
+Every environment is registered with Gymnasium when this module is imported::
+
+    import gymnasium, spice_ray.envs.gym
+    env = gymnasium.make("spice_ray/darkroom-v0", task=3, split="eval", preset="small")
+    # or, without the import: gymnasium.make("spice_ray.envs.gym:spice_ray/darkroom-v0")
+
+gives task 3 of the darkroom's eval split at the small preset, the same task as the study's.
+
 ``TaskEnv(env, tasks, index)`` plays task ``index`` of a batch of evaluation tasks (from
 ``env.eval_tasks(eval_split_columns)``) through the batched kernels, one step at a time:
 observations are the environment's state vectors, episodes last ``horizon`` steps and never
@@ -41,15 +49,18 @@ class TaskEnv(gymnasium.Env):
         self.action_space = spaces.Discrete(env.num_actions)
         self.observation_space = spaces.Box(-np.inf, np.inf, shape=(env.state_dim,),
                                             dtype=np.float64)
-        self._one = self._select(tasks, self.index)
+        self._one = self.select(tasks, self.index)
         self._state = env.reset(self._one)
         self._history: list[tuple[np.ndarray, int, float]] = []
 
     @staticmethod
-    def _select(tasks: Any, index: int) -> Any:
-        """Task ``index`` as a batch of one (every array field sliced on its first axis)."""
+    def select(tasks: Any, index: int) -> Any:
+        """Task ``index`` as a batch of one: the tasks' own ``select`` where they have one (for
+        fields shared by every task), else every array field sliced on its first axis."""
         import dataclasses
 
+        if hasattr(tasks, "select"):
+            return tasks.select(index)
         return dataclasses.replace(tasks, **{
             f.name: getattr(tasks, f.name)[index:index + 1]
             for f in dataclasses.fields(tasks) if isinstance(getattr(tasks, f.name), np.ndarray)})
@@ -71,3 +82,23 @@ class TaskEnv(gymnasium.Env):
         info = {"regret": float(regret[0, -1]), "state": states[0, -1], "action": int(action)}
         done = len(self._history) >= self.horizon
         return nxt[0].astype(np.float64), float(rewards[0]), False, done, info
+
+
+GYM_NAMESPACE = "spice_ray"
+
+
+def register_gym_envs() -> list[str]:
+    """Register ``spice_ray/<name>-v0`` for every environment (idempotent); returns the ids."""
+    from spice_ray.envs.base import names
+
+    ids = []
+    for name in names():
+        env_id = f"{GYM_NAMESPACE}/{name}-v0"
+        if env_id not in gymnasium.registry:
+            gymnasium.register(id=env_id, entry_point="spice_ray.data.tasks:gym_env",
+                               kwargs={"name": name})
+        ids.append(env_id)
+    return ids
+
+
+register_gym_envs()
