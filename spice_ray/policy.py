@@ -31,6 +31,9 @@ from spice_ray.fusion import RandomSource
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import load_model
 
+PRETRAINED_WEIGHTS = "model.safetensors"
+PRETRAINED_CONFIG = "config.json"
+
 
 def excerpt_array(x: np.ndarray) -> str:
     """A short rendering of a user's array for an error message."""
@@ -90,6 +93,87 @@ class _Policy:
         cfg = from_dict(meta["config"])
         model = load_model(path, expect_env=cfg.env, kind=kind).to(device)
         return model, cfg
+
+    kind = "spice"
+    """The model kind the policy runs."""
+
+    def _options(self) -> dict[str, Any]:
+        """The construction options beyond the model and its config (saved by
+        :meth:`save_pretrained`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def _build(cls, model: Any, cfg: Any, device: str | torch.device, **options: Any) -> Any:
+        raise NotImplementedError
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Everything this policy needs, in a self-contained folder: ``model.safetensors``
+        (the weights and the frozen prior networks; no pickle) and ``config.json`` (the model
+        kind and architecture, the run config it was trained with, the policy's options), each
+        with a SHA-256 sidecar; written beside ``directory`` and renamed into place."""
+        import json
+        import os
+        import shutil
+
+        from safetensors.torch import save_file
+
+        from spice_ray.artifacts import write_sidecar
+
+        directory = Path(directory)
+        tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        model = self.agent.model
+        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / PRETRAINED_WEIGHTS))
+        (tmp / PRETRAINED_CONFIG).write_text(json.dumps(
+            {"format": 1, "kind": self.kind, "spec": model.spec(), "config": self._config,
+             "options": {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                         for k, v in self._options().items()}}, indent=1, default=str))
+        for name in (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG):
+            write_sidecar(tmp / name)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(tmp, directory)
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
+                        **options: Any) -> Any:
+        """A policy from :meth:`save_pretrained`'s folder (both files checked against their
+        checksums); ``options`` override the saved ones (e.g. ``rule="greedy"``).
+
+        Raises:
+            ValueError: a file is missing or corrupt, or holds another model kind.
+        """
+        import json
+
+        from safetensors.torch import load_file
+
+        from spice_ray.artifacts import verify
+        from spice_ray.model.registry import model_class
+
+        directory = Path(directory)
+        for name in (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG):
+            record, why = verify(directory / name)
+            if record is None:
+                raise ValueError(f"{directory / name}: {why}; save the policy again")
+        meta = json.loads((directory / PRETRAINED_CONFIG).read_text())
+        if meta.get("kind") != cls.kind:
+            raise ValueError(f"{directory} holds a {meta.get('kind')!r} model; "
+                             f"{cls.__name__} needs {cls.kind!r}")
+        model = model_class(cls.kind).from_spec(meta["spec"])
+        model.load_state_dict(load_file(str(directory / PRETRAINED_WEIGHTS)))
+        cfg = from_dict(meta["config"])
+        saved = dict(meta.get("options", {}))
+        if "fusion" in saved:
+            saved["fusion"] = FusionConfig(**saved["fusion"])
+        return cls._build(model.eval().to(device), cfg, device, **{**saved, **options})
+
+    def to(self, device: str | torch.device) -> Any:
+        """The same policy on ``device`` ("cpu", "cuda"), with an empty context (call
+        ``reset()``)."""
+        return type(self)._build(self.agent.model.to(device), from_dict(self._config),
+                                 device, **self._options())
 
     def reset(self, num_envs: int | None = None,
               draws: RandomSource | int | None = None) -> None:
@@ -194,6 +278,13 @@ class SpicePolicy(_Policy):
                         beta_schedule: str | None = None, fusion: FusionConfig | None = None,
                         device: str | torch.device = "cpu") -> SpicePolicy:
         model, cfg = cls._load(path, "spice", device)
+        return cls._build(model, cfg, device, rule=rule, beta=beta,
+                          beta_schedule=beta_schedule, fusion=fusion)
+
+    @classmethod
+    def _build(cls, model: Any, cfg: Any, device: str | torch.device, rule: str = "ucb",
+               beta: float | None = None, beta_schedule: str | None = None,
+               fusion: FusionConfig | None = None) -> SpicePolicy:
         fusion = fusion or cfg.fusion
         changes: dict[str, Any] = {"rule": rule}
         if beta is not None:
@@ -205,7 +296,11 @@ class SpicePolicy(_Policy):
         agent = SpiceAgent(fusion, model=model, stateless=env.stateless)
         policy = cls(agent, env, torch.device(device))
         policy.fusion = fusion
+        policy._config = cfg.to_dict()
         return policy
+
+    def _options(self) -> dict[str, Any]:
+        return {"rule": self.fusion.rule, "fusion": self.fusion}
 
     @classmethod
     def from_run(cls, run_dir: str | Path, experiment: str, seed: int = 0, variant: str = "",
@@ -237,12 +332,24 @@ class SpicePolicy(_Policy):
 class DptPolicy(_Policy):
     """DPT or AD-BC from a checkpoint: sample from the policy head, or act greedily."""
 
+    kind = "dpt"
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, sample: bool = False,
                         device: str | torch.device = "cpu") -> DptPolicy:
         model, cfg = cls._load(path, "dpt", device)
+        return cls._build(model, cfg, device, sample=sample)
+
+    @classmethod
+    def _build(cls, model: Any, cfg: Any, device: str | torch.device, sample: bool = False
+               ) -> DptPolicy:
         env = cfg.environment()
-        return cls(PolicyAgent(model, env.stateless, sample=sample), env, torch.device(device))
+        policy = cls(PolicyAgent(model, env.stateless, sample=sample), env, torch.device(device))
+        policy._config = cfg.to_dict()
+        return policy
+
+    def _options(self) -> dict[str, Any]:
+        return {"sample": self.agent.sample}
 
     @classmethod
     def from_run(cls, run_dir: str | Path, experiment: str, seed: int = 0,
