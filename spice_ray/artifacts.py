@@ -21,7 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,38 @@ def write_checked(path: str | Path, write: Callable[[Path], Any], **extra: Any
     with atomic_path(path) as tmp:
         write(tmp)
     return write_sidecar(path, **extra)
+
+
+def publish_dir(directory: str | Path, write: Callable[[Path], Any]) -> Path:
+    """Publish a directory whole: ``write(staging)`` fills a staging directory beside
+    ``directory``, every file it wrote gets a SHA-256 sidecar, and the staging directory is
+    renamed into place (an older ``directory`` is replaced). A failed write leaves no staging
+    directory and the old ``directory`` as it was."""
+    import shutil
+
+    directory = Path(directory)
+    staging = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        write(staging)
+        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            write_sidecar(path)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def verify_dir(directory: str | Path, names: Iterable[str]) -> str | None:
+    """Why the files ``names`` of a :func:`publish_dir` directory cannot be trusted (the first
+    missing or corrupt one, named), or None when all match their checksums."""
+    for name in names:
+        record, why = verify(Path(directory) / name)
+        if record is None:
+            return f"{Path(directory) / name}: {why}"
+    return None
 
 
 def verify(path: str | Path) -> tuple[dict[str, Any] | None, str]:

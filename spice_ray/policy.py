@@ -112,29 +112,23 @@ class _Policy:
         kind and architecture, the run config it was trained with, the policy's options), each
         with a SHA-256 sidecar; written beside ``directory`` and renamed into place."""
         import json
-        import os
-        import shutil
 
         from safetensors.torch import save_file
 
-        from spice_ray.artifacts import write_sidecar
+        from spice_ray.artifacts import publish_dir
 
-        directory = Path(directory)
-        tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         model = self.agent.model
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / PRETRAINED_WEIGHTS))
-        (tmp / PRETRAINED_CONFIG).write_text(json.dumps(
-            {"format": 1, "kind": self.kind, "spec": model.spec(), "config": self._config,
-             "options": {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
-                         for k, v in self._options().items()}}, indent=1, default=str))
-        for name in (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG):
-            write_sidecar(tmp / name)
-        shutil.rmtree(directory, ignore_errors=True)
-        os.replace(tmp, directory)
-        return directory
+        options = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                   for k, v in self._options().items()}
+
+        def write(staging: Path) -> None:
+            save_file(state, str(staging / PRETRAINED_WEIGHTS))
+            (staging / PRETRAINED_CONFIG).write_text(json.dumps(
+                {"format": 1, "kind": self.kind, "spec": model.spec(), "config": self._config,
+                 "options": options}, indent=1, default=str))
+
+        return publish_dir(directory, write)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
@@ -149,14 +143,13 @@ class _Policy:
 
         from safetensors.torch import load_file
 
-        from spice_ray.artifacts import verify
+        from spice_ray.artifacts import verify_dir
         from spice_ray.model.registry import model_class
 
         directory = Path(directory)
-        for name in (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG):
-            record, why = verify(directory / name)
-            if record is None:
-                raise ValueError(f"{directory / name}: {why}; save the policy again")
+        why = verify_dir(directory, (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG))
+        if why:
+            raise ValueError(f"{why}; save the policy again")
         meta = json.loads((directory / PRETRAINED_CONFIG).read_text())
         if meta.get("kind") != cls.kind:
             raise ValueError(f"{directory} holds a {meta.get('kind')!r} model; "

@@ -514,3 +514,28 @@ def test_sweep_restore_guard(tmp_path) -> None:
         check_restorable(exp, inputs, "h")
     os.chmod(exp / "tuner.pkl", 0o644)
     assert check_restorable(exp, inputs, "h")["inputs"] == "h"
+
+
+def test_publish_dir_is_all_or_nothing(tmp_path) -> None:
+    from spice_ray.artifacts import publish_dir, verify_dir
+
+    target = tmp_path / "out"
+
+    def good(staging: Path) -> None:
+        (staging / "a.txt").write_text("a")
+        (staging / "sub").mkdir()
+        (staging / "sub" / "b.txt").write_text("b")
+
+    publish_dir(target, good)
+    assert verify_dir(target, ["a.txt", "sub/b.txt"]) is None
+
+    def bad(staging: Path) -> None:
+        (staging / "a.txt").write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        publish_dir(target, bad)
+    assert (target / "a.txt").read_text() == "a"  # the old directory as it was
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging left behind
+    (target / "a.txt").write_text("edited")
+    assert "a.txt: size 6 bytes" in verify_dir(target, ["a.txt"])
