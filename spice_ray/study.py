@@ -313,7 +313,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     descriptions = {t.name: t.description for t in tables}
     findings = {t.name: t.analysis(load(run_dir, t.name)) for t in tables if t.analysis}
     report = write_report(run_dir, figures, configs, notes, descriptions, findings,
-                          horizon_points=(10, 50, first.env.horizon))
+                          horizon_points=(10, 50, first.env.horizon),
+                          order=[t.name for t in tables])
     plan.timings["total"] = time.perf_counter() - t0
     write_timing(plan)
     console.stage(5, 5, "report", str(report))

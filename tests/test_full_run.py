@@ -82,9 +82,12 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     per_task = visits.groupby(["method", "config", "seed", "task_id"])["value"].sum()
     assert (per_task == horizon).all()  # one cell per step: where each action was taken
     text = report.read_text()
-    for name in tables:
-        assert f"## {name}" in text
-    assert (run_dir / "config.yaml").exists() and "```yaml" in text
+    study_order = [t.name for name, cfg in plan.configs.items()
+                   for t in EXPERIMENTS[name].tables_for(cfg)]
+    places = [text.index(f"## {name}\n") for name in study_order]
+    assert places == sorted(places)  # the report follows the study, not the alphabet
+    assert (run_dir / "config.yaml").exists() and "```yaml" not in text  # configs: appendix
+    assert "[configs.md](configs.md)" in text and "```yaml" in (run_dir / "configs.md").read_text()
     cfg = plan.configs["bandit"]
     online = load(run_dir, "bandit_online")
     assert set(online["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS", "SPICE (flat prior)"}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spice_ray.artifacts import atomic_write_text
 from spice_ray.results.summary import summarise
 from spice_ray.results.tables import describe, list_experiments, load
 
@@ -55,18 +56,29 @@ def offline_table(df: pd.DataFrame, hs: tuple[int, ...]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _cell(value: object) -> str:
+    """One number format in every table: floats to 3 decimals, integers as they are."""
+    if isinstance(value, float):
+        return "nan" if value != value else f"{value:.3f}"
+    return str(value)
+
+
 def _md_table(df: pd.DataFrame) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |"
+              for row in df.itertuples(index=False)]
     return "\n".join(lines)
 
 
 def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: dict[str, str],
                  notes: list[str] | None = None, descriptions: dict[str, str] | None = None,
                  findings: dict[str, list[str]] | None = None,
-                 horizon_points: tuple[int, ...] = (10, 50, 500)) -> Path:
-    """Write ``<run_dir>/report.md`` and return its path."""
+                 horizon_points: tuple[int, ...] = (10, 50, 500),
+                 order: list[str] | None = None) -> Path:
+    """Write ``<run_dir>/report.md`` (tables in ``order``, the study's, then any others) and
+    ``<run_dir>/configs.md`` (every experiment's resolved config, the report's appendix);
+    returns the report's path."""
     run_dir = Path(run_dir)
     out = ["# spice-ray study report", ""]
     out += [f"Run directory: `{run_dir.resolve()}`. Every number is mean +- SEM over evaluation "
@@ -76,6 +88,7 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
         out += [f"- {note}"]
     out += [""]
     have = list_experiments(run_dir)
+    have = [t for t in order or [] if t in have] + [t for t in have if t not in (order or [])]
     for exp in have:
         df = load(run_dir, exp)
         out += [f"## {exp}", "", (descriptions or {}).get(exp) or describe(run_dir, exp), ""]
@@ -97,8 +110,7 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
                 title = {"cumulative_regret": "Final cumulative regret",
                          "cumulative_return": "Final cumulative return",
                          "final_regret": "Final regret by test-time sigma"}[metric]
-                out += [f"{title}:", "",
-                        _md_table(shown.round(4)), ""]
+                out += [f"{title}:", "", _md_table(shown), ""]
         if calibration:
             summ = summarise(df, ["metric", "x"])
             wide = summ.pivot(index="x", columns="metric", values="mean").round(3)
@@ -106,9 +118,9 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
                     _md_table(wide.reset_index()), ""]
         for fig in figures.get(exp, []):
             out += [f"![{exp}]({fig.relative_to(run_dir).as_posix()})", ""]
-    out += ["## Configs", ""]
+    appendix = ["# Configs of the study", ""]
     for name, text in configs.items():
-        out += [f"### {name}", "", "```yaml", text.rstrip(), "```", ""]
-    path = run_dir / "report.md"
-    path.write_text("\n".join(out))
-    return path
+        appendix += [f"## {name}", "", "```yaml", text.rstrip(), "```", ""]
+    atomic_write_text(run_dir / "configs.md", "\n".join(appendix))
+    out += ["## Configs", "", "Every experiment's resolved config: [configs.md](configs.md).", ""]
+    return atomic_write_text(run_dir / "report.md", "\n".join(out))
