@@ -8,13 +8,15 @@ values or the sqrt(2 log t) schedule) on bandits and Darkroom, with Ray Tune.
 
 The dataset and the SPICE checkpoints of every seed are made first (both skipped when current,
 so this shares them with pipelines/ when --out is the same). Each Tune trial evaluates one
-fusion config online on the eval tasks; tables go to <out>/sweeps/kernel_beta_<env>.parquet and
-<out>/sweeps/kernel_beta_<env>_summary.parquet. A re-run restores the Tune experiment and runs
-only the trials that did not finish (--fresh starts again).
+fusion config online on the validation tasks (``sweep.split``); tables go to
+<out>/sweeps/kernel_beta_<env>.parquet and <out>/sweeps/kernel_beta_<env>_summary.parquet.
+A re-run restores the Tune experiment and runs only the trials that did not finish (--fresh
+starts again).
 
 Grid: tau only matters for the RBF kernel and the sqrt2logt schedule ignores beta, so the grid
 is (uniform, cosine, rbf x TAUS) x (fixed x BETAS, sqrt2logt) rather than the full product;
-the redundant combinations would repeat identical runs. Per preset:
+the redundant combinations would repeat identical runs. A bandit has one state, where every
+kernel weighs every transition alike: its grid is beta and the schedule only. Per preset:
 
     smoke: taus (0.5,)                     betas (1.0,)                  3 x 2 =  6 per env
     small: taus (0.25, 1.0)                betas (0.5, 2.0)              4 x 3 = 12 per env
@@ -58,30 +60,35 @@ GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
 GRIDS["medium"] = GRIDS["small"]  # medium differs from small in darkroom training only
 
 
-def fusion_grid(base: FusionConfig, taus: tuple[float, ...], betas: tuple[float, ...]
-                ) -> list[dict[str, Any]]:
+def fusion_grid(base: FusionConfig, taus: tuple[float, ...], betas: tuple[float, ...],
+                stateless: bool = False) -> list[dict[str, Any]]:
     """Every (kernel, tau, beta, schedule) to try, without combinations that repeat a run.
 
     Non-RBF kernels keep the base tau and the sqrt2logt schedule keeps the base beta (both
-    unused there), so every trial carries all four fields.
+    unused there), so every trial carries all four fields. A stateless environment keeps the
+    base kernel (every kernel gives every transition the same weight there).
     """
-    kernels = [{"kernel": k, "tau": float(t)} for k in KERNELS
-               for t in (taus if k == "rbf" else (base.tau,))]
+    kernels = ([{"kernel": base.kernel, "tau": base.tau}] if stateless else
+               [{"kernel": k, "tau": float(t)} for k in KERNELS
+                for t in (taus if k == "rbf" else (base.tau,))])
     schedules = ([{"beta_schedule": "fixed", "beta": float(b)} for b in betas]
                  + [{"beta_schedule": "sqrt2logt", "beta": base.beta}])
     return [k | s for k in kernels for s in schedules]
 
 
-def search_space(base: FusionConfig, preset: str, search: str = "grid") -> dict[str, Any]:
+def search_space(base: FusionConfig, preset: str, search: str = "grid",
+                 stateless: bool = False) -> dict[str, Any]:
     """The Tune param_space: one grid over the fusion overrides of :func:`fusion_grid`, or
     (``sweep.search`` random or optuna) samplers over the same ranges: kernel, log-uniform
     tau in [0.05, 5] and beta in [0.1, 10], and the beta schedule."""
     from ray import tune
 
     if search == "grid":
-        return {"fusion": tune.grid_search(fusion_grid(base, **GRIDS[preset]))}
-    return {"fusion": {"kernel": tune.choice(list(KERNELS)), "tau": tune.loguniform(0.05, 5.0),
-                       "beta_schedule": tune.choice(["fixed", "sqrt2logt"]),
+        return {"fusion": tune.grid_search(fusion_grid(base, **GRIDS[preset],
+                                                       stateless=stateless))}
+    kernel = ({"kernel": base.kernel, "tau": base.tau} if stateless else
+              {"kernel": tune.choice(list(KERNELS)), "tau": tune.loguniform(0.05, 5.0)})
+    return {"fusion": {**kernel, "beta_schedule": tune.choice(["fixed", "sqrt2logt"]),
                        "beta": tune.loguniform(0.1, 10.0)}}
 
 
@@ -99,7 +106,8 @@ def cli(argv: list[str] | None = None) -> None:
     lock = start_sweep(args, list(cfgs.values()), console=console)
     for env, cfg in cfgs.items():
         ds_dir, ckpts = run_main(ensure_models, cfg, console=console)
-        space = search_space(cfg.fusion, cfg.preset, cfg.sweep.search)
+        space = search_space(cfg.fusion, cfg.preset, cfg.sweep.search,
+                             stateless=cfg.environment().stateless)
         result = run_main(run_sweep, f"kernel_beta_{env}", cfg, space, ckpts, ds_dir,
                           cfg.out_dir, **sweep_kwargs(args), console=console)
         console.line(format_result(result, args.top))

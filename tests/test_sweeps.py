@@ -271,3 +271,22 @@ def test_a_trial_reads_the_split_the_config_names(monkeypatch) -> None:
         assert asked[-1] == want
     with pytest.raises(ConfigError, match="sweep.split='test' is invalid"):
         make_config("smoke", "bandit", overrides=["sweep.split=test"])
+
+
+def test_kernel_grid_depends_on_the_environment() -> None:
+    """A bandit's sweep has no kernel or tau axis (one state: every kernel weighs alike); a
+    darkroom's has them; no grid repeats a configuration."""
+    import json
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "sweeps"
+                                / "kernel_beta.py"), run_name="kernel_beta_under_test")
+    base = make_config("small", "bandit").fusion
+    bandit = script["fusion_grid"](base, (0.25, 1.0), (0.5, 2.0), stateless=True)
+    assert {(g["kernel"], g["tau"]) for g in bandit} == {(base.kernel, base.tau)}
+    assert len(bandit) == 3  # beta 0.5, 2 and the schedule
+    dark = script["fusion_grid"](make_config("small", "darkroom").fusion, (0.25, 1.0),
+                                 (0.5, 2.0))
+    assert len(dark) == 12 and {g["kernel"] for g in dark} == {"uniform", "cosine", "rbf"}
+    for grid in (bandit, dark):
+        assert len({json.dumps(g, sort_keys=True) for g in grid}) == len(grid)
