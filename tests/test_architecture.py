@@ -10,7 +10,10 @@ import pytest
 
 from spice_ray import envs
 
-PACKAGE = Path(__file__).resolve().parents[1] / "spice_ray"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "spice_ray"
+SCRIPTS = ("pipelines", "sweeps", "benchmarks", "examples")
+"""Script folders held to the package's rule on environment names."""
 MAX_LINES = 450
 KERNELS = ("envs/", "fusion/", "model/", "train/losses.py", "agents/classical.py", "rng.py",
            "artifacts.py", "errors.py")
@@ -28,12 +31,19 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
-    """Every module name imported anywhere in the file (top level or inside functions).
+    """Every module name imported anywhere in the file (top level or inside functions), but
+    not under ``if TYPE_CHECKING:`` (never run).
 
     ``from pkg import sub`` of a submodule counts as importing ``pkg.sub`` only: the package's
     own imports are its own edges (its lazy ``__getattr__`` imports run on first use)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(block.test)
+                   for stmt in block.body for n in ast.walk(stmt)}  # never run
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -45,15 +55,24 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
+    """Module -> the modules importing it runs: the imported module and, since importing
+    ``pkg.sub`` first runs ``pkg/__init__``, every package above it that is not also above the
+    importer (those are already being imported when it runs)."""
     mods = _modules()
     graph = {}
     for name, path in mods.items():
+        own = {name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)}
+        if path.name == "__init__.py":
+            own.add(name)
         deps = set()
         for imp in _imports(path, set(mods)):
             while imp and imp not in mods:
                 imp = imp.rpartition(".")[0]
-            if imp and imp != name:
+            while imp and imp != name and imp not in own:
                 deps.add(imp)
+                imp = imp.rpartition(".")[0]
+                if imp not in mods:
+                    break
         graph[name] = deps
     return graph
 
@@ -97,21 +116,41 @@ def test_no_module_over_the_line_limit() -> None:
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+def _branches_on_a_name(node: ast.AST, names: set[str]) -> bool:
+    """A comparison, a subscript (a dict lookup) or a ``match`` case on an environment name."""
+    if isinstance(node, ast.Compare):
+        parts: list[ast.AST] = [node.left, *node.comparators]
+    elif isinstance(node, ast.Subscript):
+        parts = [node.slice]
+    elif isinstance(node, ast.MatchValue):
+        parts = [node.value]
+    else:
+        return False
+    return any(isinstance(c, ast.Constant) and c.value in names
+               for p in parts for c in ast.walk(p))
+
+
 def test_environment_names_are_compared_only_in_envs_and_presets() -> None:
     names = set(envs.names())
-    found = []
-    for path in PACKAGE.rglob("*.py"):
-        if _rel(path).startswith(NAME_COMPARISONS_ALLOWED):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Compare):
-                continue
-            operands = [node.left, *node.comparators]
-            literals = {c.value for o in operands for c in ast.walk(o)
-                        if isinstance(c, ast.Constant) and isinstance(c.value, str)}
-            if literals & names:
-                found.append(f"{_rel(path)}:{node.lineno}")
-    assert not found, f"environment names compared outside envs/: {found}"
+    files = [p for p in PACKAGE.rglob("*.py") if not _rel(p).startswith(NAME_COMPARISONS_ALLOWED)]
+    files += [p for folder in SCRIPTS for p in (ROOT / folder).rglob("*.py")]
+    found = [f"{p.relative_to(ROOT).as_posix()}:{node.lineno}" for p in files
+             for node in ast.walk(ast.parse(p.read_text())) if _branches_on_a_name(node, names)]
+    assert not found, f"environment names branched on outside envs/: {found}"
+
+
+def test_the_name_rule_sees_lookups_and_match() -> None:
+    code = ast.parse("x = d['bandit']\nmatch e:\n    case 'darkroom': pass\ny = e == 'bandit'")
+    hits = [n for n in ast.walk(code) if _branches_on_a_name(n, {"bandit", "darkroom"})]
+    assert len(hits) == 3
+
+
+def test_a_runtime_import_into_a_package_is_an_edge_to_its_init(tmp_path) -> None:
+    """Importing ``spice_ray.config.run`` runs ``spice_ray.config/__init__``: the graph has
+    the package as well as the module."""
+    graph = _graph()
+    assert "spice_ray.config" in graph["spice_ray.study"]
+    assert "spice_ray.fusion" not in graph["spice_ray.fusion.posterior"]
 
 
 def test_every_registered_environment_is_complete() -> None:
