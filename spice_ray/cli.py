@@ -108,9 +108,7 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
         lock = runlock.acquire(run_dir)
     except runlock.RunDirectoryLocked as exc:
         fail(str(exc))
-    problems = resources.check_sizes(cfgs, run_dir)
-    if address is None:  # a worker's memory is this machine's (a cluster's nodes: unknown)
-        problems += resources.check_models(cfgs)
+    problems = size_problems(cfgs, run_dir, address)
     if not problems:
         console = console or Console()
         setup_logging(run_dir, console, verbose)
@@ -130,6 +128,19 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
     atexit.register(lock.release)  # also after a failure or a signal (idempotent)
     atexit.register(_collect_quietly, run_dir)  # runs first: also after a failure or a signal
     return lock
+
+
+def size_problems(cfgs: Sequence[RunConfig], run_dir: str | Path, address: str | None
+                  ) -> list[str]:
+    """What cannot fit, known before Ray starts (the dry run shows the same): datasets on the
+    run directory's disk and in memory, and, on this machine (no ``address``: a cluster's
+    nodes are not known here), every model's training in a worker's memory."""
+    from spice_ray import resources
+
+    problems = resources.check_sizes(cfgs, run_dir)
+    if address is None:
+        problems += resources.check_models(cfgs)
+    return problems
 
 
 def _collect_quietly(run_dir: Path) -> None:
@@ -232,8 +243,6 @@ def collect_ray_logs(run_dir: str | Path) -> Path | None:
     to ``<run_dir>/logs/ray`` (replacing an older copy); returns it, or None when Ray is not
     running in this process. On a multi-node cluster it holds the head node's logs (``ray
     logs`` lists the others)."""
-    import shutil
-
     try:
         import ray
 
@@ -251,7 +260,7 @@ def collect_ray_logs(run_dir: str | Path) -> Path | None:
     try:
         shutil.copytree(src, tmp, symlinks=True, ignore=shutil.ignore_patterns("*.sock"),
                         copy_function=_copy_if_present)
-    except (OSError, shutil.Error):
+    except OSError:  # shutil.Error (some files failed) is one too
         shutil.rmtree(tmp, ignore_errors=True)  # never a half copy; the old one stays
         raise
     shutil.rmtree(dest, ignore_errors=True)
@@ -260,8 +269,6 @@ def collect_ray_logs(run_dir: str | Path) -> Path | None:
 
 
 def _copy_if_present(src: str, dst: str) -> None:
-    import shutil
-
     try:
         shutil.copy2(src, dst)
     except FileNotFoundError:  # a worker's log rotated away while copying

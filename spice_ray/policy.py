@@ -27,6 +27,7 @@ import torch
 
 from spice_ray.agents import PolicyAgent, SpiceAgent
 from spice_ray.config import FusionConfig, from_dict
+from spice_ray.errors import excerpt
 from spice_ray.fusion import RandomSource
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import load_model
@@ -35,11 +36,10 @@ PRETRAINED_WEIGHTS = "model.safetensors"
 PRETRAINED_CONFIG = "config.json"
 
 
-def excerpt_array(x: np.ndarray) -> str:
-    """A short rendering of a user's array for an error message."""
-    flat = np.asarray(x).reshape(-1)
-    more = f", ... ({flat.size} values)" if flat.size > 8 else ""
-    return f"[{', '.join(str(v) for v in flat[:8])}{more}]"
+def excerpt_array(x: Any) -> str:
+    """A user's array in an error message: its values, flattened, through the one excerpt
+    rule of error messages (:func:`spice_ray.errors.excerpt`)."""
+    return excerpt(np.asarray(x).reshape(-1).tolist())
 
 
 class _Policy:
@@ -174,13 +174,10 @@ class _Policy:
         actions).
 
         Args:
-            draws: randomness of Thompson sampling / policy sampling: a seed, a
-                ``torch.Generator`` or per-task ``StepDraws`` (what the evaluation uses).
+            draws: randomness of Thompson sampling / policy sampling and of tie-breaking: a
+                seed, a ``torch.Generator`` or per-task ``StepDraws`` (what the evaluation
+                uses); None: ties go to the lowest index.
         """
-        self._single = num_envs is None
-        self.num_envs = num_envs or 1
-        if isinstance(draws, int):
-            draws = torch.Generator().manual_seed(draws)
         if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, int)
                                      or num_envs < 1):
             raise ValueError(f"num_envs must be a positive int or None, not {num_envs!r}")
@@ -223,7 +220,7 @@ class _Policy:
             raise ValueError(f"{name} has shape {x.shape}; the {self.env.name} policy takes "
                              f"shape {self._expected()}")
         if not np.isfinite(x).all():
-            raise ValueError(f"{name} holds a NaN or infinite value: {x.reshape(-1)[:8]}")
+            raise ValueError(f"{name} holds a NaN or infinite value: {excerpt_array(x)}")
         return torch.as_tensor(x.reshape(self.num_envs, S))
 
     def act(self, state: Any) -> Any:

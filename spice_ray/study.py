@@ -54,8 +54,8 @@ class StudyPlan:
     timings: dict[str, float] = field(default_factory=dict)
     """Wall seconds of each stage in this invocation (0-ish when skipped)."""
     units: list[dict[str, Any]] = field(default_factory=list)
-    """Wall seconds of each model and evaluation: {"stage", "experiment", "what", "seconds",
-    "skipped"}; with ``timings``, ``<run>/logs/timing.json``."""
+    """Wall seconds of each model and evaluation: {"stage", "experiment", "what", "seconds"};
+    with ``timings``, ``<run>/logs/timing.json``."""
 
 
 def _env_field(key: str) -> str | None:
@@ -116,14 +116,15 @@ def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = 
     jobs = [(name, m, seed) for name, cfg in plan.configs.items()
             for m in EXPERIMENTS[name].models for seed in cfg.seeds]
     for i, (name, m, seed) in enumerate(jobs, 1):
-        what = f"{name} {m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}"
+        model = f"{m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}"
+        what = f"{name} {model}"
         log.info("[pretrain %d/%d] %s", i, len(jobs), what)
         t0 = time.perf_counter()
         finals[(name, m.kind, m.variant, seed)] = pretrain(
             m.config(plan.configs[name]), m.kind, seed, datasets[name], console=console,
             label=f"model {i}/{len(jobs)} {what}")
         plan.units.append({"stage": "pretrain", "experiment": name,
-                           "what": what.split(" ", 1)[1], "seconds": time.perf_counter() - t0})
+                           "what": model, "seconds": time.perf_counter() - t0})
     return finals
 
 

@@ -18,9 +18,9 @@ is (uniform, cosine, rbf x TAUS) x (fixed x BETAS, sqrt2logt) rather than the fu
 the redundant combinations would repeat identical runs. A bandit has one state, where every
 kernel weighs every transition alike: its grid is beta and the schedule only. Per preset:
 
-    smoke: taus (0.5,)                     betas (1.0,)                  3 x 2 =  6 per env
-    small: taus (0.25, 1.0)                betas (0.5, 2.0)              4 x 3 = 12 per env
-    paper: taus (0.1, 0.25, 0.5, 1.0, 2.0) betas (0.25, 0.5, 1, 2, 4)    7 x 6 = 42 per env
+    smoke: taus (0.5,)                     betas (1.0,)                  3 x 2 =  6 (bandit 2)
+    small: taus (0.25, 1.0)                betas (0.5, 2.0)              4 x 3 = 12 (bandit 3)
+    paper: taus (0.1, 0.25, 0.5, 1.0, 2.0) betas (0.25, 0.5, 1, 2, 4)    7 x 6 = 42 (bandit 6)
 
 `small` is cut down so that both envs finish in ~15 min on 2 cores (about 5-25 s per trial).
 

@@ -140,6 +140,7 @@ def test_batched_policy_names_the_batch_shape(tmp_path) -> None:
         policy.observe(np.zeros((4, 2)), [0, 1], np.zeros(4), np.zeros((4, 2)))
     with pytest.raises(ValueError, match="num_envs must be a positive int"):
         policy.reset(num_envs=0)
+    assert policy.num_envs == 4 and not policy._single  # a refused reset changes nothing
 
 
 @pytest.mark.parametrize("kind", ["spice", "dpt"])

@@ -152,7 +152,7 @@ class UCB(_ConfidenceBound):
     name = "ucb"
 
     def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
-        return _unpulled_first(counts, mean + _bonus(counts, self.c), self._ties(mean))
+        return self._offline(counts, mean, self._ties(mean))
 
     def _offline(self, counts: Tensor, mean: Tensor, ties: Tensor | None = None) -> Tensor:
         return _unpulled_first(counts, mean + _bonus(counts, self.c), ties)

@@ -91,10 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "--by method) and the default --stat sem, not --raw")
             if "label" not in out:
                 out.insert(0, "label", out[by].astype(str).agg(", ".join, axis=1))
-            table = paper.ranked(df, out)
-            higher = bool(df["metric"].isin(paper.HIGHER_IS_BETTER).all())
-            table = table.sort_values("mean", ascending=not higher, kind="stable")
-            print(paper.render(table, args.format, str(df["metric"].iloc[0])))
+            print(paper.render(paper.ranked(df, out), args.format, str(df["metric"].iloc[0])))
             return 0
     except ResultsError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -31,7 +31,8 @@ def _escape_latex(text: str) -> str:
 
 def ranked(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """``summary`` (mean, sem, n and a ``label`` column per row) with ``best`` (the lowest mean,
-    or highest for :data:`HIGHER_IS_BETTER`) and ``tied`` (paired test against the best row).
+    or highest for :data:`HIGHER_IS_BETTER`) and ``tied`` (paired test against the best row),
+    best first.
 
     Raises:
         ResultsError: the rows hold more than one metric or more than one x.
@@ -65,7 +66,7 @@ def ranked(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else np.nan
         tied.append(bool(len(d) > 1 and abs(d.mean()) <= Z_95 * se))
     out["tied"] = tied
-    return out
+    return out.sort_values("mean", ascending=not higher, kind="stable")
 
 
 def render(table: pd.DataFrame, fmt: str, metric: str = "", digits: int = 2) -> str:
