@@ -81,6 +81,27 @@ def band_note(df: pd.DataFrame) -> str:
             + (f" (seeds averaged per task, {seeds} seeds)" if seeds > 1 else ""))
 
 
+_PLAIN = ticker.FuncFormatter(lambda v, _: f"{v:g}")
+"""Tick labels as plain numbers ("1", "10", "0.7"), not "1.0" or "7x10^-1"."""
+
+
+class _PlainLogMinor(ticker.LogFormatter):
+    """Matplotlib's choice of which minor log ticks get a label (only on an axis that spans
+    little, where the major ticks are too few), written as plain numbers."""
+
+    def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+        return f"{x:g}"
+
+
+def _plain_log_ticks(ax) -> None:
+    """Plain labels on every log axis of ``ax``, major and minor ticks alike."""
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "log":
+            axis.set_major_formatter(_PLAIN)
+            axis.set_minor_formatter(_PlainLogMinor(labelOnlyBase=False,
+                                                    minor_thresholds=(2, 0.5)))
+
+
 def _legend(ax, title: str | None = None) -> None:
     """A legend outside the data, right of the axes."""
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
@@ -120,7 +141,7 @@ def _curves(ax, df: pd.DataFrame, metric: str, logx: bool = False) -> None:
         ax.fill_between(x, m - e, m + e, color=st["color"], alpha=0.15, lw=0)
     if logx:
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
+        _plain_log_ticks(ax)
     ax.grid(alpha=0.3)
 
 
@@ -184,7 +205,7 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
                label=method, capsize=2, color=style(method)["color"])
     ax.set_xticks(np.arange(len(sigmas)) + 0.4 - width / 2, [f"sigma={s:g}" for s in sigmas])
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    _plain_log_ticks(ax)
     ax.set(ylabel="final cumulative regret (log)", title=title)
     _legend(ax)
     ax.grid(alpha=0.3, axis="y")
@@ -237,7 +258,7 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
     npri.grid(alpha=0.3)
     cov.grid(alpha=0.3)
     for ax in (cov, npri):
-        ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
+        _plain_log_ticks(ax)
     return _save(fig, path, band_note(df))
 
 
