@@ -19,7 +19,8 @@ import logging
 import shlex
 import sys
 
-from spice_ray.cli import add_config_args, run_main, size_problems, start_run
+from spice_ray import resources
+from spice_ray.cli import add_config_args, run_main, start_run
 from spice_ray.config import ConfigError
 from spice_ray.console import Console
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
@@ -46,7 +47,7 @@ def cli(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from exc
     if args.dry_run:
         print(describe_plan(plan))
-        problems = size_problems(list(plan.configs.values()), plan.run_dir, args.address)
+        problems = resources.size_problems(plan.configs.values(), plan.run_dir, args.address)
         if problems:
             print("error: " + "\nerror: ".join(problems), file=sys.stderr)
             raise SystemExit(2)

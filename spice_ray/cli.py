@@ -108,7 +108,7 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
         lock = runlock.acquire(run_dir)
     except runlock.RunDirectoryLocked as exc:
         fail(str(exc))
-    problems = size_problems(cfgs, run_dir, address)
+    problems = resources.size_problems(cfgs, run_dir, address)
     if not problems:
         console = console or Console()
         setup_logging(run_dir, console, verbose)
@@ -128,19 +128,6 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
     atexit.register(lock.release)  # also after a failure or a signal (idempotent)
     atexit.register(_collect_quietly, run_dir)  # runs first: also after a failure or a signal
     return lock
-
-
-def size_problems(cfgs: Sequence[RunConfig], run_dir: str | Path, address: str | None
-                  ) -> list[str]:
-    """What cannot fit, known before Ray starts (the dry run shows the same): datasets on the
-    run directory's disk and in memory, and, on this machine (no ``address``: a cluster's
-    nodes are not known here), every model's training in a worker's memory."""
-    from spice_ray import resources
-
-    problems = resources.check_sizes(cfgs, run_dir)
-    if address is None:
-        problems += resources.check_models(cfgs)
-    return problems
 
 
 def _collect_quietly(run_dir: Path) -> None:

@@ -389,3 +389,15 @@ def check_models(cfgs: Iterable[RunConfig], free_memory: int | None = None,
             errors.append(f"{fields}: {what}{workers}, but {human_bytes(free_memory)} of "
                           "memory is available")
     return errors
+
+
+def size_problems(cfgs: Iterable[RunConfig], run_dir: str | Path, address: str | None
+                  ) -> list[str]:
+    """What cannot fit, known before Ray starts (a run and its dry run check the same):
+    datasets on the run directory's disk and in memory, and, on this machine (no ``address``:
+    a cluster's nodes are not known here), every model's training in a worker's memory."""
+    cfgs = list(cfgs)
+    problems = check_sizes(cfgs, run_dir)
+    if address is None:
+        problems += check_models(cfgs)
+    return problems
