@@ -12,6 +12,14 @@ and AdamW. Measured in the same run on the same random batch:
 Then the ensemble alone (forward + backward on fixed latents), vectorised vs loop.
 Targets (issue 3): SPICE's step <= 1.5x DPT's; the vectorised ensemble >= 3x faster than the loop.
 On a GPU (--device cuda) the steps run under bf16 autocast.
+
+Then (``--seeds S``, default 3; 0 skips it) S seeds of SPICE at the paper's config on Ray Train,
+CPU, one Train worker as the small study runs them: each seed in its own job, one after
+another (``train.together=false``), against all S in one job (``train.together``), each wall
+time including its job's start-up. Printed: both walls and their ratio, and the fixed start-up
+per model (job wall minus the seconds inside ``fit``) before and after. Target (issue 19):
+ratio >= 2x. The ratio grows as a model's compute shrinks against the start-up; the line says
+at how many steps per model it was measured.
 """
 
 from __future__ import annotations
@@ -74,6 +82,49 @@ def time_ensemble(ens, latent: torch.Tensor, steps: int) -> float:
     return float(np.median(times))
 
 
+def bench_seeds(seeds: int, train_tasks: int, epochs: int, batch: int) -> None:
+    """S seeds trained one job each vs together in one job (see the module's docstring)."""
+    import tempfile
+    from pathlib import Path
+
+    import ray
+
+    from spice_ray.data.generate import generate_dataset
+    from spice_ray.train.loop import steps_per_epoch
+    from spice_ray.train.ray_train import ModelSpec, plan_job, pretrain_many, train_with_ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        sets = [f"data.num_train_tasks={train_tasks}", "data.num_val_tasks=64",
+                "data.num_eval_tasks=64", "eval.num_tasks=64", f"data.shard_size={train_tasks}",
+                f"train.epochs={epochs}", f"train.batch_size={batch}", "train.num_workers=1",
+                "train.worker_cpus=0.5", "train.use_gpu=false", "seeds=[0,1,2]"]
+        cfg = make_config("paper", "bandit", overrides=sets, extra={"out_dir": str(root)})
+        ds = generate_dataset(cfg, root / "ds").dataset_dir
+        steps = epochs * steps_per_epoch(cfg)
+        t0 = time.perf_counter()
+        alone_fit = 0.0
+        for seed in range(seeds):
+            job, run_dir = plan_job(cfg, "spice", seed, ds, root / "alone")
+            alone_fit += train_with_ray(job, run_dir).worker_return["fit_seconds"]
+        alone = time.perf_counter() - t0
+        specs = [ModelSpec(cfg, "spice", seed, f"seed {seed}") for seed in range(seeds)]
+        _, timing = pretrain_many(specs, ds, root / "together")
+        together = timing["seconds"]
+        together_fit = sum(timing["models"].values())
+    ray.shutdown()
+    print(f"{seeds} SPICE seeds, paper config (T=500, {cfg.model.n_layer} layers, width "
+          f"{cfg.model.n_embd}, K={cfg.model.ensemble_size}), {steps} steps of batch {batch} "
+          "each, Ray Train, 1 CPU worker:")
+    print(f"  one job per seed:  {alone:7.1f} s ({alone_fit:.1f} s in fit; start-up "
+          f"{(alone - alone_fit) / seeds:.1f} s per model)")
+    print(f"  one job for all:   {together:7.1f} s ({together_fit:.1f} s in fit; start-up "
+          f"{(together - together_fit) / seeds:.1f} s per model, "
+          f"{together - together_fit:.1f} s per job)")
+    print(f"one job per seed / together:      {alone / together:.2f}x (target >= 2x)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,6 +133,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--seeds", type=int, default=3,
+                   help="seeds for the together-vs-alone figure (0: skip it)")
+    p.add_argument("--train-tasks", type=int, default=256,
+                   help="training tasks of that figure's dataset (steps per model: this over "
+                        "--batch, times --epochs)")
+    p.add_argument("--epochs", type=int, default=1)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -125,6 +182,8 @@ def main() -> None:
           f"with eager heads {ens_loop / ens_eager:.2f}x")
     print(f"loop-ensemble SPICE / SPICE step: {results['spice_loop'] / results['spice']:.2f}x "
           "(whole step, trunk included)")
+    if args.seeds > 0:
+        bench_seeds(args.seeds, args.train_tasks, args.epochs, args.batch)
 
 
 if __name__ == "__main__":

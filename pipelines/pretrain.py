@@ -4,8 +4,9 @@
     python pipelines/pretrain.py --preset small --env bandit --model spice
     python pipelines/pretrain.py --preset small --env darkroom --model dpt --set train.num_workers=2
 
-The dataset is generated first if it is missing. A re-run resumes an interrupted training run
-from its last checkpoint, and skips a finished one.
+The dataset is generated first if it is missing. Every seed of the config trains in one Ray
+Train job (``train.together``; ``--set train.together=false`` for one job per seed). A re-run
+resumes an interrupted training run from its last checkpoint, and skips a finished one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
 from spice_ray.console import Console
 from spice_ray.model.checkpoint import read_meta
 from spice_ray.stages import generate_stage
-from spice_ray.train.ray_train import pretrain
+from spice_ray.train.ray_train import ModelSpec, pretrain_many
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -32,9 +33,10 @@ def cli(argv: list[str] | None = None) -> None:
     lock = start_run(args.address, [cfg], cfg.out_dir, stages=("datasets", "pretrain"),
                      console=console, verbose=args.verbose)
     ds_dir = run_main(generate_stage, cfg, console=console, label="dataset").dataset_dir
-    for seed in [args.seed] if args.seed is not None else cfg.seeds:
-        final = run_main(pretrain, cfg, args.model, seed, ds_dir, console=console,
-                         label=f"{args.model} seed {seed}")
+    seeds = [args.seed] if args.seed is not None else list(cfg.seeds)
+    specs = [ModelSpec(cfg, args.model, seed, f"{args.model} seed {seed}") for seed in seeds]
+    finals, _ = run_main(pretrain_many, specs, ds_dir, console=console, label=args.model)
+    for final in finals:
         metrics = read_meta(final)["metrics"]
         print(f"checkpoint: {final}")
         print(f"  epoch {int(metrics['epoch']) + 1}: train loss {metrics['train_loss']:.4f}, "

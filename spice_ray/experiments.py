@@ -44,6 +44,10 @@ class ModelRef:
     """Variant name ("" for the main model), the rows' ``variant``."""
     train: Mapping[str, Any] = field(default_factory=dict)
     """Train-section overrides of the variant."""
+    same_as: str = ""
+    """The variant whose training this one repeats bit for bit (by construction, e.g. an
+    importance weight that is identically 1): nothing is trained for it, and it is evaluated
+    with that variant's checkpoints."""
 
     def config(self, cfg: RunConfig) -> RunConfig:
         """``cfg`` with this variant's train settings."""
@@ -184,8 +188,11 @@ def _main_beta(rows: pd.DataFrame, cfg: RunConfig) -> pd.Series:
     return rows["config"].map(lambda c: json.loads(c)["beta"] == cfg.fusion.beta)
 
 
-def _variants() -> tuple[ModelRef, ...]:
-    return tuple(ModelRef("spice", name, {"use_iw": iw, "use_adv": adv, "use_epi": epi})
+def _variants(uniform_behaviour: bool = False) -> tuple[ModelRef, ...]:
+    """The weight-ablation models. Under a uniform behaviour policy the importance weight is
+    identically 1, so "iw" trains exactly as "none" and reuses its checkpoints."""
+    return tuple(ModelRef("spice", name, {"use_iw": iw, "use_adv": adv, "use_epi": epi},
+                          same_as="none" if uniform_behaviour and name == "iw" else "")
                  for name, (iw, adv, epi) in WEIGHT_VARIANTS.items())
 
 
@@ -231,11 +238,12 @@ DARKROOM_ROWS = tuple(Select(e) for e in ("spice", "dpt", "flat", "count", "rand
 DARKROOM = Experiment(
     name="darkroom",
     env="darkroom",
-    models=(ModelRef("spice"), ModelRef("dpt"), *_variants()),
+    models=(ModelRef("spice"), ModelRef("dpt"), *_variants(uniform_behaviour=True)),
     evaluations=(
         Evaluation("spice", _spice_betas, ("online",), ModelRef("spice")),
         Evaluation("dpt", _dpt, ("online",), ModelRef("dpt")),
-        *(Evaluation(m.variant, _spice, ("online",), m) for m in _variants()),
+        *(Evaluation(m.variant, _spice, ("online",), m)
+          for m in _variants(uniform_behaviour=True)),
         Evaluation("flat", _spice_flat, ("online",)),
         Evaluation("count", _count, ("online",)),
         Evaluation("random", _random, ("online",)),
@@ -263,7 +271,9 @@ DARKROOM = Experiment(
     notes=("Darkroom: with weak-last labels DPT and AD-BC are the same model (same trunk, loss "
            "and labels), reported once as DPT.",
            "Darkroom: the behaviour policy is uniform (pi_b = 1/5 for every action), so the "
-           "importance weight is identically 1 and the weight ablation's iw equals none.",
+           "importance weight is identically 1 and the weight ablation's iw trains exactly as "
+           "none (bit for bit, tested): its rows are the none models' again, not trained "
+           "twice.",
            "Darkroom reference rows: SPICE (flat prior) is SPICE's fusion and action rule "
            "with one constant prior (the shrinkage prior the model trains with) and no "
            "network; Count-UCB is the same posterior-UCB over exact states (tabular); "

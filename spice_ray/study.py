@@ -36,7 +36,7 @@ from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
 from spice_ray.stages import generate_stage
 from spice_ray.train.loop import steps_per_epoch
-from spice_ray.train.ray_train import pretrain
+from spice_ray.train.ray_train import ModelSpec, pretrain_many
 
 log = logging.getLogger(__name__)
 
@@ -111,20 +111,34 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
 
 def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = SILENT
                  ) -> Finals:
-    """Train every model of every experiment, each skipped when current."""
+    """Train every model of every experiment, each skipped when current.
+
+    With ``train.together`` (the default) each experiment's models -- every kind, variant and
+    seed -- train in one Ray Train job (one start-up per experiment); otherwise one job each.
+    """
     finals: Finals = {}
-    jobs = [(name, m, seed) for name, cfg in plan.configs.items()
-            for m in EXPERIMENTS[name].models for seed in cfg.seeds]
-    for i, (name, m, seed) in enumerate(jobs, 1):
-        model = f"{m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}"
-        what = f"{name} {model}"
-        log.info("[pretrain %d/%d] %s", i, len(jobs), what)
-        t0 = time.perf_counter()
-        finals[(name, m.kind, m.variant, seed)] = pretrain(
-            m.config(plan.configs[name]), m.kind, seed, datasets[name], console=console,
-            label=f"model {i}/{len(jobs)} {what}")
+    for i, (name, cfg) in enumerate(plan.configs.items(), 1):
+        models = EXPERIMENTS[name].models
+        keys = [(m, seed) for m in models if not m.same_as for seed in cfg.seeds]
+        specs = [ModelSpec(m.config(cfg), m.kind, seed,
+                           f"{m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}")
+                 for m, seed in keys]
+        log.info("[pretrain %d/%d] %s: %s", i, len(plan.configs), name,
+                 ", ".join(s.name for s in specs))
+        paths, timing = pretrain_many(specs, datasets[name], console=console,
+                                      label=f"{i}/{len(plan.configs)} {name}")
+        for (m, seed), path in zip(keys, paths, strict=True):
+            finals[(name, m.kind, m.variant, seed)] = path
+        for m in models:  # variants that train exactly as another: its checkpoints
+            for seed in cfg.seeds if m.same_as else ():
+                finals[(name, m.kind, m.variant, seed)] = finals[(name, m.kind, m.same_as, seed)]
+        fits = timing["models"]
+        plan.units += [{"stage": "pretrain", "experiment": name, "what": what,
+                        "seconds": sec} for what, sec in fits.items()]
         plan.units.append({"stage": "pretrain", "experiment": name,
-                           "what": model, "seconds": time.perf_counter() - t0})
+                           "what": "start-up and data" if fits else
+                           f"{count(len(specs), 'model')}, {count(timing['jobs'], 'job')}",
+                           "seconds": timing["seconds"] - sum(fits.values())})
     return finals
 
 
@@ -285,7 +299,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
 
     t1 = time.perf_counter()
     enter_stage("2/5 pretrain")
-    n_models = sum(len(EXPERIMENTS[n].models) * len(c.seeds) for n, c in plan.configs.items())
+    n_models = sum(len([m for m in EXPERIMENTS[n].models if not m.same_as]) * len(c.seeds)
+                   for n, c in plan.configs.items())
     console.stage(2, 5, "pretrain", f"{count(n_models, 'model')} (Ray Train)")
     finals = pretrain_all(plan, datasets, console)
     write_checkpoint_index(run_dir, finals)
@@ -308,7 +323,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
              *(n for name in plan.configs for n in EXPERIMENTS[name].notes),
              "Stage wall times (this invocation; 0 when skipped): "
-             + ", ".join(f"{k} {v:.0f} s" for k, v in plan.timings.items())]
+             + ", ".join(f"{k} {v:.0f} s" for k, v in plan.timings.items()),
+             *timing_notes(plan)]
     configs = {name: cfg.to_yaml() for name, cfg in plan.configs.items()}
     tables = [t for name, cfg in plan.configs.items() for t in EXPERIMENTS[name].tables_for(cfg)]
     descriptions = {t.name: t.description for t in tables}
@@ -347,6 +363,28 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     return path
 
 
+def timing_notes(plan: StudyPlan) -> list[str]:
+    """One sentence per experiment: where its pretraining and evaluation time went (start-up
+    and data against the seconds inside training, per model)."""
+    out = []
+    for name in plan.configs:
+        units = [u for u in plan.units if u["experiment"] == name]
+        train = [u for u in units if u["stage"] == "pretrain"]
+        fits = [u["seconds"] for u in train if u["what"] != "start-up and data"
+                and "job" not in u["what"]]
+        other = sum(u["seconds"] for u in train) - sum(fits)
+        evals = sum(u["seconds"] for u in units if u["stage"] == "evaluate")
+        if not units:
+            continue
+        parts = [f"{name}: pretraining {other + sum(fits):.0f} s"]
+        if fits:
+            parts.append(f"({other:.0f} s start-up and data, {count(len(fits), 'model')} "
+                         f"{min(fits):.0f}-{max(fits):.0f} s each)")
+        out.append(" ".join(parts) + f", evaluation {evals:.0f} s")
+    return ["Time per experiment (this invocation; `logs/timing.json` has every unit): "
+            + "; ".join(out)] if out else []
+
+
 def write_timing(plan: StudyPlan) -> Path:
     """``<run>/logs/timing.json``: where this invocation's time went, per stage and per model
     and evaluation (seconds), to guide the next speed-up by numbers."""
@@ -370,13 +408,16 @@ def describe_plan(plan: StudyPlan) -> str:
                      f"~{n / 4000:.0f} s at the 2-core rate of 4000 tasks/s")
     lines.append("stage 2 pretraining (Ray Train):")
     for name, cfg in plan.configs.items():
-        models: tuple[ModelRef, ...] = EXPERIMENTS[name].models
+        models: tuple[ModelRef, ...] = tuple(m for m in EXPERIMENTS[name].models
+                                             if not m.same_as)
         steps = cfg.train.epochs * steps_per_epoch(cfg)
         tc = cfg.train
         n_models, n_seeds = count(len(models), "model"), count(len(cfg.seeds), "seed")
         lines.append(f"  {name:9s} {n_models} x {n_seeds}, "
                      f"{tc.epochs} epochs, {steps} steps of batch {tc.batch_size} x "
-                     f"T={cfg.env.horizon} each; {tc.num_workers} workers "
+                     f"T={cfg.env.horizon} each; "
+                     + ("all in one job, " if tc.together and tc.num_workers else "")
+                     + f"{tc.num_workers} workers "
                      f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
         for kind in sorted({m.kind for m in models}):
             size = model_estimate(cfg, kind)

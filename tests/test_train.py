@@ -199,3 +199,55 @@ def test_gpu_request_falls_back_to_cpu_without_gpus() -> None:
     assert gpus_available(True, {"CPU": 8.0, "GPU": 1.0}, environ={})
     assert not gpus_available(True, {"CPU": 2.0}, environ={})  # laptop: train on CPU
     assert gpus_available(True, {"CPU": 8.0}, environ={LABELS_ENV: "datagen,trainer"})
+
+
+def _weights(final: Path) -> bytes:
+    return b"".join(t.numpy().tobytes() for t in ckpt.load_training_state(final)[1].values())
+
+
+@pytest.mark.ray
+def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path, monkeypatch
+                                                         ) -> None:
+    """Two models of one dataset in one Ray Train job (``train.together``), the first worker
+    attempt killed in epoch 1 of each model in turn: both resume from their own checkpoints,
+    and each model's weights equal, bit for bit, the same model trained alone in its own job.
+    """
+    from spice_ray.train.ray_train import FIT_TIMING, ModelSpec, pretrain_many
+
+    _, ds = smoke_bandit
+    sets = ["train.num_workers=1", "train.epochs=3", "train.checkpoint_every=1",
+            "train.max_failures=2", f"out_dir={tmp_path}"]
+    cfg = make_config("smoke", "bandit", overrides=sets)
+    monkeypatch.setenv(FAULT_ENV, "1")
+    specs = [ModelSpec(cfg, "spice", 0, "spice seed 0"), ModelSpec(cfg, "dpt", 1, "dpt seed 1")]
+    finals, timing = pretrain_many(specs, ds, label="together")
+    monkeypatch.delenv(FAULT_ENV)
+    assert timing["jobs"] == 1 and set(timing["models"]) == {"spice seed 0", "dpt seed 1"}
+    assert timing["seconds"] > sum(timing["models"].values()) > 0
+    for final in finals:
+        assert ckpt.read_meta(final)["epoch"] == 2 and (final.parent / FIT_TIMING).exists()
+    assert isinstance(DptModel.from_checkpoint(finals[1]), DptModel)
+    alone = make_config("smoke", "bandit", overrides=[*sets, "train.together=false",
+                                                      f"out_dir={tmp_path / 'alone'}"])
+    job, run_dir = plan_job(alone, "spice", 0, ds)
+    assert run_dir.name == finals[0].parent.name  # one identity: the switch is not in it
+    assert _weights(train_with_ray(job, run_dir).final) == _weights(finals[0])
+    # a second call finds every model current and starts no job
+    assert pretrain_many(specs, ds)[1]["jobs"] == 0
+
+
+def test_darkroom_iw_variant_trains_exactly_as_none(ray_local, tmp_path) -> None:
+    """Why the study trains darkroom's "iw" ablation model once, as "none": under the uniform
+    behaviour policy the importance weight is exactly 1, so the weights are equal bit for bit."""
+    from spice_ray.experiments import DARKROOM
+
+    cfg = make_config("smoke", "darkroom", overrides=[f"out_dir={tmp_path}", "train.epochs=1"])
+    ds = generate_dataset(cfg, tmp_path / "ds").dataset_dir
+    refs = {m.variant: m for m in DARKROOM.models}
+    assert refs["iw"].same_as == "none" and not refs["adv"].same_as
+    finals = []
+    for variant in ("none", "iw"):
+        job, run_dir = plan_job(refs[variant].config(cfg), "spice", 0, ds)
+        assert job.cfg.train.use_iw == (variant == "iw")
+        finals.append(train_local(job, run_dir).final)
+    assert finals[0] != finals[1] and _weights(finals[0]) == _weights(finals[1])

@@ -35,7 +35,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
     "small": {
+        # three training seeds for every trained model: the spread between trained models is
+        # part of every interval (one seed's SEM is over tasks of one model only)
         "bandit": {
+            "seeds": [0, 1, 2],
             "data": {"num_train_tasks": 2_000, "num_val_tasks": 200, "shard_size": 1_000,
                      "batch_size": 500},
             "model": {"n_layer": 3, "n_embd": 32, "head_hidden": 32},
@@ -43,6 +46,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         },
         "darkroom": {
             # 5k tasks x 10 epochs: at 2k x 5 the learned prior does not beat a flat one
+            "seeds": [0, 1, 2],
             "data": {"num_train_tasks": 5_000, "num_val_tasks": 200, "shard_size": 2_500,
                      "batch_size": 500},
             "model": {"n_layer": 3, "n_embd": 32, "head_hidden": 32},
@@ -59,6 +63,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 
 # medium: the small study with more darkroom data and steps (darkroom alone ~30 min on 2 cores)
 PRESETS["medium"] = {**PRESETS["small"], "darkroom": {
+    "seeds": [0, 1, 2],
     "data": {"num_train_tasks": 10_000, "num_val_tasks": 200, "shard_size": 2_500,
              "batch_size": 500},
     "model": {"n_layer": 3, "n_embd": 32, "head_hidden": 32},

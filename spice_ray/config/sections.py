@@ -259,7 +259,14 @@ class TrainConfig:
     shrink_noise_var: float = 0.09
     """sigma^2 of the shrinkage posterior (> 0)."""
     num_workers: int = 1
-    """Ray Train workers (>= 0; 0 runs the loop in the driver process)."""
+    """Ray Train workers (>= 0; 0 runs the loop in the driver process). With ``together`` and
+    several seeds, each worker trains whole models (seed i on worker i mod n); otherwise the
+    workers share one model's batches (data-parallel)."""
+    together: bool = True
+    """Train every seed of a model in one Ray Train job, one after another on its workers, so
+    the job's start-up (worker group, dataset read, warm-up) is paid once per model instead of
+    once per seed. Each seed's weights equal, bit for bit, those of the seed trained alone
+    with the same threads per model (``num_workers=1``: the same)."""
     use_gpu: bool = False
     """One GPU per Train worker, bf16 autocast."""
     worker_cpus: float = 0.5

@@ -61,7 +61,8 @@ class TrainJob:
                             "env": c["env"], "model": c["model"],
                             "train": {k: v for k, v in c["train"].items()
                                       if k not in ("num_workers", "use_gpu", "worker_cpus",
-                                                   "max_failures", "checkpoint_every")}})
+                                                   "together", "max_failures",
+                                                   "checkpoint_every")}})
 
 
 def steps_per_epoch(cfg: RunConfig) -> int:
@@ -76,14 +77,16 @@ class TrainingDiverged(SpiceRayError, RuntimeError):
 
 
 def check_step_finite(loss: Tensor, grad_norm: Tensor, where: str,
-                      components: Mapping[str, Tensor] | None = None) -> None:
+                      components: Mapping[str, Tensor] | None = None, sync: bool = True
+                      ) -> None:
     """Raise :class:`TrainingDiverged` if the loss or the gradient norm is not finite.
 
-    One host sync per step. Under DDP every rank takes the same decision (the flag is
-    all-reduced), so no rank is left waiting in a collective.
+    One host sync per step. Under DDP (``sync`` and a process group) every rank takes the same
+    decision (the flag is all-reduced), so no rank is left waiting in a collective; workers
+    that each train their own model pass ``sync=False``.
     """
     bad = (~torch.isfinite(loss.detach().float()) | ~torch.isfinite(grad_norm.float())).float()
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if sync and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
     if bad.item() > 0:
         parts = f" ({_fmt(components)})" if components else ""
@@ -220,7 +223,8 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1,
             else:
                 norm = torch.nn.utils.get_total_norm([p.grad for p in params
                                                       if p.grad is not None])
-            check_step_finite(loss, norm, f"{where} step {step + 1}", comp)
+            check_step_finite(loss, norm, f"{where} step {step + 1}", comp,
+                              sync=ctx.world_size > 1)
             optimizer.step()
             scheduler.step()
             parts.append(comp)

@@ -35,11 +35,17 @@ def describe_loss(values: Mapping[str, float], prefix: str = "") -> str:
 
 
 class ProgressReporter:
-    """StepObserver that sends a snapshot to ``sink`` every ``interval_s`` and at the end."""
+    """StepObserver that sends a snapshot to ``sink`` every ``interval_s`` and at the end.
+
+    Models trained one after another on one bar (the seeds of a model, ``train.together``)
+    report their steps after ``offset`` steps of the models before them, and name themselves
+    (``model``, e.g. "seed 1")."""
 
     def __init__(self, sink: Callable[[dict[str, Any]], None], epochs: int,
-                 interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 offset: int = 0, model: str = "") -> None:
         self.sink, self.epochs, self.interval_s, self.clock = sink, epochs, interval_s, clock
+        self.offset, self.model = offset, model
         self._last = -float("inf")
 
     def step(self, step: int, total: int, epoch: int, components: Mapping[str, Tensor]
@@ -48,7 +54,8 @@ class ProgressReporter:
         if now - self._last < self.interval_s and step < total:
             return
         self._last = now
-        self.sink({"step": step, "total": total, "epoch": epoch, "epochs": self.epochs,
+        self.sink({"step": self.offset + step, "total": total, "epoch": epoch,
+                   "epochs": self.epochs, "model": self.model,
                    "loss": {k: float(components[k]) for k in SHOWN if k in components}})
 
     def epoch(self, epoch: int, metrics: Mapping[str, float]) -> None:
@@ -63,6 +70,8 @@ class TrainBar:
 
     def __call__(self, snapshot: dict[str, Any]) -> None:
         status = f"epoch {snapshot['epoch'] + 1}/{snapshot['epochs']}"
+        if snapshot.get("model"):
+            status = f"{snapshot['model']} {status}"
         loss = describe_loss(snapshot["loss"])
         self.bar.update(done=int(snapshot["step"]), status=f"{status}, {loss}" if loss
                         else status)
