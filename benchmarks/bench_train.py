@@ -91,7 +91,8 @@ def bench_seeds(seeds: int, train_tasks: int, epochs: int, batch: int) -> None:
 
     from spice_ray.data.generate import generate_dataset
     from spice_ray.train.loop import steps_per_epoch
-    from spice_ray.train.ray_train import ModelSpec, plan_job, pretrain_many, train_with_ray
+    from spice_ray.train.ray_train import plan_job, train_with_ray
+    from spice_ray.train.together import ModelSpec, pretrain_many
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,7 +17,7 @@ from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
 from spice_ray.console import Console
 from spice_ray.model.checkpoint import read_meta
 from spice_ray.stages import generate_stage
-from spice_ray.train.ray_train import ModelSpec, pretrain_many
+from spice_ray.train.together import ModelSpec, pretrain_many
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -23,7 +23,12 @@ from spice_ray.agents import AgentSpec
 from spice_ray.config import FusionConfig, RunConfig
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
 from spice_ray.evaluate.calibration import ORACLE_METRICS
-from spice_ray.results.analysis import prior_contribution, prior_fit, prior_gap
+from spice_ray.results.analysis import (
+    prior_contribution,
+    prior_fit,
+    prior_gap,
+    tuned_comparison,
+)
 
 DARKROOM_BETAS = (0.5, 1.0, 2.0)
 WEIGHT_VARIANTS = {  # name -> (use_iw, use_adv, use_epi); "all" is the main SPICE model
@@ -113,6 +118,23 @@ class Experiment:
     """Per preset, more overrides (before the user's)."""
     notes: tuple[str, ...] = ()
     """Sentences for the report."""
+    tuned: tuple[str, ...] = ()
+    """Evaluations whose methods the tuning stage runs on validation tasks over one grid
+    (``spice_ray.tuning``) and reports once each, at the chosen setting, in the
+    ``<name>_tuned`` table."""
+
+    def tuned_table(self) -> Table | None:
+        """The table of the tuned methods on the eval tasks (None without ``tuned``)."""
+        if not self.tuned:
+            return None
+        stateless = envs.env_class(self.env).stateless
+        return Table(f"{self.name}_tuned", f"{self.name}: every method at the setting chosen "
+                     "on validation tasks (results/tuning.json), on the eval tasks",
+                     ("cumulative_regret",) if stateless else ("cumulative_regret",
+                                                               "cumulative_return"),
+                     (), ("online", "distribution") if stateless
+                     else ("online_return", "distribution"),
+                     f"{self.name}, tuned on validation", analysis=tuned_comparison)
 
     def evaluation(self, name: str) -> Evaluation:
         return next(e for e in self.evaluations if e.name == name)
@@ -230,7 +252,8 @@ def bandit_experiment(name: str, title: str, overrides: tuple[str, ...] = (),
                             "warm-start term", CALIBRATION_METRICS, (Select("spice"),),
                             ("calibration",), f"{title} prior"))
     return Experiment(name, "bandit", (ModelRef("spice"), ModelRef("dpt")), evaluations,
-                      tuple(tables), overrides, preset_overrides or {})
+                      tuple(tables), overrides, preset_overrides or {},
+                      tuned=("spice", "dpt", "flat", "baselines"))
 
 
 DARKROOM_ROWS = tuple(Select(e) for e in ("spice", "dpt", "flat", "count", "random", "ppo"))
@@ -278,6 +301,7 @@ DARKROOM = Experiment(
            "with one constant prior (the shrinkage prior the model trains with) and no "
            "network; Count-UCB is the same posterior-UCB over exact states (tabular); "
            "Random acts uniformly."),
+    tuned=("spice", "dpt", "flat", "count", "random"),
 )
 """Darkroom; ``Select("ppo")`` takes the single-task PPO reference's rows when
 ``eval.ppo_episodes > 0`` (the ``ppo`` extra)."""
@@ -292,6 +316,7 @@ DARKROOM_CONTINUOUS = Experiment(
                   "states, smooth reward): online cumulative regret and return",
                   ("cumulative_regret", "cumulative_return"), (Select("spice"), Select("dpt")),
                   ("online_return", "distribution"), "Continuous Darkroom"),),
+    tuned=("spice", "dpt"),
 )
 """The paper's continuous Darkroom (opt-in: ``--experiments ...,darkroom_continuous``)."""
 
@@ -361,6 +386,7 @@ def prior_family(name: str, title: str, references: tuple[str, ...], count: bool
                             (*CALIBRATION_METRICS, *ORACLE_METRICS), (Select("prior_fit"),),
                             ("calibration",), f"{title} prior", analysis=prior_fit))
     return Experiment(name, name, (ModelRef("spice"),), evaluations, tuple(tables),
+                      tuned=tuple(e.name for e in evaluations if e.name != "prior_fit"),
                       notes=(f"{title}: SPICE (oracle prior) is SPICE's own fusion and action "
                              "rule fed the exact Bayes posterior of the task family given the "
                              "context as its prior; Bayes posterior-UCB acts on that posterior "

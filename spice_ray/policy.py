@@ -66,7 +66,7 @@ class _Policy:
         """
         import json
 
-        from spice_ray.study import CHECKPOINT_INDEX
+        from spice_ray.records import CHECKPOINT_INDEX
 
         run_dir = Path(run_dir)
         index = run_dir / CHECKPOINT_INDEX

@@ -20,15 +20,15 @@ from typing import Any
 import pandas as pd
 
 from spice_ray import envs, tracking
-from spice_ray.agents import AgentSpec
-from spice_ray.artifacts import atomic_write_text, is_current
+from spice_ray.artifacts import atomic_write_text, file_sha256, is_current
 from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
 from spice_ray.console import SILENT, Console, count
 from spice_ray.data import store
 from spice_ray.errors import enter_stage
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
-from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Experiment, ModelRef
+from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, ModelRef, Table
 from spice_ray.model import checkpoint as ckpt
+from spice_ray.records import Finals, timing_notes, write_checkpoint_index, write_timing
 from spice_ray.resources import dataset_estimate, human_bytes, model_estimate
 from spice_ray.results import plots
 from spice_ray.results.report import write_report
@@ -36,12 +36,24 @@ from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
 from spice_ray.stages import generate_stage
 from spice_ray.train.loop import steps_per_epoch
-from spice_ray.train.ray_train import ModelSpec, pretrain_many
+from spice_ray.train.together import ModelSpec, pretrain_many
+from spice_ray.tuning import (
+    SCORE,
+    agent_specs,
+    choices_table,
+    read_tuning,
+    tune_all,
+    write_tuned_table,
+)
+from spice_ray.tuning import (
+    bases as tuning_bases,
+)
+from spice_ray.tuning import (
+    candidates as tuning_grid,
+)
 
 log = logging.getLogger(__name__)
 
-Finals = dict[tuple[str, str, str, int], Path]
-"""{(experiment, model kind, variant, seed): final checkpoint}."""
 
 
 @dataclass
@@ -158,27 +170,6 @@ def _tables_done(run_dir: Path, name: str, tables: list[str], inputs_hash: str) 
     return all(current for current, _ in states.values())
 
 
-def _flat_prior(cfg: RunConfig, dataset: Path) -> tuple[float, float]:
-    """The constant prior of the reference agents: the shrinkage prior the model trains with
-    (the data's own when ``train.shrink_prior=data``)."""
-    from spice_ray.train.prior import resolve_config
-
-    train = resolve_config(cfg, dataset).train
-    return float(train.shrink_prior_mean), float(train.shrink_prior_var)
-
-
-def _specs(exp: Experiment, cfg: RunConfig, dataset: Path) -> dict[str, list[AgentSpec]]:
-    out = {}
-    for ev in exp.evaluations:
-        specs = ev.agents(cfg)
-        if any(s.info.prior == "flat" for s in specs):
-            prior = _flat_prior(cfg, dataset)
-            specs = [dataclasses.replace(s, prior=prior) if s.info.prior == "flat" else s
-                     for s in specs]
-        out[ev.name] = specs
-    return out
-
-
 def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Finals,
                         console: Console = SILENT, pool: EvalPool | None = None) -> list[str]:
     """Every evaluation of experiment ``name`` and its tables (skipped when current), on the
@@ -188,7 +179,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
             return evaluate_experiment(plan, name, dataset, finals, console, own)
     exp, cfg = EXPERIMENTS[name], plan.configs[name]
     tables = [t.name for t in exp.tables_for(cfg)]
-    specs = _specs(exp, cfg, dataset)
+    specs = agent_specs(exp, cfg, dataset)
     inputs = config_hash({
         "eval": dataclasses.asdict(cfg.eval), "fusion": dataclasses.asdict(cfg.fusion),
         "specs": {k: [s.config_json(cfg.eval) + s.rule() + s.label for s in v]
@@ -257,22 +248,47 @@ def _ppo_rows(cfg: RunConfig, data: dict) -> pd.DataFrame:
     return ppo.assign(seed=NO_SEED, variant=episode)
 
 
-# ---- stages 4-5: figures and report ------------------------------------------------------
+# ---- stages 5-6: figures and report ------------------------------------------------------
+
+
+def study_tables(plan: StudyPlan) -> list[Table]:
+    """Every table of the study in report order: per experiment its tuned table (the
+    headline), then the others."""
+    out = []
+    for name, cfg in plan.configs.items():
+        exp = EXPERIMENTS[name]
+        out += [t for t in (exp.tuned_table(),) if t is not None] + exp.tables_for(cfg)
+    return out
 
 
 def draw_figures(plan: StudyPlan) -> dict[str, list[Path]]:
-    """The PNGs each table declares, under ``<run_dir>/figures``."""
+    """The PNGs each table declares, under ``<run_dir>/figures``; a table's figures are kept
+    when ``figures/stamps.json`` says they were drawn from the same table (its checksum
+    sidecar) by the same plotting code."""
     run_dir = plan.run_dir
+    stamps_path = run_dir / "figures" / "stamps.json"
+    try:
+        old = json.loads(stamps_path.read_text())
+    except (OSError, ValueError):
+        old = {}
+    code = file_sha256(Path(plots.__file__))
     out: dict[str, list[Path]] = {}
-    for name, cfg in plan.configs.items():
-        for table in EXPERIMENTS[name].tables_for(cfg):
-            if not table.figures:
-                continue
+    stamps = {}
+    for table in study_tables(plan):
+        if not table.figures:
+            continue
+        paths = [run_dir / "figures" / (f"{table.name}.png" if i == 0
+                                        else f"{table.name}_{kind}.png")
+                 for i, kind in enumerate(table.figures)]
+        sidecar = table_path(run_dir, table.name).with_name(f"{table.name}.parquet.sha256")
+        stamps[table.name] = config_hash({"table": sidecar.read_text(), "code": code,
+                                          "title": table.title, "kinds": table.figures})
+        if old.get(table.name) != stamps[table.name] or not all(p.exists() for p in paths):
             df = load(run_dir, table.name)
-            out[table.name] = [
-                plots.PLOTS[kind](df, run_dir / "figures" / (
-                    f"{table.name}.png" if i == 0 else f"{table.name}_{kind}.png"), table.title)
-                for i, kind in enumerate(table.figures)]
+            for kind, path in zip(table.figures, paths, strict=True):
+                plots.PLOTS[kind](df, path, table.title)
+        out[table.name] = paths
+    atomic_write_text(stamps_path, json.dumps(stamps, indent=1))
     return out
 
 
@@ -290,109 +306,72 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     first = next(iter(plan.configs.values()))
     first.write(run_dir)  # config.yaml: the first experiment's resolved config
     t0 = time.perf_counter()
-    console.stage(1, 5, "datasets", f"{len(plan.configs)} (Ray Data)")
+    console.stage(1, 6, "datasets", f"{len(plan.configs)} (Ray Data)")
     datasets = {}
     for name, cfg in plan.configs.items():
-        enter_stage("1/5 datasets", name)
+        enter_stage("1/6 datasets", name)
         datasets[name] = generate_stage(cfg, console=console, label=name).dataset_dir
     plan.timings["datasets"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    enter_stage("2/5 pretrain")
+    enter_stage("2/6 pretrain")
     n_models = sum(len([m for m in EXPERIMENTS[n].models if not m.same_as]) * len(c.seeds)
                    for n, c in plan.configs.items())
-    console.stage(2, 5, "pretrain", f"{count(n_models, 'model')} (Ray Train)")
+    console.stage(2, 6, "pretrain", f"{count(n_models, 'model')} (Ray Train)")
     finals = pretrain_all(plan, datasets, console)
     write_checkpoint_index(run_dir, finals)
     plan.timings["pretrain"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
-    enter_stage("3/5 evaluate")
-    console.stage(3, 5, "evaluate", f"{count(len(plan.configs), 'experiment')} (Ray actors)")
-    with EvalPool() as pool:  # the actors start once for the whole stage
+    enter_stage("3/6 tune")
+    console.stage(3, 6, "tune", "every method's settings on validation tasks (Ray actors)")
+    with EvalPool() as pool:  # the actors start once for tuning and evaluation
+        tuning = tune_all(plan.configs, run_dir, datasets, finals, pool, console)
+        plan.timings["tune"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        enter_stage("4/6 evaluate")
+        console.stage(4, 6, "evaluate",
+                      f"{count(len(plan.configs), 'experiment')} (Ray actors)")
         for name in plan.configs:
             evaluate_experiment(plan, name, datasets[name], finals, console, pool)
-    plan.timings["evaluate"] = time.perf_counter() - t2
+            if name in tuning:
+                write_tuned_table(name, plan.configs[name], run_dir, datasets[name], finals,
+                                  pool, tuning[name])
+    plan.timings["evaluate"] = time.perf_counter() - t3
 
-    enter_stage("4/5 figures")
-    t3 = time.perf_counter()
+    enter_stage("5/6 figures")
+    t4 = time.perf_counter()
     figures = draw_figures(plan)
-    plan.timings["figures"] = time.perf_counter() - t3
-    console.stage(4, 5, "figures", f"{count(sum(len(v) for v in figures.values()), 'PNG file')}")
-    enter_stage("5/5 report")
+    plan.timings["figures"] = time.perf_counter() - t4
+    console.stage(5, 6, "figures", f"{count(sum(len(v) for v in figures.values()), 'PNG file')}")
+    enter_stage("6/6 report")
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
              *(n for name in plan.configs for n in EXPERIMENTS[name].notes),
              "Stage wall times (this invocation; 0 when skipped): "
              + ", ".join(f"{k} {v:.0f} s" for k, v in plan.timings.items()),
-             *timing_notes(plan)]
+             *timing_notes(list(plan.configs), plan.units)]
     configs = {name: cfg.to_yaml() for name, cfg in plan.configs.items()}
-    tables = [t for name, cfg in plan.configs.items() for t in EXPERIMENTS[name].tables_for(cfg)]
+    tables = study_tables(plan)
     descriptions = {t.name: t.description for t in tables}
     findings = {t.name: t.analysis(load(run_dir, t.name)) for t in tables if t.analysis}
+    choices = choices_table(read_tuning(run_dir))
+    sections = [("Settings chosen on validation tasks",
+                 f"Each method's setting, chosen by the {SCORE} on the grid of "
+                 "`spice_ray.tuning` (the same grid for SPICE and every reference); every "
+                 "validation score is in `results/tuning.json`. The `*_tuned` tables run each "
+                 "method once, at its choice, on the eval tasks; the other tables show every "
+                 "setting of a fixed grid on the eval tasks, for sensitivity, not for ranking.",
+                 choices)] if len(choices) else []
     report = write_report(run_dir, figures, configs, notes, descriptions, findings,
                           horizon_points=(10, 50, first.env.horizon),
-                          order=[t.name for t in tables])
+                          order=[t.name for t in tables], sections=sections)
     plan.timings["total"] = time.perf_counter() - t0
-    write_timing(plan)
-    console.stage(5, 5, "report", str(report))
+    write_timing(run_dir, plan.timings, plan.units)
+    console.stage(6, 6, "report", str(report))
     if first.track != "none":
         tracking.log_study(first, run_dir)
         console.line(f"  tables, figures and report logged to {first.track}")
     return report
-
-
-CHECKPOINT_INDEX = "checkpoints/index.json"
-"""Under a run directory: every final checkpoint of the study by experiment, model kind,
-variant and seed (what ``SpicePolicy.from_run`` reads, so nobody globs hash-named paths)."""
-
-
-def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
-    """Record (merging with an earlier invocation's) the final checkpoints of ``finals``."""
-    path = run_dir / CHECKPOINT_INDEX
-    try:
-        entries = json.loads(path.read_text())["checkpoints"]
-    except (OSError, ValueError, KeyError, TypeError):
-        entries = []
-    new = {(name, kind, variant, seed): str(Path(final).relative_to(run_dir))
-           for (name, kind, variant, seed), final in finals.items()}
-    kept = [e for e in entries if isinstance(e, dict) and
-            (e.get("experiment"), e.get("kind"), e.get("variant"), e.get("seed")) not in new]
-    entries = kept + [{"experiment": k[0], "kind": k[1], "variant": k[2], "seed": k[3],
-                       "path": p} for k, p in sorted(new.items())]
-    atomic_write_text(path, json.dumps({"checkpoints": entries}, indent=1))
-    return path
-
-
-def timing_notes(plan: StudyPlan) -> list[str]:
-    """One sentence per experiment: where its pretraining and evaluation time went (start-up
-    and data against the seconds inside training, per model)."""
-    out = []
-    for name in plan.configs:
-        units = [u for u in plan.units if u["experiment"] == name]
-        train = [u for u in units if u["stage"] == "pretrain"]
-        fits = [u["seconds"] for u in train if u["what"] != "start-up and data"
-                and "job" not in u["what"]]
-        other = sum(u["seconds"] for u in train) - sum(fits)
-        evals = sum(u["seconds"] for u in units if u["stage"] == "evaluate")
-        if not units:
-            continue
-        parts = [f"{name}: pretraining {other + sum(fits):.0f} s"]
-        if fits:
-            parts.append(f"({other:.0f} s start-up and data, {count(len(fits), 'model')} "
-                         f"{min(fits):.0f}-{max(fits):.0f} s each)")
-        out.append(" ".join(parts) + f", evaluation {evals:.0f} s")
-    return ["Time per experiment (this invocation; `logs/timing.json` has every unit): "
-            + "; ".join(out)] if out else []
-
-
-def write_timing(plan: StudyPlan) -> Path:
-    """``<run>/logs/timing.json``: where this invocation's time went, per stage and per model
-    and evaluation (seconds), to guide the next speed-up by numbers."""
-    path = plan.run_dir / "logs" / "timing.json"
-    atomic_write_text(path, json.dumps(
-        {"stages": {k: round(v, 3) for k, v in plan.timings.items()},
-         "units": [{**u, "seconds": round(u["seconds"], 3)} for u in plan.units]}, indent=1))
-    return path
 
 
 def describe_plan(plan: StudyPlan) -> str:
@@ -425,11 +404,21 @@ def describe_plan(plan: StudyPlan) -> str:
                          f"{human_bytes(size.worker_bytes)} per worker (weights, gradients, "
                          f"AdamW {human_bytes(size.state_bytes)}; activations "
                          f"{human_bytes(size.activation_bytes)})")
-    lines.append("stage 3 evaluation (Ray actors):")
+    lines.append("stage 3 tuning on validation tasks (Ray actors):")
+    for name, cfg in plan.configs.items():
+        exp = EXPERIMENTS[name]
+        points = [len(tuning_grid(s, cfg.eval)) for ev in exp.tuned
+                  for s in tuning_bases(exp.evaluation(ev).agents(cfg), cfg)]
+        seeds = len(cfg.seeds)
+        lines.append(f"  {name:9s} {count(len(points), 'method')}, "
+                     f"{count(sum(points), 'grid point')} (x {count(seeds, 'seed')} where "
+                     f"trained) on {min(cfg.eval.num_tasks, cfg.data.num_val_tasks)} validation "
+                     "tasks")
+    lines.append("stage 4 evaluation (Ray actors):")
     for name, cfg in plan.configs.items():
         lines.append(f"  {name:9s} {cfg.eval.num_tasks} tasks, H={cfg.eval.online_horizon}, "
                      f"{cfg.eval.num_actors} actors x {cfg.eval.actor_cpus} CPU"
                      + (f" + {cfg.eval.actor_gpus} GPU" if cfg.eval.actor_gpus else ""))
-    lines += ["stage 4 figures, stage 5 report.md", "",
+    lines += ["stage 5 figures, stage 6 report.md", "",
               f"datasets on disk: ~{human_bytes(total_bytes)}"]
     return "\n".join(lines)

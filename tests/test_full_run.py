@@ -13,10 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spice_ray.experiments import EXPERIMENTS
 from spice_ray.results import load, summarise, write
 from spice_ray.results.__main__ import main as results_main
-from spice_ray.study import plan_study, run_study
+from spice_ray.study import plan_study, run_study, study_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +26,7 @@ def _mtimes(run_dir: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime_ns for p in files}
 
 
-CONSOLE_LINE = re.compile(r"^(\[\d/5\] |  \S|spice-ray study|report: |figures: |tables: )")
+CONSOLE_LINE = re.compile(r"^(\[\d/6\] |  \S|spice-ray study|report: |figures: |tables: )")
 """Every line the study prints: stage headers, indented unit lines, its first and last lines."""
 
 
@@ -43,13 +42,14 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert 10 <= len(lines) <= 60, proc.stdout
     assert [line for line in lines if not CONSOLE_LINE.match(line)] == [], proc.stdout
     assert proc.stderr.strip() == "", proc.stderr[-3000:]
-    assert any(re.search(r"model \d+/\d+ bandit spice seed 0: \d+ epochs, loss [\d.]+ "
+    assert any(re.search(r"\d+/\d+ bandit spice seed 0: \d+ epochs, loss [\d.]+ "
                          r"\(policy [\d.]+, td [\d.]+, shrink [\d.]+, anchor [\d.]+\)", line)
                for line in lines), proc.stdout
     logs = tmp_path / "run" / "logs"
-    assert "[stage 3/5 evaluate]" in (logs / "driver.log").read_text()
+    assert "[stage 4/6 evaluate]" in (logs / "driver.log").read_text()
     timing = json.loads((logs / "timing.json").read_text())
-    assert set(timing["stages"]) == {"datasets", "pretrain", "evaluate", "figures", "total"}
+    assert set(timing["stages"]) == {"datasets", "pretrain", "tune", "evaluate", "figures",
+                                     "total"}
     assert {u["stage"] for u in timing["units"]} == {"pretrain", "evaluate"}
     assert all(u["seconds"] >= 0 for u in timing["units"])
     assert (logs / "ray" / "raylet.out").exists() and any((logs / "ray").glob("worker-*.out"))
@@ -65,14 +65,27 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="no spice model of experiment 'bandit' seed 7"):
         spice_ray.SpicePolicy.from_run(plan.run_dir, "bandit", seed=7)
     run_dir = plan.run_dir
-    tables = sorted(t.name for name, cfg in plan.configs.items()
-                    for t in EXPERIMENTS[name].tables_for(cfg))
+    tables = sorted(t.name for t in study_tables(plan))
     assert "darkroom_online_state" in tables  # the other regret reading's table
+    # every method's settings chosen on validation tasks over one grid, then run once on eval
+    tuning = json.loads((run_dir / "results" / "tuning.json").read_text())
+    assert set(tuning) == set(plan.configs)
+    assert {r["split"] for r in tuning.values()} == {"validation"}
+    for name, record in tuning.items():
+        for label, method in record["methods"].items():
+            best = min(method["grid"], key=lambda g: g["mean"])["mean"]
+            chosen = next(g for g in method["grid"] if g["setting"] == method["chosen"])
+            assert chosen["mean"] == best, (name, label)
+    grids = {label: len(m["grid"]) for label, m in tuning["darkroom"]["methods"].items()}
+    assert grids == {"SPICE": 20, "SPICE (flat prior)": 20, "Count-UCB": 5, "DPT": 1,
+                     "Random": 1}  # beta (4 and the schedule) x tau (4) where a kernel has one
+    assert len(tuning["bandit"]["methods"]["UCB"]["grid"]) == 4  # its c
+    tuned = load(run_dir, "bandit_tuned")
+    assert set(tuned["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS", "SPICE (flat prior)"}
+    assert (tuned.groupby("method")["config"].nunique() == 1).all()  # one setting each
     assert sorted(p.stem for p in (run_dir / "results").glob("*.parquet")) == tables
     declared = sorted(f"{t.name}.png" if i == 0 else f"{t.name}_{kind}.png"
-                      for name, cfg in plan.configs.items()
-                      for t in EXPERIMENTS[name].tables_for(cfg)
-                      for i, kind in enumerate(t.figures))
+                      for t in study_tables(plan) for i, kind in enumerate(t.figures))
     figures = sorted(p.name for p in (run_dir / "figures").glob("*.png"))
     assert figures == declared and all((run_dir / "figures" / f).stat().st_size > 5_000
                                        for f in figures)
@@ -82,11 +95,11 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     per_task = visits.groupby(["method", "config", "seed", "task_id"])["value"].sum()
     assert (per_task == horizon).all()  # one cell per step: where each action was taken
     text = report.read_text()
-    study_order = [t.name for name, cfg in plan.configs.items()
-                   for t in EXPERIMENTS[name].tables_for(cfg)]
+    study_order = [t.name for t in study_tables(plan)]
     places = [text.index(f"## {name}\n") for name in study_order]
     assert places == sorted(places)  # the report follows the study, not the alphabet
     assert (run_dir / "config.yaml").exists() and "```yaml" not in text  # configs: appendix
+    assert "## Settings chosen on validation tasks" in text and "Ranked by final" in text
     assert "[configs.md](configs.md)" in text and "```yaml" in (run_dir / "configs.md").read_text()
     cfg = plan.configs["bandit"]
     online = load(run_dir, "bandit_online")

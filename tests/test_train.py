@@ -124,12 +124,12 @@ def test_ray_dataset_streams_in_file_order(ray_local, tmp_path) -> None:
     """The cause of the flaky same-seed test: ``materialize()`` runs in the driver, outside
     Ray Train's ``DataConfig(preserve_order=True)``, and put the shards in the order their read
     tasks finished, so training batches (cut from that stream) changed from run to run."""
-    from spice_ray.train.ray_train import _train_dataset
+    from spice_ray.train.ray_train import train_dataset
 
     cfg = make_config("smoke", "bandit", overrides=["data.shard_size=16"])
     ds_dir = generate_dataset(cfg, tmp_path / "ds").dataset_dir  # 6 train shards
     for _ in range(4):  # on the old code, a 6-shard split came out of order in most reads
-        ds = _train_dataset(str(ds_dir), "train")
+        ds = train_dataset(str(ds_dir), "train")
         firsts = [int(b["task_id"][0])
                   for b in ds.iter_batches(batch_size=16, batch_format="numpy")]
         assert firsts == [0, 16, 32, 48, 64, 80]
@@ -212,7 +212,7 @@ def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path
     attempt killed in epoch 1 of each model in turn: both resume from their own checkpoints,
     and each model's weights equal, bit for bit, the same model trained alone in its own job.
     """
-    from spice_ray.train.ray_train import FIT_TIMING, ModelSpec, pretrain_many
+    from spice_ray.train.together import FIT_TIMING, ModelSpec, pretrain_many
 
     _, ds = smoke_bandit
     sets = ["train.num_workers=1", "train.epochs=3", "train.checkpoint_every=1",

@@ -164,3 +164,31 @@ def prior_fit(df: pd.DataFrame, hs: tuple[int, ...] = (0, 20)) -> list[str]:
             f"{means['n_pri_mean', h]:.2f} (exact posterior's "
             f"{means['oracle_n_pri_mean', h]:.2f}).")
     return out
+
+
+def tuned_comparison(df: pd.DataFrame) -> list[str]:
+    """The tuned table in sentences: the methods ranked by final cumulative regret, and every
+    other method minus SPICE, paired by task (seeds averaged per task first). Each method
+    appears once, at its own validation-chosen setting, so pairs are by task only."""
+    final = final_values(df, "cumulative_regret")
+    if final.empty:
+        return []
+    per_task = task_means(final[final["variant"] == ""].drop(columns=["config", "rule"]))
+    wide = per_task.pivot_table(index="task_id", columns="method", values="value")
+    ranked = wide.mean().sort_values()
+    out = ["Ranked by final cumulative regret (each method at its validation-chosen setting): "
+           + ", ".join(f"{m} {v:.3g}" for m, v in ranked.items()) + "."]
+    if LEARNED not in wide:
+        return out
+    diffs = []
+    for method in ranked.index:
+        if method == LEARNED:
+            continue
+        d = (wide[method] - wide[LEARNED]).dropna()
+        if len(d) > 1:
+            diffs.append(f"{method} {d.mean():+.3g} +- {d.std(ddof=1) / np.sqrt(len(d)):.2g}")
+    if diffs:
+        out.append(f"Each method minus {LEARNED}, paired by task (mean +- SEM over "
+                   f"{len(wide)} tasks; positive: SPICE has less regret): "
+                   + "; ".join(diffs) + ".")
+    return out

@@ -75,10 +75,16 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
                  notes: list[str] | None = None, descriptions: dict[str, str] | None = None,
                  findings: dict[str, list[str]] | None = None,
                  horizon_points: tuple[int, ...] = (10, 50, 500),
-                 order: list[str] | None = None) -> Path:
+                 order: list[str] | None = None,
+                 sections: list[tuple[str, str, pd.DataFrame]] | None = None) -> Path:
     """Write ``<run_dir>/report.md`` (tables in ``order``, the study's, then any others) and
     ``<run_dir>/configs.md`` (every experiment's resolved config, the report's appendix);
-    returns the report's path."""
+    returns the report's path.
+
+    Args:
+        sections: (title, paragraph, table) shown before the tables (e.g. the settings chosen
+            on validation tasks).
+    """
     run_dir = Path(run_dir)
     out = ["# spice-ray study report", ""]
     out += [f"Run directory: `{run_dir.resolve()}`. Every number is mean +- SEM over evaluation "
@@ -87,6 +93,8 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
     for note in notes or []:
         out += [f"- {note}"]
     out += [""]
+    for title, text, table in sections or []:
+        out += [f"## {title}", "", text, "", _md_table(table), ""]
     have = list_experiments(run_dir)
     have = [t for t in order or [] if t in have] + [t for t in have if t not in (order or [])]
     for exp in have:

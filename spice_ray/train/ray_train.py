@@ -9,7 +9,6 @@ Ray or the plain in-process loop and publishes the final checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import shutil
@@ -23,9 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from spice_ray import tracking
-from spice_ray.artifacts import atomic_write_text
 from spice_ray.config import RunConfig
-from spice_ray.console import SILENT, Bar, Console, count
+from spice_ray.console import SILENT, Bar, Console
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.tokens import make_tokens
@@ -49,7 +47,7 @@ from spice_ray.train.progress import ProgressReporter, QueueDrain, TrainBar, des
 log = logging.getLogger(__name__)
 
 
-def _shard_batches(job: TrainJob, train_rows: int, epoch: int, batch_size: int, rank: int,
+def shard_batches(job: TrainJob, train_rows: int, epoch: int, batch_size: int, rank: int,
                    world_size: int) -> Iterator[dict[str, Any]]:
     """Every worker streams the whole split in file order (:func:`data_config`,
     :func:`spice_ray.data.store.ray_dataset`) and keeps its share of :func:`shuffled_batches`:
@@ -64,7 +62,7 @@ def _shard_batches(job: TrainJob, train_rows: int, epoch: int, batch_size: int, 
                             world_size)
 
 
-def _val_batches(batch_size: int) -> Iterator[dict[str, Any]]:
+def val_shard_batches(batch_size: int) -> Iterator[dict[str, Any]]:
     import ray.train
 
     return ray.train.get_dataset_shard("validation").iter_torch_batches(
@@ -92,11 +90,11 @@ class RayContext:
         self._train_rows = store.load_manifest(job.dataset_dir).split("train")["num_rows"]
 
     def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
-        return _shard_batches(self.job, self._train_rows, epoch, batch_size, self.rank,
+        return shard_batches(self.job, self._train_rows, epoch, batch_size, self.rank,
                               self.world_size)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
-        return _val_batches(batch_size)
+        return val_shard_batches(batch_size)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         import ray.train.torch
@@ -129,29 +127,6 @@ class RayContext:
         else:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(
                 str(checkpoint_dir)))
-
-
-class SeedContext(LocalContext):
-    """LoopContext of one model that a Ray Train worker trains whole (``train.together``).
-
-    Batches come from the worker's dataset shards exactly as for a one-worker
-    :class:`RayContext` (so the weights are the same), but the worker is a world of its own
-    (no DDP wrapper, no collective), and the checkpoints live in the model's own run directory
-    (``<run_dir>/local/epoch-*``, as in the plain loop), where a retried worker resumes.
-    """
-
-    def __init__(self, job: TrainJob, run_dir: Path) -> None:
-        import ray.train.torch
-
-        super().__init__(job, run_dir)
-        self.device = ray.train.torch.get_device()
-        self._train_rows = store.load_manifest(job.dataset_dir).split("train")["num_rows"]
-
-    def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
-        return _shard_batches(self.job, self._train_rows, epoch, batch_size, 0, 1)
-
-    def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
-        return _val_batches(batch_size)
 
 
 def start_tracking(job: TrainJob) -> tracking.Run | None:
@@ -226,65 +201,7 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
             "fit_seconds": time.perf_counter() - t0}
 
 
-DIVERGED = "diverged.txt"
-"""In a model's run directory: why its training diverged (``train.together``: a worker that
-trains several models writes it and goes on with the next one; the driver raises)."""
-
-FIT_TIMING = "fit.json"
-"""In a model's run directory: the seconds its ``fit`` took in its last training
-(``train.together``), to tell a job's start-up from its compute."""
-
-
-def train_models_worker(config: dict[str, Any]) -> dict[str, Any]:
-    """``train_loop_per_worker`` of a together job: this worker trains the models
-    ``config["models"][rank::world_size]`` whole, one after another, each skipped when its
-    final checkpoint is current (a retried worker resumes the unfinished one from its
-    checkpoints). Rank 0 reports its steps to the driver's bar.
-    """
-    import ray.train
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    torch.set_num_threads(int(config["threads"]))
-    tctx = ray.train.get_context()
-    rank, world = tctx.get_world_rank(), tctx.get_world_size()
-    offset = 0
-    for item in config["models"][rank::world]:
-        job, run_dir = TrainJob(**item["job"]), Path(item["run_dir"])
-        steps = job.cfg.train.epochs * steps_per_epoch(job.cfg)
-        (run_dir / DIVERGED).unlink(missing_ok=True)
-        if final_is_current(run_dir / "final", job):
-            offset += steps
-            continue
-        ctx = SeedContext(job, run_dir)
-        observers: list[StepObserver] = []
-        if rank == 0 and config.get("progress") is not None:
-            observers.append(ProgressReporter(config["progress"].put_nowait,
-                                              job.cfg.train.epochs, offset=offset,
-                                              model=item["name"]))
-        run = start_tracking(job)
-        if run is not None:
-            observers.append(TrainTracker(run))
-        t0 = time.perf_counter()
-        try:
-            fit(job, ctx, fault_epoch=int(config.get("fault_epoch", -1)), observers=observers)
-        except TrainingDiverged as exc:  # the others still train; the driver raises
-            (run_dir / DIVERGED).write_text(str(exc))
-            continue
-        finally:
-            offset += steps
-            if run is not None:
-                run.finish()
-        last = ctx.resume_dir()
-        if last is None:
-            raise ckpt.CheckpointError(f"training {run_dir} finished without a checkpoint")
-        publish_final(last, run_dir / "final")
-        atomic_write_text(run_dir / FIT_TIMING, json.dumps(
-            {"fit_seconds": time.perf_counter() - t0, "threads": int(config["threads"])}))
-    return {}
-
-
-def _threads_per_worker(cfg: RunConfig, workers: int | None = None) -> int:
+def threads_per_worker(cfg: RunConfig, workers: int | None = None) -> int:
     """Torch threads of each of ``workers`` Train workers (default ``train.num_workers``): the
     cluster's CPUs shared out, at most 8. A model's weights depend on it bit for bit (CPU
     matrix products split their work by thread)."""
@@ -338,7 +255,7 @@ MATERIALIZE_BYTES = 512 * 1024**2
 re-runs the Parquet read pipeline (seconds per epoch, which dominates small runs)."""
 
 
-def _train_dataset(dataset_dir: str, split: str):
+def train_dataset(dataset_dir: str, split: str):
     ds = store.ray_dataset(dataset_dir, split)
     if store.load_manifest(dataset_dir).split(split)["bytes"] < MATERIALIZE_BYTES:
         ds = ds.materialize()
@@ -374,12 +291,12 @@ def train_with_ray(job: TrainJob, run_dir: Path, bar: Bar | None = None) -> Trai
                  | placement_resources(TRAINER))  # GPU nodes of cluster.yaml, when present
     trainer = TorchTrainer(
         train_worker,
-        train_loop_config={"job": dataclasses.asdict(job), "threads": _threads_per_worker(cfg),
+        train_loop_config={"job": dataclasses.asdict(job), "threads": threads_per_worker(cfg),
                            "fault_epoch": fault_epoch_from_env(),
                            "run_dir": str(run_dir.resolve()), "progress": queue},
         scaling_config=ray.train.ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
-        datasets={split: _train_dataset(job.dataset_dir, split)
+        datasets={split: train_dataset(job.dataset_dir, split)
                   for split in ("train", "validation")},
         dataset_config=data_config(),
         run_config=ray.train.RunConfig(
@@ -407,66 +324,6 @@ def train_with_ray(job: TrainJob, run_dir: Path, bar: Bar | None = None) -> Trai
     with result.checkpoint.as_directory() as d:
         final = publish_final(Path(d), run_dir / "final")
     return TrainResult(final, returned)
-
-
-def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = None) -> None:
-    """Train ``models`` ((name, job, run directory); one dataset and one ``train`` placement)
-    in one TorchTrainer whose workers each train whole models: ``min(len(models),
-    train.num_workers)`` workers, model i on worker i mod n, with the threads each would have
-    alone on that many workers. Each publishes ``<run_dir>/final``.
-
-    Raises:
-        TrainingDiverged: naming every model whose training diverged (after the others ran).
-    """
-    import ray.train
-    from ray.train.torch import TorchTrainer
-    from ray.util.queue import Queue
-
-    cfg = models[0][1].cfg
-    tc = cfg.train
-    workers = min(len(models), max(1, tc.num_workers))
-    use_gpu = gpus_available(tc.use_gpu)
-    queue = Queue(actor_options={"num_cpus": 0}) if bar is not None else None
-    resources = ({"CPU": tc.worker_cpus} | ({"GPU": 1.0} if use_gpu else {})
-                 | placement_resources(TRAINER))
-    first_dir = models[0][2]
-    trainer = TorchTrainer(
-        train_models_worker,
-        train_loop_config={"models": [{"name": name, "job": dataclasses.asdict(job),
-                                       "run_dir": str(run_dir.resolve())}
-                                      for name, job, run_dir in models],
-                           "threads": _threads_per_worker(cfg, workers),
-                           "fault_epoch": fault_epoch_from_env(), "progress": queue},
-        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu,
-                                               resources_per_worker=resources),
-        datasets={split: _train_dataset(models[0][1].dataset_dir, split)
-                  for split in ("train", "validation")},
-        dataset_config=data_config(),
-        run_config=ray.train.RunConfig(
-            name=TOGETHER_DIR, storage_path=str(first_dir.resolve()),
-            failure_config=ray.train.FailureConfig(max_failures=tc.max_failures)),
-    )
-    try:
-        if queue is not None and bar is not None:
-            with QueueDrain(queue, TrainBar(bar)):
-                trainer.fit()
-        else:
-            trainer.fit()
-    finally:
-        if queue is not None:
-            queue.shutdown()
-    diverged = [(run_dir / DIVERGED).read_text() for _, _, run_dir in models
-                if (run_dir / DIVERGED).exists()]
-    if diverged:
-        raise TrainingDiverged("; ".join(diverged))
-    for _, job, run_dir in models:
-        if not final_is_current(run_dir / "final", job):
-            raise ckpt.CheckpointError(f"training {run_dir} finished without a final "
-                                       "checkpoint")
-
-
-TOGETHER_DIR = "ray-together"
-"""Ray Train's run name of a together job, under its first model's run directory."""
 
 
 def train_local(job: TrainJob, run_dir: Path, bar: Bar | None = None) -> TrainResult:
@@ -575,68 +432,3 @@ def pretrain(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
     bar.close(f"{tc.epochs} epochs, {describe_loss(metrics, 'train_')}, val "
               f"{metrics.get('val_loss', float('nan')):.3f}" if metrics else "done")
     return result.final
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """One model of :func:`pretrain_many`: its config (a variant's train settings applied),
-    kind, seed and display name."""
-
-    cfg: RunConfig
-    kind: str
-    seed: int
-    name: str = ""
-
-
-def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
-                  checkpoints_root: str | Path | None = None, console: Console = SILENT,
-                  label: str = "") -> tuple[list[Path], dict[str, Any]]:
-    """Pretrain several models of one dataset (each skipped when current); returns their
-    ``final`` checkpoints, in order, and a timing record.
-
-    With ``train.together`` (and Ray workers) the models that need training run in one Ray
-    Train job (:func:`train_together`), one progress bar and one summary line for all of
-    them; otherwise each is :func:`pretrain`-ed on its own.
-
-    The timing record: ``{"seconds": wall, "models": {name: fit seconds}, "jobs": n}`` (fit
-    seconds of together jobs only), so a job's start-up is ``seconds - sum(models)``.
-    """
-    t0 = time.perf_counter()
-    planned = [(m, *plan_job(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root))
-               for m in models]
-    tc = models[0].cfg.train
-    if not tc.together or tc.num_workers == 0:
-        finals = [pretrain(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root, console,
-                           f"{label} {m.name}".strip()) for m in models]
-        return finals, {"seconds": time.perf_counter() - t0, "models": {},
-                        "jobs": len(models)}
-    todo = [(m.name or f"{m.kind} seed {m.seed}", job, run_dir)
-            for m, job, run_dir in planned if not final_is_current(run_dir / "final", job)]
-    finals = [run_dir / "final" for _, _, run_dir in planned]
-    if not todo:
-        console.line(f"  {label}: {count(len(models), 'checkpoint')} current, skipped")
-        return finals, {"seconds": time.perf_counter() - t0, "models": {}, "jobs": 0}
-    for _, job, run_dir in todo:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        job.cfg.write(run_dir)  # as trained: data-derived values filled in
-    workers = min(len(todo), max(1, tc.num_workers))
-    steps = sum(job.cfg.train.epochs * steps_per_epoch(job.cfg) for _, job, _ in todo[::workers])
-    skipped = len(models) - len(todo)
-    bar = console.bar(f"{label}: {count(len(todo), 'model')} in one job"
-                      + (f" ({skipped} current)" if skipped else ""), steps, "step")
-    try:
-        train_together(todo, bar)
-    except BaseException as exc:
-        bar.abort(exc)
-        raise
-    vals = [ckpt.read_meta(run_dir / "final")["metrics"].get("val_loss", float("nan"))
-            for _, _, run_dir in todo]
-    bar.close(f"val loss {min(vals):.3f}" + (f"-{max(vals):.3f}" if len(vals) > 1 else ""))
-    fit_seconds = {}
-    for name, _, run_dir in todo:
-        try:
-            fit_seconds[name] = float(json.loads((run_dir / FIT_TIMING).read_text())
-                                      ["fit_seconds"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    return finals, {"seconds": time.perf_counter() - t0, "models": fit_seconds, "jobs": 1}

@@ -1,0 +1,69 @@
+"""What a study records beside its tables: the index of its final checkpoints (what
+``SpicePolicy.from_run`` reads) and where its time went (``logs/timing.json``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from spice_ray.artifacts import atomic_write_text
+from spice_ray.console import count
+
+Finals = dict[tuple[str, str, str, int], Path]
+"""{(experiment, model kind, variant, seed): final checkpoint}."""
+
+
+CHECKPOINT_INDEX = "checkpoints/index.json"
+"""Under a run directory: every final checkpoint of the study by experiment, model kind,
+variant and seed (what ``SpicePolicy.from_run`` reads, so nobody globs hash-named paths)."""
+
+
+def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
+    """Record (merging with an earlier invocation's) the final checkpoints of ``finals``."""
+    path = run_dir / CHECKPOINT_INDEX
+    try:
+        entries = json.loads(path.read_text())["checkpoints"]
+    except (OSError, ValueError, KeyError, TypeError):
+        entries = []
+    new = {(name, kind, variant, seed): str(Path(final).relative_to(run_dir))
+           for (name, kind, variant, seed), final in finals.items()}
+    kept = [e for e in entries if isinstance(e, dict) and
+            (e.get("experiment"), e.get("kind"), e.get("variant"), e.get("seed")) not in new]
+    entries = kept + [{"experiment": k[0], "kind": k[1], "variant": k[2], "seed": k[3],
+                       "path": p} for k, p in sorted(new.items())]
+    atomic_write_text(path, json.dumps({"checkpoints": entries}, indent=1))
+    return path
+
+
+def timing_notes(experiments: list[str], units: list[dict[str, Any]]) -> list[str]:
+    """One sentence per experiment: where its pretraining and evaluation time went (start-up
+    and data against the seconds inside training, per model)."""
+    out = []
+    for name in experiments:
+        mine = [u for u in units if u["experiment"] == name]
+        train = [u for u in mine if u["stage"] == "pretrain"]
+        fits = [u["seconds"] for u in train if u["what"] != "start-up and data"
+                and "job" not in u["what"]]
+        other = sum(u["seconds"] for u in train) - sum(fits)
+        evals = sum(u["seconds"] for u in mine if u["stage"] == "evaluate")
+        if not mine:
+            continue
+        parts = [f"{name}: pretraining {other + sum(fits):.0f} s"]
+        if fits:
+            parts.append(f"({other:.0f} s start-up and data, {count(len(fits), 'model')} "
+                         f"{min(fits):.0f}-{max(fits):.0f} s each)")
+        out.append(" ".join(parts) + f", evaluation {evals:.0f} s")
+    return ["Time per experiment (this invocation; `logs/timing.json` has every unit): "
+            + "; ".join(out)] if out else []
+
+
+def write_timing(run_dir: Path, timings: dict[str, float], units: list[dict[str, Any]]
+                 ) -> Path:
+    """``<run>/logs/timing.json``: where this invocation's time went, per stage and per model
+    and evaluation (seconds), to guide the next speed-up by numbers."""
+    path = run_dir / "logs" / "timing.json"
+    atomic_write_text(path, json.dumps(
+        {"stages": {k: round(v, 3) for k, v in timings.items()},
+         "units": [{**u, "seconds": round(u["seconds"], 3)} for u in units]}, indent=1))
+    return path

@@ -1,0 +1,322 @@
+"""The study's tuning stage: every agent's hyperparameters chosen on validation tasks only.
+
+For each experiment, every method of its tuned evaluations (``Experiment.tuned``) runs online
+on the validation split over one grid -- the same grid for SPICE and for every reference that
+has the hyperparameter -- and the setting with the lowest mean final cumulative regret (over
+validation tasks and training seeds) is chosen. The choices, the grid and every validation
+score go to ``results/tuning.json``; then each method runs once, at its choice, on the eval
+tasks: the ``<experiment>_tuned`` table, the study's headline.
+
+The grid (:func:`candidates`):
+
+- posterior-UCB methods (SPICE, the flat and oracle priors, Count-UCB, Bayes posterior-UCB):
+  beta in :data:`BETAS` and the theory schedule beta_t = sqrt(2 log t);
+- and, for fused methods with a smooth kernel over states (darkroom), the bandwidth tau in
+  :data:`TAUS` (every pair);
+- UCB and LinUCB: the exploration constant c in :data:`UCB_C`.
+
+Methods without a hyperparameter (DPT, TS, Random, ...) run once on validation too, so every
+row of the tuned table has a validation score.
+
+The grid is exhaustive and small (at most 20 points per method), and every point runs on the
+same tasks, so it runs on the study's evaluation actors (:class:`EvalPool`) in a few batched
+calls: a Ray Tune trial per point would pay a trial's start-up 20 times for nothing a search
+algorithm or scheduler could add to an exhaustive grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from spice_ray.agents import AgentSpec
+from spice_ray.artifacts import atomic_write_text, is_current
+from spice_ray.config import EvalConfig, RunConfig, config_hash
+from spice_ray.console import SILENT, Console, count
+from spice_ray.data import store
+from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
+from spice_ray.experiments import EXPERIMENTS, Experiment
+from spice_ray.model import checkpoint as ckpt
+from spice_ray.records import Finals
+from spice_ray.results.schema import NO_SEED
+from spice_ray.results.tables import table_path, write
+
+log = logging.getLogger(__name__)
+
+BETAS = (0.5, 1.0, 2.0, 4.0)
+"""Fixed beta values of the grid (the theory schedule is one more point)."""
+TAUS = (0.3, 0.5, 0.7, 1.0)
+"""Kernel bandwidths of the grid (smooth kernels over states only)."""
+UCB_C = (0.5, 1.0, 2.0, 4.0)
+"""UCB's and LinUCB's exploration constants of the grid."""
+SCORE = "mean final cumulative regret over validation tasks and training seeds"
+
+TUNING_FILE = "results/tuning.json"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One grid point of one agent."""
+
+    spec: AgentSpec
+    eval_cfg: EvalConfig
+    setting: tuple[tuple[str, Any], ...]
+    """The grid point, e.g. (("beta", 2.0), ("tau", 0.5)); () for an agent without one."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(method label, config JSON): how its result rows are found."""
+        return self.spec.label, self.spec.config_json(self.eval_cfg)
+
+
+def candidates(spec: AgentSpec, eval_cfg: EvalConfig) -> list[Candidate]:
+    """Every grid point of ``spec`` (see the module docstring), in grid order."""
+    info = spec.info
+    if info.fused or "beta" in info.settings:
+        smooth = info.fused and spec.fusion.kernel not in ("uniform", "exact") \
+            and spec.fusion.kernel_space == "state"
+        points = [(("beta", b),) for b in BETAS] + [(("beta_schedule", "sqrt2logt"),)]
+        if smooth:
+            points = [p + (("tau", t),) for p in points for t in TAUS]
+        out = []
+        for point in points:
+            fusion = dataclasses.replace(spec.fusion, **({"beta_schedule": "fixed"} | dict(point)))
+            out.append(Candidate(dataclasses.replace(spec, fusion=fusion), eval_cfg, point))
+        return out
+    if spec.method in ("ucb", "linucb"):
+        return [Candidate(spec, dataclasses.replace(eval_cfg, ucb_c=c), (("c", c),))
+                for c in UCB_C]
+    return [Candidate(spec, eval_cfg, ())]
+
+
+def _agent_config(config: str) -> str:
+    """A row's config without what the protocol adds (noise level, episodes): the agent's
+    own, as :meth:`AgentSpec.config_json` writes it."""
+    cfg = {k: v for k, v in json.loads(config).items() if k not in ("sigma", "episodes")}
+    return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+
+
+def final_scores(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (method, config): mean, SEM (over tasks, seeds averaged per task) and n of the
+    final cumulative regret."""
+    sub = rows[rows["metric"] == "cumulative_regret"]
+    sub = sub[sub["x"] == sub["x"].max()]
+    sub = sub.assign(config=sub["config"].map(_agent_config))
+    per_task = sub.groupby(["method", "config", "task_id"], sort=False)["value"].mean()
+    g = per_task.groupby(level=["method", "config"], sort=False)
+    out = pd.DataFrame({"mean": g.mean(), "sem": g.std(ddof=1) / np.sqrt(g.count()),
+                        "n": g.count()})
+    return out.reset_index()
+
+
+def choose(grid: list[Candidate], scores: pd.DataFrame) -> tuple[Candidate, list[dict]]:
+    """The candidate with the lowest mean score (the first in grid order on a tie), and every
+    candidate's score as plain records.
+
+    Raises:
+        ValueError: if a candidate has no score (its rows are missing).
+    """
+    table = {(r.method, r.config): r for r in scores.itertuples(index=False)}
+    records = []
+    for c in grid:
+        if c.key not in table:
+            raise ValueError(f"tuning: no validation rows for {c.key[0]} at {dict(c.setting)}")
+        r = table[c.key]
+        records.append({"setting": dict(c.setting), "mean": float(r.mean),
+                        "sem": float(r.sem), "n": int(r.n)})
+    best = min(range(len(grid)), key=lambda i: (records[i]["mean"], i))
+    return grid[best], records
+
+
+def _flat_prior(cfg: RunConfig, dataset: Path) -> tuple[float, float]:
+    """The constant prior of the reference agents: the shrinkage prior the model trains with
+    (the data's own when ``train.shrink_prior=data``)."""
+    from spice_ray.train.prior import resolve_config
+
+    train = resolve_config(cfg, dataset).train
+    return float(train.shrink_prior_mean), float(train.shrink_prior_var)
+
+
+def agent_specs(exp: Experiment, cfg: RunConfig, dataset: Path) -> dict[str, list[AgentSpec]]:
+    """Every evaluation's agents, the flat prior filled in from the dataset."""
+    out = {}
+    for ev in exp.evaluations:
+        specs = ev.agents(cfg)
+        if any(s.info.prior == "flat" for s in specs):
+            prior = _flat_prior(cfg, dataset)
+            specs = [dataclasses.replace(s, prior=prior) if s.info.prior == "flat" else s
+                     for s in specs]
+        out[ev.name] = specs
+    return out
+
+
+
+
+def _run(cands: list[Candidate], source: str | None, cfg: RunConfig, data: dict, seed: int,
+         pool: EvalPool) -> pd.DataFrame:
+    """Online rows of every candidate, one actor pass per distinct eval config."""
+    by_eval: dict[EvalConfig, list[AgentSpec]] = {}
+    for c in cands:
+        by_eval.setdefault(c.eval_cfg, []).append(c.spec)
+    frames = [evaluate_parallel(source, cfg.env, ev_cfg, data, specs, ("online",), seed=seed,
+                                pool=pool)
+              for ev_cfg, specs in by_eval.items()]
+    return pd.concat(frames, ignore_index=True)
+
+
+def tune_experiment(name: str, cfg: RunConfig, dataset: Path, finals: Finals, pool: EvalPool,
+                    previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Choose every tuned method's setting of experiment ``name`` on its validation tasks.
+
+    Returns the experiment's record of ``tuning.json`` (``previous`` when its inputs hash is
+    the same: nothing is re-run): {"inputs", "split", "tasks", "seeds", "score", "methods":
+    {label: {"evaluation", "grid": [{"setting", "mean", "sem", "n"}], "chosen"}}}.
+    """
+    exp = EXPERIMENTS[name]
+    specs = agent_specs(exp, cfg, dataset)
+    plan = {ev: bases(specs[ev], cfg) for ev in exp.tuned}
+    inputs = config_hash({
+        "grid": {ev: [[c.key for c in candidates(s, cfg.eval)] for s in bases]
+                 for ev, bases in plan.items()},
+        "ckpts": {f"{k[1]}/{k[2]}/{k[3]}": ckpt.content_id(p)
+                  for k, p in sorted(finals.items()) if k[0] == name},
+        "data": store.split_id(dataset, "validation"), "tasks": cfg.eval.num_tasks})
+    if previous and previous.get("inputs") == inputs:
+        log.info("[tune] %s: choices are current, skipped", name)
+        return previous
+    data = store.load_split(dataset, "validation", limit=cfg.eval.num_tasks)
+    methods: dict[str, Any] = {}
+    for ev_name, bases in plan.items():
+        ev = exp.evaluation(ev_name)
+        grids = [candidates(s, cfg.eval) for s in bases]
+        flat = [c for grid in grids for c in grid]
+        seeds = cfg.seeds if ev.model else (NO_SEED,)
+        rows = pd.concat([_run(flat, str(finals[(name, ev.model.kind, ev.model.variant, seed)])
+                               if ev.model else None, cfg, data, seed, pool)
+                          for seed in seeds], ignore_index=True)
+        scores = final_scores(rows)
+        for grid in grids:
+            best, records = choose(grid, scores)
+            methods[best.spec.label] = {"evaluation": ev_name, "grid": records,
+                                        "chosen": dict(best.setting)}
+            log.info("[tune] %s: %s -> %s", name, best.spec.label, dict(best.setting) or "-")
+    return {"inputs": inputs, "split": "validation", "tasks": len(data["task_id"]),
+            "seeds": list(cfg.seeds), "score": SCORE, "methods": methods}
+
+
+def bases(specs: list[AgentSpec], cfg: RunConfig) -> list[AgentSpec]:
+    """One spec per method that acts online in ``cfg``'s environment (the first): the one its
+    grid starts from."""
+    env = cfg.environment()
+    seen: dict[str, AgentSpec] = {}
+    for s in specs:
+        if s.applies_to(env):
+            seen.setdefault(s.method, s)
+    return list(seen.values())
+
+
+def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: RunConfig, dataset: Path
+                 ) -> dict[str, list[Candidate]]:
+    """Per tuned evaluation, each method at its chosen setting (from a ``tune_experiment``
+    record)."""
+    specs = agent_specs(exp, cfg, dataset)
+    out: dict[str, list[Candidate]] = {}
+    for ev_name in exp.tuned:
+        for base in bases(specs[ev_name], cfg):
+            chosen = record["methods"][base.label]["chosen"]
+            match = [c for c in candidates(base, cfg.eval) if dict(c.setting) == chosen]
+            if not match:
+                raise ValueError(f"tuning.json: {base.label} chose {chosen}, which is not on "
+                                 "its grid")
+            out.setdefault(ev_name, []).append(match[0])
+    return out
+
+
+def evaluate_tuned(name: str, cfg: RunConfig, dataset: Path, finals: Finals, pool: EvalPool,
+                   record: dict[str, Any]) -> pd.DataFrame:
+    """Every tuned method once, at its choice, on the eval tasks (rows for the
+    ``<name>_tuned`` table)."""
+    exp = EXPERIMENTS[name]
+    data = store.load_split(dataset, "eval", limit=cfg.eval.num_tasks)
+    frames = []
+    for ev_name, cands in chosen_specs(record, exp, cfg, dataset).items():
+        ev = exp.evaluation(ev_name)
+        for seed in cfg.seeds if ev.model else (NO_SEED,):
+            source = str(finals[(name, ev.model.kind, ev.model.variant, seed)]) \
+                if ev.model else None
+            frames.append(_run(cands, source, cfg, data, seed, pool))
+    return pd.concat(frames, ignore_index=True).assign(variant="")
+
+
+def read_tuning(run_dir: Path) -> dict[str, Any]:
+    """``results/tuning.json`` ({} when missing or unreadable: everything is tuned again)."""
+    try:
+        data = json.loads((Path(run_dir) / TUNING_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
+    """One row per experiment and method: the chosen setting and its validation score."""
+    rows = []
+    for exp, rec in tuning.items():
+        for label, m in rec.get("methods", {}).items():
+            chosen = m["chosen"]
+            best = next(g for g in m["grid"] if g["setting"] == chosen)
+            rows.append({"experiment": exp, "method": label,
+                         "chosen": ", ".join(f"{k}={v}" for k, v in chosen.items()) or "-",
+                         "grid points": len(m["grid"]),
+                         "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
+    return pd.DataFrame(rows)
+
+
+def tune_all(configs: dict[str, RunConfig], run_dir: Path, datasets: dict[str, Path],
+             finals: Finals, pool: EvalPool, console: Console = SILENT) -> dict[str, Any]:
+    """The tuning stage: :func:`tune_experiment` for every experiment with tuned evaluations,
+    ``results/tuning.json`` rewritten after each (an interrupted stage keeps what it chose;
+    choices whose inputs are unchanged are not re-run)."""
+    old = read_tuning(run_dir)
+    tuning: dict[str, Any] = {}
+    for name, cfg in configs.items():
+        if not EXPERIMENTS[name].tuned:
+            continue
+        t0 = time.perf_counter()
+        record = tune_experiment(name, cfg, datasets[name], finals, pool, old.get(name))
+        tuning[name] = record
+        skipped = record is old.get(name)
+        if not skipped:  # a re-run with nothing new leaves the file as it was
+            atomic_write_text(run_dir / TUNING_FILE, json.dumps({**old, **tuning}, indent=1))
+        points = sum(len(m["grid"]) for m in record["methods"].values())
+        console.line(f"  {name}: {count(len(record['methods']), 'method')}, "
+                     f"{count(points, 'grid point')} on {record['tasks']} validation tasks"
+                     + (", current, skipped" if skipped else
+                        f" ({time.perf_counter() - t0:.0f} s)"))
+    return tuning
+
+
+def write_tuned_table(name: str, cfg: RunConfig, run_dir: Path, dataset: Path,
+                      finals: Finals, pool: EvalPool, record: dict[str, Any]) -> str | None:
+    """Evaluate experiment ``name``'s tuned methods on the eval tasks and write its
+    ``<name>_tuned`` table (skipped when current); returns the table's name."""
+    table = EXPERIMENTS[name].tuned_table()
+    if table is None:
+        return None
+    chosen = {label: m["chosen"] for label, m in record["methods"].items()}
+    inputs = config_hash({"tuning": record["inputs"], "chosen": chosen,
+                          "data": store.split_id(dataset, "eval"),
+                          "tasks": cfg.eval.num_tasks})
+    if is_current(table_path(run_dir, table.name), inputs)[0]:
+        return table.name
+    df = evaluate_tuned(name, cfg, dataset, finals, pool, record)
+    df = df[df["metric"].isin(table.metrics)]
+    write(run_dir, table.name, df, inputs=inputs, description=table.description)
+    return table.name

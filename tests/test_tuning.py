@@ -1,0 +1,68 @@
+"""The tuning stage's grid and choice: one grid for SPICE and every reference, the lowest mean
+validation regret chosen, seeds averaged per task before tasks are averaged."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from spice_ray.agents import AgentSpec
+from spice_ray.config import make_config
+from spice_ray.tuning import TAUS, candidates, choose, final_scores
+
+BANDIT = make_config("smoke", "bandit")
+DARKROOM = make_config("smoke", "darkroom")
+
+
+def test_every_method_with_a_beta_gets_the_same_grid() -> None:
+    spice = candidates(AgentSpec("spice", fusion=BANDIT.fusion), BANDIT.eval)
+    flat = candidates(AgentSpec("spice-flat", fusion=BANDIT.fusion), BANDIT.eval)
+    bayes = candidates(AgentSpec("bayes-ucb", fusion=BANDIT.fusion), BANDIT.eval)
+    assert [c.setting for c in spice] == [c.setting for c in flat] == [c.setting for c in bayes]
+    assert [dict(c.setting) for c in spice] == [
+        {"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}, {"beta": 4.0},
+        {"beta_schedule": "sqrt2logt"}]
+    assert [(c.spec.fusion.beta_schedule, c.spec.fusion.beta) for c in spice[:4]] == [
+        ("fixed", 0.5), ("fixed", 1.0), ("fixed", 2.0), ("fixed", 4.0)]
+    assert spice[4].spec.fusion.beta_schedule == "sqrt2logt"
+    # a smooth kernel over states adds its bandwidth: every (beta, tau) pair
+    dark = candidates(AgentSpec("spice", fusion=DARKROOM.fusion), DARKROOM.eval)
+    assert len(dark) == 5 * len(TAUS)
+    assert {c.spec.fusion.tau for c in dark} == set(TAUS)
+    exact = dataclasses.replace(DARKROOM.fusion, kernel="exact")
+    assert len(candidates(AgentSpec("count", fusion=exact), DARKROOM.eval)) == 5
+    ucb = candidates(AgentSpec("ucb"), BANDIT.eval)
+    assert [c.eval_cfg.ucb_c for c in ucb] == [0.5, 1.0, 2.0, 4.0]
+    assert len({c.key for c in ucb}) == 4  # c is in the config, so the rows tell them apart
+    assert [c.setting for c in candidates(AgentSpec.dpt(BANDIT.eval), BANDIT.eval)] == [()]
+
+
+def _rows(method: str, config: str, values: dict[tuple[int, int], float]) -> pd.DataFrame:
+    """Final-step rows {(seed, task): value} plus an earlier step that must be ignored."""
+    rows = []
+    for (seed, task), v in values.items():
+        for x, value in ((5, -100.0), (10, v)):
+            rows.append({"method": method, "config": config, "seed": seed, "task_id": task,
+                         "metric": "cumulative_regret", "x": x, "value": value})
+    return pd.DataFrame(rows)
+
+
+def test_choice_is_the_lowest_mean_final_regret_first_on_ties() -> None:
+    grid = candidates(AgentSpec("spice", fusion=BANDIT.fusion), BANDIT.eval)[:3]
+    # the protocol's noise level in a row's config is not the agent's: it is stripped
+    with_sigma = [c.key[1][:-1] + ',"sigma":0.3}' for c in grid]
+    rows = pd.concat([
+        _rows("SPICE", with_sigma[0], {(0, 0): 4.0, (1, 0): 6.0, (0, 1): 2.0, (1, 1): 2.0}),
+        _rows("SPICE", with_sigma[1], {(0, 0): 1.0, (1, 0): 5.0, (0, 1): 3.0, (1, 1): 3.0}),
+        _rows("SPICE", with_sigma[2], {(0, 0): 3.0, (1, 0): 3.0, (0, 1): 3.0, (1, 1): 3.0})])
+    scores = final_scores(rows)
+    assert scores["mean"].tolist() == [3.5, 3.0, 3.0]
+    assert scores["n"].tolist() == [2, 2, 2]  # tasks, after averaging the seeds per task
+    assert scores["sem"].tolist() == pytest.approx([1.5, 0.0, 0.0])  # tasks 5 and 2
+    best, records = choose(grid, scores)
+    assert best is grid[1]  # tied with grid[2] at 3.0: the first in grid order
+    assert [r["setting"] for r in records] == [{"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}]
+    with pytest.raises(ValueError, match="no validation rows for SPICE at \\{'beta': 4.0\\}"):
+        choose(candidates(AgentSpec("spice", fusion=BANDIT.fusion), BANDIT.eval), scores)
