@@ -184,8 +184,8 @@ def tune_experiment(name: str, cfg: RunConfig, dataset: Path, finals: Finals, po
     specs = agent_specs(exp, cfg, dataset)
     plan = {ev: bases(specs[ev], cfg) for ev in exp.tuned}
     inputs = config_hash({
-        "grid": {ev: [[c.key for c in candidates(s, cfg.eval)] for s in bases]
-                 for ev, bases in plan.items()},
+        "grid": {ev: [[c.key for c in candidates(s, cfg.eval)] for s in group]
+                 for ev, group in plan.items()},
         "ckpts": {f"{k[1]}/{k[2]}/{k[3]}": ckpt.content_id(p)
                   for k, p in sorted(finals.items()) if k[0] == name},
         "data": store.split_id(dataset, "validation"), "tasks": cfg.eval.num_tasks})
@@ -194,9 +194,9 @@ def tune_experiment(name: str, cfg: RunConfig, dataset: Path, finals: Finals, po
         return previous
     data = store.load_split(dataset, "validation", limit=cfg.eval.num_tasks)
     methods: dict[str, Any] = {}
-    for ev_name, bases in plan.items():
+    for ev_name, group in plan.items():
         ev = exp.evaluation(ev_name)
-        grids = [candidates(s, cfg.eval) for s in bases]
+        grids = [candidates(s, cfg.eval) for s in group]
         flat = [c for grid in grids for c in grid]
         seeds = cfg.seeds if ev.model else (NO_SEED,)
         rows = pd.concat([_run(flat, str(finals[(name, ev.model.kind, ev.model.variant, seed)])

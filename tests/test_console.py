@@ -169,7 +169,7 @@ def test_a_failing_stage_still_shows_its_error(tmp_path) -> None:
                            "smoke", "--out", str(tmp_path / "run")], capture_output=True,
                           text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 1
-    assert "[1/5] datasets" in proc.stdout and ": failed" in proc.stdout
+    assert "[1/6] datasets" in proc.stdout and ": failed" in proc.stdout
     error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert error and "No space left on device" in error[0] and str(tmp_path) in error[0], \
         proc.stderr[-2000:]

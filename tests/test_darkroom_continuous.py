@@ -92,8 +92,34 @@ def test_the_study_runs_on_it(ray_local, tmp_path) -> None:
     plan = plan_study("smoke", tmp_path / "run", experiments=("darkroom_continuous",))
     report = run_study(plan).read_text()
     df = load(plan.run_dir, "darkroom_continuous_online")
-    assert set(df["method"]) == {"SPICE", "DPT"} and set(df["env"]) == {"darkroom_continuous"}
+    methods = {"SPICE", "DPT", "SPICE (flat prior)", "Hill-climbing", "Random"}
+    assert set(df["method"]) == methods and set(df["env"]) == {"darkroom_continuous"}
+    assert set(load(plan.run_dir, "darkroom_continuous_tuned")["method"]) == methods
     assert set(df["metric"]) == {"cumulative_regret", "cumulative_return"}
     assert df["task_id"].nunique() == CFG.eval.num_tasks and np.isfinite(df["value"]).all()
     assert (plan.run_dir / "figures" / "darkroom_continuous_online.png").stat().st_size > 5000
-    assert "## darkroom_continuous_online" in report
+    assert "## darkroom_continuous_online" in report and "about 24" in report
+
+
+def test_hill_climbing_finds_the_smooth_peak_without_knowing_the_goal() -> None:
+    """The continuous Darkroom's goal-blind reference: it climbs to the goal and stays on most
+    tasks, far below Random's regret and above the oracle's zero, and its draws are keyed."""
+    from spice_ray.agents import AgentSpec, make_agent
+    from spice_ray.evaluate import agent_draws, run_online
+
+    ids = np.arange(100)
+    tasks = ENV.eval_tasks(generate_tasks(CFG.env, CFG.data, "eval", ids))
+    H = 100
+
+    def run(method: str):
+        agent = make_agent(AgentSpec(method), ENV)
+        return run_online(agent, ENV, tasks, H, np.zeros((100, H)), draws=agent_draws(0, ids))
+
+    climb, rand = run("hill-climb"), run("random")
+    regret = {name: ENV.regret(tasks, r.states, r.actions, r.rewards, H, "walker").sum(1)
+              for name, r in (("climb", climb), ("random", rand))}
+    on_goal = (climb.rewards[:, -1] == 1.0).mean()
+    assert on_goal >= 0.95, on_goal
+    assert regret["climb"].mean() < 0.25 * regret["random"].mean()
+    assert regret["climb"].mean() > 0  # it must search: it does not know where the goal is
+    np.testing.assert_array_equal(run("hill-climb").actions, climb.actions)

@@ -23,7 +23,7 @@ from spice_ray.agents.spice import FlatPrior, SpiceAgent, state_features
 from spice_ray.config import EvalConfig
 from spice_ray.model.trunk import TrunkModel
 
-REFERENCES = ("bayes-ucb", "bayes-ts", "lints", "linucb", "nearest")
+REFERENCES = ("bayes-ucb", "bayes-ts", "lints", "linucb", "nearest", "hill-climb")
 """Methods built by ``spice_ray.agents.bayes.make_reference``."""
 
 

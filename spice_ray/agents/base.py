@@ -98,6 +98,7 @@ METHODS: dict[str, Method] = {
     "lints": Method("LinTS (true prior)", requires="arm_features"),
     "linucb": Method("LinUCB", requires="arm_features"),
     "nearest": Method("Nearest-unvisited", requires="grid"),
+    "hill-climb": Method("Hill-climbing"),
     "count": Method("Count-UCB", fused=True, prior="flat"),
     "dpt": Method("DPT", model="dpt", offline=True),
     "ad-bc": Method("AD-BC", model="dpt", offline=True),
@@ -117,7 +118,8 @@ by posterior-UCB on it without re-fusing the context, ``bayes-ts`` / ``lints`` b
 sampling from it; ``spice-exact-width`` is a diagnostic: the learned prior's mean with the
 exact posterior's sd. ``linucb`` is ridge-regression UCB (c = ``eval.ucb_c``, ridge 1) over the
 linear bandit's arm features; ``nearest`` walks to the nearest unvisited cell of a grid (to the
-goal once found)."""
+goal once found); ``hill-climb`` climbs a smooth reward without knowing the goal (the
+continuous Darkroom's goal-blind reference)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """References that know the task family: agents acting on its exact posterior, LinUCB over the
-linear bandit's features, and a nearest-unvisited-cell searcher for grids.
+linear bandit's features, a nearest-unvisited-cell searcher for grids, and a hill climber for
+smooth rewards.
 
 ``BayesAgent`` reads a :class:`~spice_ray.envs.bayes.TaskPosterior` (the environment's exact
 posterior over tasks given the context) and acts on it directly: posterior-UCB on its mean and
@@ -167,6 +168,68 @@ class NearestUnvisited:
         return torch.from_numpy(action.astype(np.int64))
 
 
+REVERSE = np.array([1, 0, 3, 2, STAY])
+"""The move that undoes each move of a grid (+x <-> -x, +y <-> -y; stay stays)."""
+
+
+class HillClimb:
+    """Climbs the reward without knowing the goal: keeps moving while a move raised the
+    reward, steps back after one that lowered it, and from the best state so far tries the
+    moves it has not tried there (random among them), staying once every move from it lowered
+    the reward (a peak). For a smooth single-peaked reward (the continuous Darkroom) this is
+    the obvious goal-blind reference; states are compared by value, so it works on any
+    encoding of the cells (grid coordinates or feature vectors).
+    """
+
+    name = "hill-climb"
+
+    def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
+              ) -> None:
+        if not hasattr(draws, "categorical"):
+            raise ValueError("the hill-climbing reference needs per-task StepDraws")
+        self._draws = draws
+        self.reward = np.full(num_tasks, -np.inf)  # of arriving where the agent is
+        self.best = np.full(num_tasks, -np.inf)
+        self.last = np.full(num_tasks, STAY, dtype=np.int64)
+        self.climbing = np.zeros(num_tasks, dtype=bool)  # the last move raised the reward
+        self.tried: list[dict[bytes, set[int]]] = [{} for _ in range(num_tasks)]
+
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
+                ) -> None:
+        a, r = _np(actions).astype(np.int64), _np(rewards).astype(np.float64)
+        s, s2 = _np(states), _np(next_states)
+        returned = a == REVERSE[self.last]
+        for b in range(len(a)):
+            moved = not np.array_equal(s[b], s2[b])
+            if a[b] != STAY and (not moved or r[b] <= self.reward[b]):
+                self.tried[b].setdefault(s[b].tobytes(), set()).add(int(a[b]))
+            # a step back to a better state is not a climb to continue
+            self.climbing[b] = moved and r[b] > self.reward[b] and not (
+                returned[b] and r[b] <= self.best[b])
+        self.reward = r
+        self.best = np.maximum(self.best, r)
+        self.last = a
+
+    def act(self, t: int, states: Tensor) -> Tensor:
+        s = _np(states)
+        action = np.full(len(s), STAY, dtype=np.int64)
+        untried = np.ones((len(s), STAY), dtype=bool)
+        for b in range(len(s)):
+            for move in self.tried[b].get(s[b].tobytes(), ()):
+                untried[b, move] = False
+        probs = untried / np.maximum(untried.sum(1, keepdims=True), 1)
+        probs[~untried.any(1)] = 1.0 / STAY  # a peak: the draw is not used
+        pick = self._draws.categorical(probs)
+        for b in range(len(s)):
+            if self.climbing[b] and untried[b, self.last[b]]:
+                action[b] = self.last[b]
+            elif self.reward[b] < self.best[b] and self.last[b] != STAY:
+                action[b] = REVERSE[self.last[b]]  # back to the better state
+            elif untried[b].any():
+                action[b] = pick[b]
+        return torch.from_numpy(action)
+
+
 def make_reference(method: str, env: Any, spec: Any, eval_cfg: Any) -> Any:
     """The agent of one of this module's methods (``spice_ray.agents.make_agent`` asks)."""
     fusion = spec.fusion
@@ -179,4 +242,6 @@ def make_reference(method: str, env: Any, spec: Any, eval_cfg: Any) -> Any:
         return LinUCB(env.arm_features(), eval_cfg.ucb_c)
     if method == "nearest":
         return NearestUnvisited(env.grid)
+    if method == "hill-climb":
+        return HillClimb()
     raise ValueError(f"method={method!r} is not a reference of spice_ray.agents.bayes")
