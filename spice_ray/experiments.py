@@ -1,9 +1,8 @@
 """The study's experiments, declared as data (as bsuite declares its sweeps).
 
-An :class:`Experiment` says which environment it runs (with which overrides per preset), which
-models it trains (:class:`ModelRef`: a kind and a variant's train settings), which
-evaluations it runs (:class:`Evaluation`: a model, agents and protocols), and how their rows
-become tables (:class:`Table`: a selection of rows and metrics, a figure, a description). The
+Each is an :class:`~spice_ray.experiment_spec.Experiment` (its environment, the models it
+trains, the evaluations it runs and the tables their rows become; the types live in
+``spice_ray.experiment_spec`` and are importable from here too). The
 study (``spice_ray.study``) runs any experiment the same way; adding one is an entry in
 :data:`EXPERIMENTS`.
 """
@@ -13,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
@@ -23,11 +20,11 @@ from spice_ray.agents import AgentSpec
 from spice_ray.config import FusionConfig, RunConfig
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
 from spice_ray.evaluate.calibration import ORACLE_METRICS
+from spice_ray.experiment_spec import Evaluation, Experiment, ModelRef, Select, Table
 from spice_ray.results.analysis import (
     prior_contribution,
     prior_fit,
     prior_gap,
-    tuned_comparison,
 )
 
 DARKROOM_BETAS = (0.5, 1.0, 2.0)
@@ -37,127 +34,6 @@ WEIGHT_VARIANTS = {  # name -> (use_iw, use_adv, use_epi); "all" is the main SPI
     "adv": (False, True, False),
     "epi": (False, False, True),
 }
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A model an experiment trains (once per training seed)."""
-
-    kind: str
-    """Model kind (``spice_ray.model.registry.MODELS``)."""
-    variant: str = ""
-    """Variant name ("" for the main model), the rows' ``variant``."""
-    train: Mapping[str, Any] = field(default_factory=dict)
-    """Train-section overrides of the variant."""
-    same_as: str = ""
-    """The variant whose training this one repeats bit for bit (by construction, e.g. an
-    importance weight that is identically 1): nothing is trained for it, and it is evaluated
-    with that variant's checkpoints."""
-
-    def config(self, cfg: RunConfig) -> RunConfig:
-        """``cfg`` with this variant's train settings."""
-        return cfg.replace(train=dataclasses.replace(cfg.train, **self.train)) if self.train \
-            else cfg
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """Agents evaluated under some protocols, with one model (per seed) or none."""
-
-    name: str
-    agents: Callable[[RunConfig], list[AgentSpec]]
-    protocols: tuple[str, ...]
-    model: ModelRef | None = None
-    """None: model-free agents, evaluated once (their rows' seed is -1)."""
-
-
-@dataclass(frozen=True)
-class Select:
-    """Rows of one evaluation that go into a table."""
-
-    evaluation: str
-    where: Callable[[pd.DataFrame, RunConfig], pd.Series] | None = None
-    """Optional row filter (rows, the experiment's config) -> bool mask."""
-    variant: str | None = None
-    """Relabel the rows' ``variant`` (e.g. the main model as the ablation's "all")."""
-
-
-@dataclass(frozen=True)
-class Table:
-    """One result table: selected rows, the metrics it keeps, its figure."""
-
-    name: str
-    description: str
-    metrics: tuple[str, ...]
-    rows: tuple[Select, ...]
-    figures: tuple[str, ...] = ()
-    """Plot kinds of ``spice_ray.results.plots.PLOTS``: the first is drawn to
-    ``figures/<name>.png``, each other one to ``figures/<name>_<kind>.png``."""
-    title: str = ""
-    rename: Mapping[str, str] = field(default_factory=dict)
-    """Metric renames (e.g. another regret reading's rows as this table's regret)."""
-    analysis: Callable[[pd.DataFrame], list[str]] | None = None
-    """Sentences for the report from the table's rows (``spice_ray.results.analysis``)."""
-    other_readings: bool = False
-    """Instead of this table, one per regret reading of the environment other than the
-    configured one, named ``<name>_<reading>``, with that reading as cumulative_regret."""
-
-
-@dataclass(frozen=True)
-class Experiment:
-    """An environment, its models, evaluations and tables."""
-
-    name: str
-    env: str
-    models: tuple[ModelRef, ...]
-    evaluations: tuple[Evaluation, ...]
-    tables: tuple[Table, ...]
-    overrides: tuple[str, ...] = ()
-    """``--set`` overrides applied before the user's."""
-    preset_overrides: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Per preset, more overrides (before the user's)."""
-    notes: tuple[str, ...] = ()
-    """Sentences for the report."""
-    tuned: tuple[str, ...] = ()
-    """Evaluations whose methods the tuning stage runs on validation tasks over one grid
-    (``spice_ray.tuning``) and reports once each, at the chosen setting, in the
-    ``<name>_tuned`` table."""
-
-    def tuned_table(self) -> Table | None:
-        """The table of the tuned methods on the eval tasks (None without ``tuned``)."""
-        if not self.tuned:
-            return None
-        stateless = envs.env_class(self.env).stateless
-        return Table(f"{self.name}_tuned", f"{self.name}: every method at the setting chosen "
-                     "on validation tasks (results/tuning.json), on the eval tasks",
-                     ("cumulative_regret",) if stateless else ("cumulative_regret",
-                                                               "cumulative_return"),
-                     (), ("online", "distribution") if stateless
-                     else ("online_return", "distribution"),
-                     f"{self.name}, tuned on validation", analysis=tuned_comparison)
-
-    def evaluation(self, name: str) -> Evaluation:
-        return next(e for e in self.evaluations if e.name == name)
-
-    def tables_for(self, cfg: RunConfig) -> list[Table]:
-        """The tables this experiment writes under ``cfg`` (other-reading tables expanded)."""
-        env = cfg.environment()
-        out = []
-        for table in self.tables:
-            if not table.other_readings:
-                out.append(table)
-                continue
-            for reading in env.regret_readings:
-                if reading != env.reading():
-                    metric = f"cumulative_regret_{reading}"
-                    out.append(dataclasses.replace(
-                        table, name=f"{table.name}_{reading}", other_readings=False,
-                        metrics=(metric, *(m for m in table.metrics
-                                           if m != "cumulative_regret")),
-                        rename={metric: "cumulative_regret"},
-                        description=f"{table.description} ({reading} regret)",
-                        title=f"{table.title} ({reading} regret)"))
-        return out
 
 
 # ---- agents ----------------------------------------------------------------------------------
@@ -199,6 +75,10 @@ def _count(cfg: RunConfig) -> list[AgentSpec]:
 
 def _random(cfg: RunConfig) -> list[AgentSpec]:
     return [AgentSpec("random")]
+
+
+def _hill_climb(cfg: RunConfig) -> list[AgentSpec]:
+    return [AgentSpec("hill-climb")]
 
 
 def _spice_betas(cfg: RunConfig) -> list[AgentSpec]:
@@ -306,10 +186,6 @@ DARKROOM = Experiment(
 """Darkroom; ``Select("ppo")`` takes the single-task PPO reference's rows when
 ``eval.ppo_episodes > 0`` (the ``ppo`` extra)."""
 
-def _hill_climb(cfg: RunConfig) -> list[AgentSpec]:
-    return [AgentSpec("hill-climb")]
-
-
 DARKROOM_CONTINUOUS = Experiment(
     name="darkroom_continuous",
     env="darkroom_continuous",
@@ -333,6 +209,27 @@ DARKROOM_CONTINUOUS = Experiment(
     tuned=("spice", "dpt", "flat", "hill", "random"),
 )
 """The paper's continuous Darkroom (d = 10 feature-vector states, a smooth reward)."""
+
+DARKROOM_DPT_STAR = Experiment(
+    name="darkroom_dpt_star",
+    env="darkroom",
+    models=(ModelRef("dpt"),),
+    evaluations=(Evaluation("dpt", _dpt, ("episode",), ModelRef("dpt")),
+                 Evaluation("random", _random, ("episode",))),
+    tables=(Table("darkroom_dpt_star", "darkroom, DPT trained on optimal labels (DPT*) under "
+                  "the DPT paper's offline protocol: one episode from the corner (0, 0) acting "
+                  "greedily on a fixed context of the task's uniform-random transitions",
+                  ("cumulative_return", "cumulative_regret"),
+                  (Select("dpt"), Select("random")), ("online_return",),
+                  "DPT* on Darkroom (DPT paper protocol)"),),
+    overrides=("data.label=optimal",),
+    notes=("DPT* (darkroom_dpt_star): the DPT paper reports a return of about 61.5 for DPT on "
+           "this protocol (10x10 grid, H = 100, held-out goals, one episode from (0, 0) on a "
+           "fixed context of random transitions); the optimal return from (0, 0) is H minus "
+           "the goal's distance. A large miss would mean the baseline, not the method, is "
+           "broken.",),
+)
+"""DPT shown to be DPT: trained on the labels it was designed for, scored as its paper does."""
 
 # ---- the structured families: where a learned prior must matter -------------------------------
 
@@ -417,6 +314,7 @@ EXPERIMENTS: dict[str, Experiment] = {
          "paper": ("train.epochs=100",)}),  # the paper's 20-arm ablation: 100 epochs
     "darkroom": DARKROOM,
     "darkroom_continuous": DARKROOM_CONTINUOUS,
+    "darkroom_dpt_star": DARKROOM_DPT_STAR,
     "bandit_template": prior_family("bandit_template", "template bandit A=5",
                                     ("ucb", "ts", "bayes-ts")),
     "bandit_latent": prior_family("bandit_latent", "latent-phase bandit A=5",
@@ -428,4 +326,5 @@ EXPERIMENTS: dict[str, Experiment] = {
 }
 """Every experiment by name, in the study's order."""
 DEFAULT_EXPERIMENTS = ("bandit", "bandit20", "darkroom", "darkroom_continuous",
-                       "bandit_template", "bandit_latent", "linear_bandit", "darkroom_region")
+                       "darkroom_dpt_star", "bandit_template", "bandit_latent", "linear_bandit",
+                       "darkroom_region")

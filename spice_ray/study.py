@@ -42,6 +42,7 @@ from spice_ray.tuning import (
     agent_specs,
     choices_table,
     read_tuning,
+    task_groups,
     tune_all,
     write_tuned_table,
 )
@@ -251,13 +252,15 @@ def _ppo_rows(cfg: RunConfig, data: dict) -> pd.DataFrame:
 # ---- stages 5-6: figures and report ------------------------------------------------------
 
 
-def study_tables(plan: StudyPlan) -> list[Table]:
+def study_tables(plan: StudyPlan, datasets: dict[str, Path] | None = None) -> list[Table]:
     """Every table of the study in report order: per experiment its tuned table (the
-    headline), then the others."""
+    headline), then the others. With ``datasets``, tuned tables of tasks that share goals
+    state intervals over goals (:func:`spice_ray.tuning.task_groups`)."""
     out = []
     for name, cfg in plan.configs.items():
         exp = EXPERIMENTS[name]
-        out += [t for t in (exp.tuned_table(),) if t is not None] + exp.tables_for(cfg)
+        groups = task_groups(datasets[name], cfg) if datasets else None
+        out += [t for t in (exp.tuned_table(groups),) if t is not None] + exp.tables_for(cfg)
     return out
 
 
@@ -351,7 +354,7 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
              + ", ".join(f"{k} {v:.0f} s" for k, v in plan.timings.items()),
              *timing_notes(list(plan.configs), plan.units)]
     configs = {name: cfg.to_yaml() for name, cfg in plan.configs.items()}
-    tables = study_tables(plan)
+    tables = study_tables(plan, datasets)
     descriptions = {t.name: t.description for t in tables}
     findings = {t.name: t.analysis(load(run_dir, t.name)) for t in tables if t.analysis}
     choices = choices_table(read_tuning(run_dir))

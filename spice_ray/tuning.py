@@ -256,6 +256,17 @@ def evaluate_tuned(name: str, cfg: RunConfig, dataset: Path, finals: Finals, poo
     return pd.concat(frames, ignore_index=True).assign(variant="")
 
 
+def task_groups(dataset: Path, cfg: RunConfig) -> dict[int, int] | None:
+    """Eval task id -> its goal (as one integer) where tasks share goals (the darkrooms: about
+    five tasks per held-out goal), None elsewhere."""
+    data = store.load_split(dataset, "eval", limit=cfg.eval.num_tasks)
+    if "goal" not in data:
+        return None
+    goals = np.asarray(data["goal"]).reshape(len(data["task_id"]), -1)
+    codes = np.unique(goals, axis=0, return_inverse=True)[1].reshape(-1)
+    return dict(zip(np.asarray(data["task_id"]).tolist(), codes.tolist(), strict=True))
+
+
 def read_tuning(run_dir: Path) -> dict[str, Any]:
     """``results/tuning.json`` ({} when missing or unreadable: everything is tuned again)."""
     try:

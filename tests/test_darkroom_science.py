@@ -205,3 +205,43 @@ def test_default_kernel_tells_grid_neighbours_apart_after_training(ray_local, tm
     grid = torch.cdist(cells, cells)
     assert w[grid == 1].max() < 0.5  # neighbours are told apart
     assert (w.sum(1) - 1).mean() < 3.0  # pooled mass per cell: a few cells, not ~35
+
+
+def test_episode_protocol_starts_in_the_corner_on_a_frozen_context() -> None:
+    """The DPT paper's offline protocol: the context is observed once per reset, the episode's
+    own steps are not; every episode starts at (0, 0); the optimal agent has zero regret and
+    the return the goal's distance allows."""
+    from spice_ray.config import make_config
+    from spice_ray.data.tasks import generate_tasks
+    from spice_ray.evaluate.episode import FrozenContext, episode_rows
+
+    cfg = make_config("smoke", "darkroom", overrides=["env.horizon=30", "eval.online_horizon=30"])
+    data = generate_tasks(cfg.env, cfg.data, "eval", np.arange(12))
+    rows = episode_rows(cfg.env, cfg.eval, data, [AgentSpec("optimal"), AgentSpec("random")])
+    last = rows[rows["x"] == 30].pivot_table(index="task_id", columns=["method", "metric"],
+                                             values="value")
+    np.testing.assert_array_equal(last[("Optimal", "cumulative_regret")], 0.0)
+    distance = np.asarray(data["goal"], dtype=np.int64).sum(1)  # from (0, 0)
+    np.testing.assert_array_equal(last[("Optimal", "cumulative_return")],
+                                  np.maximum(30 - distance + 1, 0))
+    assert (last[("Random", "cumulative_regret")] > 0).all()
+
+    class Counting:
+        name = "counting"
+        seen = 0
+
+        def reset(self, num_tasks, num_actions, draws=None):
+            self.seen = 0
+
+        def observe(self, actions, rewards, states, next_states):
+            self.seen += 1
+
+        def act(self, t, states):
+            assert t == 30 and self.seen == 30  # the whole context, and nothing more
+            return torch.full((len(states),), 4)
+
+    context = tuple(torch.zeros(3, 30, *shape) for shape in ((), (), (2,), (2,)))
+    frozen = FrozenContext(Counting(), context)
+    frozen.reset(3, 5)
+    frozen.observe(*(c[:, 0] for c in context))
+    assert frozen.act(31, torch.zeros(3, 2)).tolist() == [4, 4, 4]

@@ -165,3 +165,18 @@ def test_every_method_has_one_colour_in_every_figure() -> None:
     assert method_of("SPICE (flat prior) (β=2)") == "SPICE (flat prior)"
     assert style("SPICE (flat prior) (β=2)", 1)["color"] == colours["SPICE (flat prior)"]
     assert style("SPICE (β=2)", 1)["linestyle"] != style("SPICE (β=1)", 0)["linestyle"]
+
+
+def test_cluster_bootstrap_counts_clusters_not_tasks() -> None:
+    """Ten goals of ten tasks each, every task of a goal scoring the same: the tasks carry ten
+    draws' worth of information, not a hundred, and the interval says so (about sqrt(10)
+    times wider than resampling tasks alone)."""
+    from spice_ray.results.summary import bootstrap_ci, cluster_bootstrap_ci
+
+    groups = np.repeat(np.arange(10), 10)
+    values = groups.astype(float)
+    lo, hi = bootstrap_ci(values)
+    clo, chi = cluster_bootstrap_ci(values, groups)
+    assert clo < 4.5 < chi and (chi - clo) > 2.5 * (hi - lo)
+    assert cluster_bootstrap_ci(values, groups) == (clo, chi)  # seeded
+    assert np.isnan(cluster_bootstrap_ci(values, np.zeros(100))[0])  # one cluster: no interval

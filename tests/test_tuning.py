@@ -66,3 +66,72 @@ def test_choice_is_the_lowest_mean_final_regret_first_on_ties() -> None:
     assert [r["setting"] for r in records] == [{"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}]
     with pytest.raises(ValueError, match="no validation rows for SPICE at \\{'beta': 4.0\\}"):
         choose(candidates(AgentSpec("spice", fusion=BANDIT.fusion), BANDIT.eval), scores)
+
+
+def test_tuned_table_sentences_rank_and_pair_by_task() -> None:
+    from spice_ray.results.analysis import tuned_comparison
+
+    finals = {"SPICE": [2.0, 4.0, 3.0, 5.0], "SPICE (flat prior)": [6.0, 6.0, 7.0, 9.0],
+              "SPICE (oracle prior)": [1.0, 2.0, 2.0, 3.0], "UCB": [3.0, 5.0, 3.0, 7.0]}
+    rows = []
+    for method, values in finals.items():
+        for task, v in enumerate(values):
+            for seed in (0, 1):  # two seeds with the same value: averaged per task first
+                rows.append({"method": method, "config": f'{{"m":"{method}"}}', "rule": "ucb",
+                             "variant": "", "seed": seed, "task_id": task, "env": "e",
+                             "metric": "cumulative_regret", "x": 10, "value": v})
+    ranked, paired, gap = tuned_comparison(pd.DataFrame(rows))
+    assert ranked.startswith("Ranked by final cumulative regret") and ranked.index(
+        "SPICE (oracle prior) 2") < ranked.index("SPICE 3.5") < ranked.index("UCB 4.5")
+    # UCB - SPICE per task: 1, 1, 0, 2 -> mean 1, SEM 0.408; flat - SPICE: 4, 2, 4, 4
+    assert "UCB +1 +- 0.41" in paired and "SPICE (flat prior) +3.5 +- 0.5" in paired
+    # (flat - SPICE) / (flat - oracle) = 3.5 / 5
+    assert gap.startswith("Gap closed at the tuned settings") and "0.70" in gap
+
+
+def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
+    """Every choice of ``tune_experiment`` comes from validation tasks: the eval split is
+    never loaded nor hashed, and each method's choice is its lowest validation score."""
+    import json
+
+    import numpy as np
+
+    from spice_ray import tuning
+
+    read = []
+
+    def load_split(ds_dir, split, verify=True, limit=None):
+        read.append(split)
+        return {"task_id": np.arange(4)}
+
+    def split_id(ds_dir, split):
+        read.append(split)
+        return "hash"
+
+    def evaluate(source, env, eval_cfg, data, specs, protocols, seed=0, pool=None):
+        assert protocols == ("online",)
+        rows = []
+        for spec in specs:
+            cfg = json.loads(spec.config_json(eval_cfg))
+            score = abs(cfg.get("beta", 0) - 2.0) + abs(cfg.get("c", 0) - 1.0)
+            for task in data["task_id"]:
+                rows.append({"method": spec.label, "config": spec.config_json(eval_cfg),
+                             "seed": seed, "task_id": task, "metric": "cumulative_regret",
+                             "x": 24, "value": score + task})
+        return pd.DataFrame(rows)
+
+    monkeypatch.setattr(tuning.store, "load_split", load_split)
+    monkeypatch.setattr(tuning.store, "split_id", split_id)
+    monkeypatch.setattr(tuning, "evaluate_parallel", evaluate)
+    monkeypatch.setattr(tuning, "_flat_prior", lambda cfg, dataset: (0.5, 0.1))
+    monkeypatch.setattr(tuning.ckpt, "content_id", lambda path: str(path))
+    cfg = make_config("smoke", "bandit")
+    finals = {("bandit", kind, "", 0): f"/ckpt/{kind}" for kind in ("spice", "dpt")}
+    record = tuning.tune_experiment("bandit", cfg, "/data", finals, pool=None)
+    assert set(read) == {"validation"}
+    assert record["split"] == "validation" and record["tasks"] == 4
+    chosen = {label: m["chosen"] for label, m in record["methods"].items()}
+    assert chosen == {"SPICE": {"beta": 2.0}, "SPICE (flat prior)": {"beta": 2.0},
+                      "UCB": {"c": 1.0}, "DPT": {}, "Emp": {}, "TS": {}}
+    # the same inputs again: the record is reused, nothing runs
+    assert tuning.tune_experiment("bandit", cfg, "/data", finals, None, record) is record

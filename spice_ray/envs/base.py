@@ -37,10 +37,11 @@ import numpy as np
 if TYPE_CHECKING:
     from spice_ray.rng import TaskStreams
 
-PROTOCOLS = ("online", "offline", "robustness", "calibration")
+PROTOCOLS = ("online", "offline", "robustness", "calibration", "episode")
 """Evaluation protocols: online regret from an empty context (every environment); offline
 suboptimality of one pick from a fixed context, robustness to test-time reward noise and
-prior calibration (stateless environments with known action values)."""
+prior calibration (stateless environments with known action values); one episode from the
+corner cell acting on a fixed context, the DPT paper's offline protocol (grids)."""
 
 
 @dataclass(frozen=True)

@@ -242,6 +242,7 @@ class Darkroom(Environment):
 
     name = "darkroom"
     labels = ("optimal", "weak-last", "mix")
+    protocols = ("online", "episode")
     regret_readings = READINGS
     defaults = {
         "env": {"horizon": 100},

@@ -30,6 +30,7 @@ from spice_ray.agents import AgentSpec
 from spice_ray.config import EnvConfig, EvalConfig, FusionConfig
 from spice_ray.envs.base import PROTOCOLS
 from spice_ray.evaluate.calibration import PRIOR_FIT_LENGTHS, calibration_rows
+from spice_ray.evaluate.episode import episode_rows
 from spice_ray.evaluate.offline import offline_context_lengths, offline_rows
 from spice_ray.evaluate.online import online_rows
 from spice_ray.evaluate.rows import check_rows, concat_rows
@@ -63,7 +64,8 @@ def evaluate_tasks(
         protocols: a subset of the environment's protocols (``PROTOCOLS``). "online":
             cumulative-regret curves at the environment's noise level; "robustness": final
             regret at each ``eval_cfg.robustness_sigmas``; "offline": suboptimality vs h;
-            "calibration": the SPICE prior's coverage and pseudo-counts.
+            "calibration": the SPICE prior's coverage and pseudo-counts; "episode": one
+            episode from the corner on a fixed context (``spice_ray.evaluate.episode``).
         seed: the checkpoint's training seed, written to every row.
         calibration_fusion: noise_var / v_min of the calibration rows (default: the first
             fused spec's fusion config, else FusionConfig()).
@@ -86,6 +88,8 @@ def evaluate_tasks(
         finals = eval_cfg.robustness_sigmas if "robustness" in protocols else ()
         frames.append(online_rows(env, eval_cfg, data, specs, model, seed,
                                   curves="online" in protocols, final_sigmas=finals))
+    if "episode" in protocols:
+        frames.append(episode_rows(env, eval_cfg, data, specs, model, seed))
     if "calibration" in protocols:
         if model is None:
             raise ValueError("the calibration protocol needs a SpiceModel")

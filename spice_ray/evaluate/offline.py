@@ -19,7 +19,7 @@ from torch import Tensor
 
 from spice_ray.agents import AgentSpec, make_baseline, state_features
 from spice_ray.config import EnvConfig, EvalConfig
-from spice_ray.evaluate.online import _applicable
+from spice_ray.evaluate.online import applicable_specs
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
 from spice_ray.fusion import (
     argmax_ties,
@@ -219,7 +219,7 @@ def offline_rows(
     # seed, task, h), the same for every agent: results do not depend on the sharding.
     ties = torch.as_tensor(TaskStreams.from_seed(eval_cfg.seed, "eval", task_ids).uniform(
         OFFLINE_TIES_STREAM, (T + 1,))[:, hs])  # (B, P)
-    todo = _applicable(specs, env, eval_cfg, online=False)
+    todo = applicable_specs(specs, env, eval_cfg, online=False)
     outputs: dict[str, Tensor] | None = None
     model_specs = [s for s in todo if s.uses_model]
     if model_specs:

@@ -119,7 +119,7 @@ def visit_counts(env, states: np.ndarray) -> np.ndarray | None:
     return counts
 
 
-def _applicable(specs: Sequence[AgentSpec], env, eval_cfg: EvalConfig, online: bool
+def applicable_specs(specs: Sequence[AgentSpec], env, eval_cfg: EvalConfig, online: bool
                 ) -> list[AgentSpec]:
     """Specs that have this protocol here, one per (method, rule, config) result key."""
     seen: set[tuple[str, str, str]] = set()
@@ -171,7 +171,7 @@ def online_rows(
     frames = []
     for level in dict.fromkeys(levels):
         tasks = env.with_noise(base, level) if has_noise else base
-        for spec in _applicable(specs, env, eval_cfg, online=True):
+        for spec in applicable_specs(specs, env, eval_cfg, online=True):
             agent = make_agent(spec, env, tasks, model, eval_cfg, sigma=level or 0.0)
             run = run_online(agent, env, tasks, H, noise, E, agent_draws(eval_cfg.seed, task_ids))
             extra = {"sigma": level} if has_noise else {"episodes": E}

@@ -7,11 +7,17 @@ their tables (``spice_ray.experiments``).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
-from spice_ray.results.summary import final_values, task_means
+from spice_ray.results.summary import (
+    bootstrap_ci,
+    cluster_bootstrap_ci,
+    final_values,
+    task_means,
+)
 
 LEARNED, FLAT = "SPICE", "SPICE (flat prior)"
 _PRIOR_KEYS = ("prior_mean", "prior_var", "kernel_space")
@@ -79,6 +85,20 @@ GAP_STEP = 50
 """The early step at which the prior gap is also reported (besides the final step)."""
 
 
+def _gap_share(d_spice: np.ndarray, d_oracle: np.ndarray, rng: np.random.Generator,
+               resamples: int) -> tuple[float, float, float]:
+    """mean(d_spice) / mean(d_oracle) over tasks and its 95% percentile bootstrap interval
+    (resamples whose gap is exactly 0 are left out of the interval)."""
+    n = len(d_spice)
+    idx = rng.integers(0, n, size=(resamples, n))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = d_spice[idx].mean(1) / d_oracle[idx].mean(1)
+        ratio = float(d_spice.mean() / d_oracle.mean())
+    boot = boot[np.isfinite(boot)]
+    lo, hi = np.percentile(boot, [2.5, 97.5]) if len(boot) else (np.nan, np.nan)
+    return ratio, float(lo), float(hi)
+
+
 def gap_closed(df: pd.DataFrame, metric: str = "cumulative_regret", resamples: int = 2000,
                seed: int = 0) -> pd.DataFrame:
     """The share of the flat-to-oracle gap the learned prior closes, per beta, at step
@@ -109,12 +129,7 @@ def gap_closed(df: pd.DataFrame, metric: str = "cumulative_regret", resamples: i
         d_spice = (wide[FLAT] - wide[LEARNED]).to_numpy()
         d_oracle = (wide[FLAT] - wide[ORACLE]).to_numpy()
         n = len(d_spice)
-        idx = rng.integers(0, n, size=(resamples, n))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            boot = d_spice[idx].mean(1) / d_oracle[idx].mean(1)
-            ratio = d_spice.mean() / d_oracle.mean()
-        lo, hi = np.nanpercentile(boot, [2.5, 97.5]) if np.isfinite(boot).any() else (
-            np.nan, np.nan)
+        ratio, lo, hi = _gap_share(d_spice, d_oracle, rng, resamples)
         sem = np.sqrt(1.0 / n) if n > 1 else np.nan
         out.append({"beta": float(beta), "x": int(x), "n": n,
                     "flat_minus_spice": d_spice.mean(),
@@ -166,10 +181,16 @@ def prior_fit(df: pd.DataFrame, hs: tuple[int, ...] = (0, 20)) -> list[str]:
     return out
 
 
-def tuned_comparison(df: pd.DataFrame) -> list[str]:
+def tuned_comparison(df: pd.DataFrame, groups: Mapping[int, int] | None = None) -> list[str]:
     """The tuned table in sentences: the methods ranked by final cumulative regret, and every
-    other method minus SPICE, paired by task (seeds averaged per task first). Each method
-    appears once, at its own validation-chosen setting, so pairs are by task only."""
+    other method minus SPICE, paired by task (seeds averaged per task first), with P(SPICE
+    beats it on a task). Each method appears once, at its own validation-chosen setting, so
+    pairs are by task only.
+
+    Args:
+        groups: task id -> cluster (the darkroom's goal): then the intervals resample goals,
+            then tasks within a goal (:func:`cluster_bootstrap_ci`), and say so.
+    """
     final = final_values(df, "cumulative_regret")
     if final.empty:
         return []
@@ -185,10 +206,33 @@ def tuned_comparison(df: pd.DataFrame) -> list[str]:
         if method == LEARNED:
             continue
         d = (wide[method] - wide[LEARNED]).dropna()
-        if len(d) > 1:
-            diffs.append(f"{method} {d.mean():+.3g} +- {d.std(ddof=1) / np.sqrt(len(d)):.2g}")
+        if len(d) < 2:
+            continue
+        wins = 0.5 * (1 + np.sign(d.to_numpy()))  # SPICE beats it: 1, tie 0.5
+        if groups is None:
+            lo, hi = bootstrap_ci(wins)
+        else:
+            lo, hi = cluster_bootstrap_ci(wins, d.index.map(groups).to_numpy())
+        diffs.append(f"{method} {d.mean():+.3g} +- {d.std(ddof=1) / np.sqrt(len(d)):.2g} "
+                     f"(P(SPICE better) {wins.mean():.2f}, {lo:.2f} to {hi:.2f})")
     if diffs:
+        clusters = ("" if groups is None else
+                    f"; the intervals resample the {len(set(groups.values()))} goals, then "
+                    "tasks within a goal")
         out.append(f"Each method minus {LEARNED}, paired by task (mean +- SEM over "
-                   f"{len(wide)} tasks; positive: SPICE has less regret): "
+                   f"{len(wide)} tasks, positive: SPICE has less regret; P(SPICE has less "
+                   f"regret on a task) with its 95% bootstrap interval{clusters}): "
                    + "; ".join(diffs) + ".")
+    if {FLAT, ORACLE} <= set(wide.columns):
+        both = wide[[LEARNED, FLAT, ORACLE]].dropna()
+        d_spice = (both[FLAT] - both[LEARNED]).to_numpy()
+        d_oracle = (both[FLAT] - both[ORACLE]).to_numpy()
+        ratio, lo, hi = _gap_share(d_spice, d_oracle, np.random.default_rng(0), 2000)
+        sem = d_oracle.std(ddof=1) / np.sqrt(len(d_oracle))
+        out.append(
+            "Gap closed at the tuned settings, (flat - SPICE) / (flat - oracle) paired by "
+            "task: " + (f"{ratio:.2f} (95% bootstrap interval {lo:.2f} to {hi:.2f})"
+                         if d_oracle.mean() > 2 * sem else
+                         "no share can be stated: the tuned oracle prior does not beat the "
+                         "tuned flat one by 2 SEMs") + ".")
     return out

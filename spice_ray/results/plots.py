@@ -24,13 +24,13 @@ from spice_ray.results.summary import summarise  # noqa: E402
 METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
                 "SPICE (learned mean, exact sd)", "Bayes posterior-UCB", "Count-UCB", "DPT",
                 "AD-BC", "UCB", "TS", "TS (true prior)", "LinUCB", "LinTS (true prior)", "Emp",
-                "LCB", "Nearest-unvisited", "Random", "PPO", "Optimal")
+                "LCB", "Nearest-unvisited", "Hill-climbing", "Random", "PPO", "Optimal")
 """Every method's place in legends and tables, and its colour (:func:`style`): one colour per
 method in every figure. A test checks that every method of the registry is here."""
 
 _COLOURS = ("#1f77b4", "#7f7f7f", "#2ca02c", "#17becf", "#9467bd", "#8c564b", "#d62728",
             "#ff7f0e", "#bcbd22", "#e377c2", "#f7b6d2", "#aec7e8", "#98df8a", "#c49c94",
-            "#c5b0d5", "#dbdb8d", "#000000", "#ff9896", "#525252")
+            "#c5b0d5", "#dbdb8d", "#6b6ecf", "#000000", "#ff9896", "#525252")
 _DASHES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3)))
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 _VARIANT_COLOURS = {"none": "#aec7e8", "iw": "#98df8a", "adv": "#ff9896", "epi": "#9467bd"}

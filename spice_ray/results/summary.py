@@ -81,6 +81,33 @@ def bootstrap_ci(values: np.ndarray, statistic=np.mean, confidence: float = 0.95
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def cluster_bootstrap_ci(values: np.ndarray, groups: np.ndarray, statistic=np.mean,
+                         confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``statistic`` over tasks that come in clusters (e.g.
+    darkroom tasks sharing a goal): each resample draws the clusters with replacement, then
+    tasks with replacement within each drawn cluster, so tasks of one cluster are not counted
+    as independent draws. (nan, nan) for fewer than two clusters.
+
+    Args:
+        values: [T] one value per task (seeds averaged).
+        groups: [T] the cluster of each task.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    groups = np.asarray(groups)
+    members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
+    if len(members) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    out = np.empty(RESAMPLES)
+    for i in range(RESAMPLES):
+        picked = rng.integers(0, len(members), len(members))
+        idx = np.concatenate([rng.choice(members[g], len(members[g])) for g in picked])
+        out[i] = statistic(values[idx])
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(out, [alpha, 1 - alpha])
+    return float(low), float(high)
+
+
 def _task_by_seed(rows: pd.DataFrame) -> np.ndarray:
     """A group's values as a [tasks, seeds] matrix (NaN where a seed lacks a task)."""
     return rows.pivot_table(index="task_id", columns="seed", values="value",
