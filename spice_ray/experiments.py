@@ -114,6 +114,7 @@ def bandit_experiment(name: str, title: str, overrides: tuple[str, ...] = (),
         Evaluation("spice_theory", _spice_theory, ("online",), ModelRef("spice")),
         Evaluation("dpt", _dpt, ("offline", "online", "robustness"), ModelRef("dpt")),
         Evaluation("flat", _spice_flat, ("offline", "online")),
+        Evaluation("random", _random, ("online",)),  # the zero of the normalised scores
     )
     main = tuple(Select(e) for e in ("baselines", "spice", "dpt"))
     tables = [
@@ -133,7 +134,7 @@ def bandit_experiment(name: str, title: str, overrides: tuple[str, ...] = (),
                             ("calibration",), f"{title} prior"))
     return Experiment(name, "bandit", (ModelRef("spice"), ModelRef("dpt")), evaluations,
                       tuple(tables), overrides, preset_overrides or {},
-                      tuned=("spice", "dpt", "flat", "baselines"))
+                      tuned=("spice", "dpt", "flat", "baselines", "random"))
 
 
 DARKROOM_ROWS = tuple(Select(e) for e in ("spice", "dpt", "flat", "count", "random", "ppo"))
@@ -316,11 +317,11 @@ EXPERIMENTS: dict[str, Experiment] = {
     "darkroom_continuous": DARKROOM_CONTINUOUS,
     "darkroom_dpt_star": DARKROOM_DPT_STAR,
     "bandit_template": prior_family("bandit_template", "template bandit A=5",
-                                    ("ucb", "ts", "bayes-ts")),
+                                    ("ucb", "ts", "bayes-ts", "random")),
     "bandit_latent": prior_family("bandit_latent", "latent-phase bandit A=5",
-                                  ("ucb", "ts", "bayes-ts")),
+                                  ("ucb", "ts", "bayes-ts", "random")),
     "linear_bandit": prior_family("linear_bandit", "linear bandit A=10 d=2",
-                                  ("ucb", "linucb", "lints")),
+                                  ("ucb", "linucb", "lints", "random")),
     "darkroom_region": prior_family("darkroom_region", "region Darkroom",
                                     ("nearest", "random"), count=True),
 }

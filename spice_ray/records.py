@@ -42,13 +42,12 @@ def timing_notes(experiments: list[str], units: list[dict[str, Any]]) -> list[st
     out = []
     for name in experiments:
         mine = [u for u in units if u["experiment"] == name]
-        train = [u for u in mine if u["stage"] == "pretrain"]
-        fits = [u["seconds"] for u in train if u["what"] != "start-up and data"
-                and "job" not in u["what"]]
-        other = sum(u["seconds"] for u in train) - sum(fits)
-        evals = sum(u["seconds"] for u in mine if u["stage"] == "evaluate")
         if not mine:
             continue
+        train = [u for u in mine if u["stage"] == "pretrain"]
+        fits = [u["seconds"] for u in train if u.get("part") == "fit"]
+        other = sum(u["seconds"] for u in train) - sum(fits)
+        evals = sum(u["seconds"] for u in mine if u["stage"] == "evaluate")
         parts = [f"{name}: pretraining {other + sum(fits):.0f} s"]
         if fits:
             parts.append(f"({other:.0f} s start-up and data, {count(len(fits), 'model')} "

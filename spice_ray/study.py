@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from spice_ray import envs, tracking
+from spice_ray import envs, tracking, tuning
 from spice_ray.artifacts import atomic_write_text, file_sha256, is_current
 from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
 from spice_ray.console import SILENT, Console, count
@@ -30,7 +30,7 @@ from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, ModelRef, Ta
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import Finals, timing_notes, write_checkpoint_index, write_timing
 from spice_ray.resources import dataset_estimate, human_bytes, model_estimate
-from spice_ray.results import plots
+from spice_ray.results import aggregate, plots
 from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
@@ -45,12 +45,6 @@ from spice_ray.tuning import (
     task_groups,
     tune_all,
     write_tuned_table,
-)
-from spice_ray.tuning import (
-    bases as tuning_bases,
-)
-from spice_ray.tuning import (
-    candidates as tuning_grid,
 )
 
 log = logging.getLogger(__name__)
@@ -146,11 +140,12 @@ def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = 
             for seed in cfg.seeds if m.same_as else ():
                 finals[(name, m.kind, m.variant, seed)] = finals[(name, m.kind, m.same_as, seed)]
         fits = timing["models"]
-        plan.units += [{"stage": "pretrain", "experiment": name, "what": what,
+        plan.units += [{"stage": "pretrain", "experiment": name, "what": what, "part": "fit",
                         "seconds": sec} for what, sec in fits.items()]
         plan.units.append({"stage": "pretrain", "experiment": name,
                            "what": "start-up and data" if fits else
                            f"{count(len(specs), 'model')}, {count(timing['jobs'], 'job')}",
+                           "part": "start-up" if fits else "jobs",
                            "seconds": timing["seconds"] - sum(fits.values())})
     return finals
 
@@ -276,7 +271,7 @@ def draw_figures(plan: StudyPlan) -> dict[str, list[Path]]:
         old = {}
     code = file_sha256(Path(plots.__file__))
     out: dict[str, list[Path]] = {}
-    stamps = {}
+    stamps = {k: v for k, v in old.items() if k == "aggregate"}  # drawn by the aggregate
     for table in study_tables(plan):
         if not table.figures:
             continue
@@ -329,7 +324,7 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     enter_stage("3/6 tune")
     console.stage(3, 6, "tune", "every method's settings on validation tasks (Ray actors)")
     with EvalPool() as pool:  # the actors start once for tuning and evaluation
-        tuning = tune_all(plan.configs, run_dir, datasets, finals, pool, console)
+        tuned = tune_all(plan.configs, run_dir, datasets, finals, pool, console)
         plan.timings["tune"] = time.perf_counter() - t2
         t3 = time.perf_counter()
         enter_stage("4/6 evaluate")
@@ -337,16 +332,18 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
                       f"{count(len(plan.configs), 'experiment')} (Ray actors)")
         for name in plan.configs:
             evaluate_experiment(plan, name, datasets[name], finals, console, pool)
-            if name in tuning:
+            if name in tuned:
                 write_tuned_table(name, plan.configs[name], run_dir, datasets[name], finals,
-                                  pool, tuning[name])
+                                  pool, tuned[name])
     plan.timings["evaluate"] = time.perf_counter() - t3
 
     enter_stage("5/6 figures")
     t4 = time.perf_counter()
     figures = draw_figures(plan)
+    across = aggregate.study_aggregate(run_dir, list(plan.configs))
     plan.timings["figures"] = time.perf_counter() - t4
-    console.stage(5, 6, "figures", f"{count(sum(len(v) for v in figures.values()), 'PNG file')}")
+    pngs = sum(len(v) for v in figures.values()) + bool(across)
+    console.stage(5, 6, "figures", f"{count(pngs, 'PNG file')}")
     enter_stage("6/6 report")
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
              *(n for name in plan.configs for n in EXPERIMENTS[name].notes),
@@ -365,6 +362,7 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
                  "method once, at its choice, on the eval tasks; the other tables show every "
                  "setting of a fixed grid on the eval tasks, for sensitivity, not for ranking.",
                  choices)] if len(choices) else []
+    sections += across
     report = write_report(run_dir, figures, configs, notes, descriptions, findings,
                           horizon_points=(10, 50, first.env.horizon),
                           order=[t.name for t in tables], sections=sections)
@@ -410,8 +408,8 @@ def describe_plan(plan: StudyPlan) -> str:
     lines.append("stage 3 tuning on validation tasks (Ray actors):")
     for name, cfg in plan.configs.items():
         exp = EXPERIMENTS[name]
-        points = [len(tuning_grid(s, cfg.eval)) for ev in exp.tuned
-                  for s in tuning_bases(exp.evaluation(ev).agents(cfg), cfg)]
+        points = [len(tuning.candidates(s, cfg.eval)) for ev in exp.tuned
+                  for s in tuning.bases(exp.evaluation(ev).agents(cfg), cfg)]
         seeds = len(cfg.seeds)
         lines.append(f"  {name:9s} {count(len(points), 'method')}, "
                      f"{count(sum(points), 'grid point')} (x {count(seeds, 'seed')} where "

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from spice_ray.experiments import EXPERIMENTS
 from spice_ray.results import load, summarise, write
 from spice_ray.results.__main__ import main as results_main
 from spice_ray.study import plan_study, run_study, study_tables
@@ -69,7 +70,9 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert "darkroom_online_state" in tables  # the other regret reading's table
     # every method's settings chosen on validation tasks over one grid, then run once on eval
     tuning = json.loads((run_dir / "results" / "tuning.json").read_text())
-    assert set(tuning) == set(plan.configs)
+    # DPT* acts greedily from its policy head: it has nothing to tune and no record
+    assert set(tuning) == {n for n in plan.configs if EXPERIMENTS[n].tuned}
+    assert "darkroom" in tuning and "darkroom_dpt_star" not in tuning
     assert {r["split"] for r in tuning.values()} == {"validation"}
     for name, record in tuning.items():
         for label, method in record["methods"].items():
@@ -81,11 +84,13 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
                      "Random": 1}  # beta (4 and the schedule) x tau (4) where a kernel has one
     assert len(tuning["bandit"]["methods"]["UCB"]["grid"]) == 4  # its c
     tuned = load(run_dir, "bandit_tuned")
-    assert set(tuned["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS", "SPICE (flat prior)"}
+    assert set(tuned["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS", "SPICE (flat prior)",
+                                    "Random"}
     assert (tuned.groupby("method")["config"].nunique() == 1).all()  # one setting each
     assert sorted(p.stem for p in (run_dir / "results").glob("*.parquet")) == tables
-    declared = sorted(f"{t.name}.png" if i == 0 else f"{t.name}_{kind}.png"
-                      for t in study_tables(plan) for i, kind in enumerate(t.figures))
+    declared = sorted([*(f"{t.name}.png" if i == 0 else f"{t.name}_{kind}.png"
+                         for t in study_tables(plan) for i, kind in enumerate(t.figures)),
+                       "aggregate.png"])
     figures = sorted(p.name for p in (run_dir / "figures").glob("*.png"))
     assert figures == declared and all((run_dir / "figures" / f).stat().st_size > 5_000
                                        for f in figures)
@@ -101,6 +106,10 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert (run_dir / "config.yaml").exists() and "```yaml" not in text  # configs: appendix
     assert "## Settings chosen on validation tasks" in text and "Ranked by final" in text
     assert "[configs.md](configs.md)" in text and "```yaml" in (run_dir / "configs.md").read_text()
+    # across experiments: normalised scores against Random, in every tuned table
+    assert (run_dir / "figures" / "aggregate.png").stat().st_size > 10_000
+    assert "## Across experiments (normalised scores)" in text and "IQM [95% CI]" in text
+    assert "## Probability of improvement" in text
     cfg = plan.configs["bandit"]
     online = load(run_dir, "bandit_online")
     assert set(online["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS", "SPICE (flat prior)"}
@@ -126,9 +135,9 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert set(weights["variant"]) == {"none", "iw", "adv", "epi", "all", ""}
     # the structured families: their reference rows, and the oracle prior beats the flat one
     # (neither reads a trained model, so this holds on any machine)
-    references = {"bandit_template": {"UCB", "TS", "TS (true prior)"},
-                  "bandit_latent": {"UCB", "TS", "TS (true prior)"},
-                  "linear_bandit": {"UCB", "LinUCB", "LinTS (true prior)"},
+    references = {"bandit_template": {"UCB", "TS", "TS (true prior)", "Random"},
+                  "bandit_latent": {"UCB", "TS", "TS (true prior)", "Random"},
+                  "linear_bandit": {"UCB", "LinUCB", "LinTS (true prior)", "Random"},
                   "darkroom_region": {"Count-UCB", "Nearest-unvisited", "Random"}}
     for family, extra in references.items():
         rows = load(run_dir, f"{family}_online")
@@ -143,9 +152,11 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert final["Bayes posterior-UCB"] < final["UCB"]
     # a second run with the same config does no work
     before = _mtimes(run_dir)
+    drawn = (run_dir / "figures" / "aggregate.png").stat().st_mtime_ns
     plan2 = plan_study("smoke", tmp_path / "run")
     run_study(plan2)
     assert _mtimes(run_dir) == before
+    assert (run_dir / "figures" / "aggregate.png").stat().st_mtime_ns == drawn
     assert plan2.timings["pretrain"] < 5 and plan2.timings["evaluate"] < 5
     # a copied run directory is still current: input hashes hold contents, not paths
     shutil.copytree(run_dir, tmp_path / "moved")

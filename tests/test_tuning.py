@@ -132,6 +132,7 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
     assert record["split"] == "validation" and record["tasks"] == 4
     chosen = {label: m["chosen"] for label, m in record["methods"].items()}
     assert chosen == {"SPICE": {"beta": 2.0}, "SPICE (flat prior)": {"beta": 2.0},
-                      "UCB": {"c": 1.0}, "DPT": {}, "Emp": {}, "TS": {}}
+                      "UCB": {"c": 1.0}, "DPT": {}, "Emp": {}, "TS": {},
+                      "Random": {}}
     # the same inputs again: the record is reused, nothing runs
     assert tuning.tune_experiment("bandit", cfg, "/data", finals, None, record) is record

@@ -314,6 +314,63 @@ def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Pat
                             "lowest training seed)")
 
 
+def plot_aggregate(agg, path: Path) -> Path:
+    """Across experiments (a ``spice_ray.results.aggregate.Aggregate``): IQM and mean
+    normalised score per method present everywhere, its performance profile, and P(SPICE
+    better than X) over the experiments both are in; every band and bar a 95% bootstrap
+    interval."""
+    table, profile, improve = agg.table, agg.profile, agg.improvement
+    n_exp = len(agg.scores.by_experiment)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8),
+                             gridspec_kw={"width_ratios": [1.1, 1.3, 1.4]})
+    ax = axes[0]
+    methods = sorted(table["method"], key=_order)
+    for i, m in enumerate(methods):
+        r = table[table["method"] == m].iloc[0]
+        for j, (stat, marker) in enumerate((("IQM", "o"), ("mean", "s"))):
+            y = i + (0.15 if j else -0.15)
+            ax.errorbar(r[stat], y, xerr=[[r[stat] - r[f"{stat} low"]],
+                                          [r[f"{stat} high"] - r[stat]]],
+                        fmt=marker, color=style(m)["color"], capsize=3,
+                        markerfacecolor="white" if j else style(m)["color"],
+                        label=stat if i == 0 else None)
+    ax.set_yticks(range(len(methods)), methods, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="normalised score (0 = Random, 1 = no regret)",
+           title=f"aggregate over {n_exp} experiments")
+    ax.legend(fontsize=7, frameon=False, loc="lower left")
+    ax.grid(alpha=0.3, axis="x")
+    ax = axes[1]
+    for m in methods:
+        share, lo, hi = profile[m]
+        st = style(m)
+        ax.plot(agg.taus, share, color=st["color"], label=m, lw=1.5)
+        ax.fill_between(agg.taus, lo, hi, color=st["color"], alpha=0.2, lw=0)
+    ax.set(xlabel="normalised score tau", ylabel="share of tasks with score > tau",
+           title="performance profile")
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    ax = axes[2]
+    if len(improve):
+        rows = improve.sort_values("P(better)", ascending=True, ignore_index=True)
+        for i, r in rows.iterrows():
+            ax.errorbar(r["P(better)"], i, xerr=[[r["P(better)"] - r["low"]],
+                                                 [r["high"] - r["P(better)"]]],
+                        fmt="o", color=style(r["other"])["color"], capsize=3)
+        ax.set_yticks(range(len(rows)), [f"{o} ({k} exp.)" for o, k in
+                                         zip(rows["other"], rows["experiments"], strict=True)],
+                      fontsize=8)
+        ax.axvline(0.5, color="#555555", lw=0.8, linestyle="--")
+    ax.set(xlabel="P(SPICE scores higher than X)", title="probability of improvement")
+    ax.grid(alpha=0.3, axis="x")
+    tasks = sum(next(iter(s.values())).shape[1] for s in agg.scores.by_experiment.values())
+    return _save(fig, path, f"score = 1 - final regret / Random's mean final regret in the "
+                            f"same experiment, each method at its validation-tuned setting; "
+                            f"{tasks} eval tasks of {n_exp} experiments, training seeds "
+                            "averaged per task; bars and bands: 95% bootstrap intervals "
+                            "resampling tasks and seeds within each experiment.")
+
+
 PLOTS = {
     "offline": plot_offline,
     "online": plot_online,

@@ -1,0 +1,104 @@
+"""Aggregates across experiments (``spice_ray.results.aggregate``): normalised scores against
+Random, the IQM, probability of improvement and performance profiles, with seeded intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spice_ray.results import aggregate as agg
+from spice_ray.results.plots import plot_aggregate
+from spice_ray.results.summary import iqm
+
+
+def _table(regrets: dict[str, list[list[float]]], x: int = 50) -> pd.DataFrame:
+    """A tuned table's final rows: method -> [seed][task] final regret (one seed = NO_SEED)."""
+    rows = []
+    for method, per_seed in regrets.items():
+        for s, values in enumerate(per_seed):
+            seed = -1 if len(per_seed) == 1 else s
+            for task, v in enumerate(values):
+                for step, value in ((x // 2, v / 2), (x, v)):  # only the last step counts
+                    rows.append({"method": method, "seed": seed, "task_id": task,
+                                 "metric": "cumulative_regret", "x": step, "value": value})
+    return pd.DataFrame(rows)
+
+
+A = _table({"SPICE": [[10.0, 20.0], [30.0, 20.0]], "SPICE (flat prior)": [[20.0, 10.0]],
+            "Random": [[100.0, 60.0]]})
+B = _table({"SPICE": [[0.0, 8.0, 4.0], [0.0, 8.0, 4.0]], "SPICE (flat prior)": [[4.0, 8.0, 0.0]],
+            "UCB": [[16.0, 16.0, 16.0]], "Random": [[16.0, 16.0, 16.0]]})
+
+
+def test_scores_are_one_minus_regret_over_randoms_mean_per_seed_and_task() -> None:
+    scores = agg.normalised_scores({"a": A, "b": B})
+    np.testing.assert_allclose(scores.by_experiment["a"]["SPICE"],
+                               [[1 - 10 / 80, 1 - 20 / 80], [1 - 30 / 80, 1 - 20 / 80]])
+    # a reference without a training seed has the same score under every seed
+    np.testing.assert_allclose(scores.by_experiment["a"]["SPICE (flat prior)"],
+                               [[0.75, 0.875], [0.75, 0.875]])
+    np.testing.assert_allclose(scores.by_experiment["b"]["Random"], np.zeros((2, 3)))
+    assert scores.methods_everywhere() == ["SPICE", "SPICE (flat prior)", "Random"]
+    assert scores.experiments_with("SPICE", "UCB") == ["b"]
+
+
+def test_iqm_mean_and_improvement_over_tasks_after_averaging_seeds() -> None:
+    scores = agg.normalised_scores({"a": A, "b": B})
+    table = agg.aggregate_table(scores, reps=200).set_index("method")
+    # SPICE's task scores (seed means): a: 1-20/80, 1-20/80; b: 1, 0.5, 0.75
+    spice = np.array([0.75, 0.75, 1.0, 0.5, 0.75])
+    assert table.loc["SPICE", "mean"] == pytest.approx(spice.mean())
+    assert table.loc["SPICE", "IQM"] == pytest.approx(float(iqm(spice)))
+    assert table.loc["SPICE", "tasks"] == 5 and table.loc["SPICE", "experiments"] == 2
+    assert table.loc["Random", "mean"] == pytest.approx(0.0)  # zero by construction
+    assert table.loc["Random", "mean low"] < 0 < table.loc["Random", "mean high"]
+    for stat in ("IQM", "mean"):
+        assert (table[f"{stat} low"] <= table[stat] + 1e-12).all()
+        assert (table[stat] <= table[f"{stat} high"] + 1e-12).all()
+    imp = agg.improvement_table(scores, reps=200).set_index("other")
+    # vs flat: a: 0.75 < 0.75? tie, 0.75 < 0.875 loses; b: 1 > 0.75 wins, tie, 0.75 < 1 loses
+    assert imp.loc["SPICE (flat prior)", "P(better)"] == pytest.approx((0.5 + 0 + 1 + 0.5 + 0) / 5)
+    assert imp.loc["UCB", "P(better)"] == 1.0 and imp.loc["UCB", "experiments"] == 1
+    assert agg.probability_of_improvement(np.array([1.0, 2.0]), np.array([0.0, 2.0])) == 0.75
+
+
+def test_intervals_are_seeded_and_paired() -> None:
+    rng = np.random.default_rng(0)
+    big = _table({"SPICE": rng.uniform(0, 50, (3, 40)).tolist(),
+                  "UCB": rng.uniform(0, 50, (1, 40)).tolist(), "Random": [[60.0] * 40]})
+    scores = agg.normalised_scores({"a": A, "big": big})
+    first = agg.aggregate_table(scores, reps=300, seed=4)
+    pd.testing.assert_frame_equal(first, agg.aggregate_table(scores, reps=300, seed=4))
+    assert not first.equals(agg.aggregate_table(scores, reps=300, seed=5))
+    # paired: Random against itself is a tie on every resample
+    same = agg.Scores({e: {"SPICE": s["Random"], "Random": s["Random"]}
+                       for e, s in scores.by_experiment.items()})
+    row = agg.improvement_table(same, reps=100).iloc[0]
+    assert row["P(better)"] == row["low"] == row["high"] == 0.5
+    scores = agg.normalised_scores({"a": A, "b": B})
+    profile = agg.performance_profile(scores, reps=200)
+    share, low, high = profile["SPICE"]
+    # share of SPICE's 5 task scores above tau: all above 0.4, three above 0.7, one above 0.9
+    at = {round(t, 2): i for i, t in enumerate(agg.TAUS)}
+    assert share[at[0.4]] == 1.0 and share[at[0.7]] == 0.8
+    assert share[at[0.9]] == pytest.approx(0.2)
+    assert (low <= share + 1e-12).all() and (share <= high + 1e-12).all()
+    assert np.all(np.diff(share) <= 0)  # a profile never rises
+
+
+def test_missing_reference_or_task_is_named() -> None:
+    with pytest.raises(ValueError, match="b: no 'Random' rows"):
+        agg.normalised_scores({"a": A, "b": B[B["method"] != "Random"]})
+    holes = A[~((A["method"] == "SPICE (flat prior)") & (A["task_id"] == 1))]
+    with pytest.raises(ValueError, match="a: SPICE \\(flat prior\\) lacks a final regret"):
+        agg.normalised_scores({"a": holes})
+    zero = A.assign(value=np.where(A["method"] == "Random", 0.0, A["value"]))
+    with pytest.raises(ValueError, match="a: Random's mean final regret is 0.0"):
+        agg.normalised_scores({"a": zero})
+
+
+def test_aggregate_figure_is_drawn(tmp_path) -> None:
+    path = plot_aggregate(agg.aggregate(agg.normalised_scores({"a": A, "b": B}), reps=50),
+                          tmp_path / "agg.png")
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
