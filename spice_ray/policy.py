@@ -258,7 +258,8 @@ class SpicePolicy(_Policy):
     Args (of :meth:`from_checkpoint`):
         path: the checkpoint directory (``.../final``).
         rule: "greedy", "ucb" (posterior-UCB) or "thompson".
-        beta: the UCB coefficient; ``beta_schedule="sqrt2logt"`` uses sqrt(2 log t) instead.
+        beta: the UCB coefficient; ``beta_schedule="sqrt2logt"`` uses sqrt(2 log t) instead,
+            ``"sqrt_log_sat"`` beta sqrt(log(S A t)) (the paper's MDP schedule).
         fusion: other fusion settings (default: those the checkpoint was trained with).
         device: "cpu" or "cuda".
     """
@@ -283,7 +284,8 @@ class SpicePolicy(_Policy):
             changes["beta_schedule"] = beta_schedule
         fusion = dataclasses.replace(fusion, **changes)  # validated: bad values name the field
         env = cfg.environment()
-        agent = SpiceAgent(fusion, model=model, stateless=env.stateless)
+        agent = SpiceAgent(fusion, model=model, stateless=env.stateless,
+                           num_states=env.num_states)
         policy = cls(agent, env, torch.device(device))
         policy.fusion = fusion
         policy._config = cfg.to_dict()

@@ -313,6 +313,29 @@ def test_beta_schedule() -> None:
         beta_at(0, schedule="linear")  # type: ignore[arg-type]
 
 
+def test_mdp_beta_schedule_is_c_sqrt_log_sat_with_the_environments_s_and_a() -> None:
+    """The paper's MDP schedule beta_t = C sqrt(ln(S A t)), C = fusion.beta; S from the
+    environment (darkroom: its 100 cells, also under the continuous darkroom's features)."""
+    from spice_ray.agents import AgentSpec, make_agent
+    from spice_ray.config import make_config
+    from spice_ray.config.sections import BETA_SCHEDULES
+    from spice_ray.fusion.posterior import BETA_SCHEDULES as COMPUTED
+
+    assert BETA_SCHEDULES == COMPUTED
+    assert beta_at(0, 2.0, "sqrt_log_sat", 500) == pytest.approx(2 * math.sqrt(math.log(500)))
+    assert beta_at(9, 0.5, "sqrt_log_sat", 5) == pytest.approx(0.5 * math.sqrt(math.log(50)))
+    got = beta_at(torch.tensor([0, 99]), 1.0, "sqrt_log_sat", 500)
+    np.testing.assert_allclose(got.double().numpy(), [math.sqrt(math.log(500)),
+                                                      math.sqrt(math.log(50_000))], rtol=1e-6)
+    with pytest.raises(ValueError, match="needs S x A >= 2; got pairs=1"):
+        beta_at(0, 1.0, "sqrt_log_sat", 1)
+    for env_name, states in (("darkroom", 100), ("darkroom_continuous", 100), ("bandit", 1)):
+        cfg = make_config("smoke", env_name, overrides=["fusion.beta_schedule=sqrt_log_sat"])
+        env = cfg.environment()
+        agent = make_agent(AgentSpec("spice-flat", fusion=cfg.fusion), env)
+        assert env.num_states == states and agent.num_states == states
+
+
 def test_action_rules() -> None:
     mean = torch.tensor([[0.5, 0.4, 0.1], [0.2, 0.2, 0.0]], dtype=torch.float64)
     var = torch.tensor([[0.01, 0.04, 1.0], [0.01, 0.01, 0.01]], dtype=torch.float64)

@@ -51,12 +51,14 @@ def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel |
             width = (env.task_posterior(spec.fusion.gamma) if spec.method == "spice-exact-width"
                      else None)
             return SpiceAgent(spec.fusion, model=model, stateless=env.stateless,
-                              use_cache=spec.use_cache, name=spec.method, exact_width=width)
+                              use_cache=spec.use_cache, name=spec.method, exact_width=width,
+                              num_states=env.num_states)
         return PolicyAgent(model, env.stateless, spec.sample, spec.use_cache, spec.method)
     if info.fused:
         prior = (env.task_posterior(spec.fusion.gamma) if info.prior == "oracle"
                  else FlatPrior(*spec.prior))
-        return SpiceAgent(spec.fusion, prior=prior, stateless=env.stateless, name=spec.method)
+        return SpiceAgent(spec.fusion, prior=prior, stateless=env.stateless, name=spec.method,
+                          num_states=env.num_states)
     if spec.method in REFERENCES:
         return make_reference(spec.method, env, spec, eval_cfg or EvalConfig())
     if spec.method == "random":

@@ -50,11 +50,13 @@ class BayesAgent:
     """
 
     def __init__(self, posterior: TaskPosterior, rule: str = "ucb", beta: float = 1.0,
-                 beta_schedule: BetaSchedule = "fixed", name: str = "bayes-ucb") -> None:
+                 beta_schedule: BetaSchedule = "fixed", name: str = "bayes-ucb",
+                 num_states: int = 1) -> None:
         if rule not in ("ucb", "thompson"):
             raise ValueError(f"rule={rule!r} is invalid: ucb or thompson")
         self.posterior, self.rule, self.name = posterior, rule, name
         self.beta, self.beta_schedule = float(beta), beta_schedule
+        self.num_states, self.num_actions = int(num_states), 0
         self._draws: RandomSource | None = None
 
     def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
@@ -62,7 +64,7 @@ class BayesAgent:
         if self.rule == "thompson" and not hasattr(draws, "categorical"):
             raise ValueError(f"{self.name} needs per-task StepDraws in reset()")
         self.posterior.reset(num_tasks)
-        self._draws = draws
+        self._draws, self.num_actions = draws, num_actions
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
                 ) -> None:
@@ -74,7 +76,8 @@ class BayesAgent:
             return torch.from_numpy(self.posterior.sample(s, self._draws).argmax(axis=1))
         mean, var = (torch.from_numpy(v).to(STATS_DTYPE) for v in self.posterior.moments(s))
         return select_action(Posterior(mean, var), "ucb",
-                             beta_at(t, self.beta, self.beta_schedule), self._draws)
+                             beta_at(t, self.beta, self.beta_schedule,
+                                     self.num_states * self.num_actions), self._draws)
 
 
 class LinUCB:
@@ -235,7 +238,7 @@ def make_reference(method: str, env: Any, spec: Any, eval_cfg: Any) -> Any:
     fusion = spec.fusion
     if method == "bayes-ucb":
         return BayesAgent(env.task_posterior(fusion.gamma), "ucb", fusion.beta,
-                          fusion.beta_schedule, method)
+                          fusion.beta_schedule, method, env.num_states)
     if method in ("bayes-ts", "lints"):
         return BayesAgent(env.task_posterior(fusion.gamma), "thompson", name=method)
     if method == "linucb":

@@ -191,7 +191,7 @@ class PosteriorBandit(CountingBandit):
         noise_var: likelihood variance sigma^2 (>= 0, floored inside the posterior).
         rule: "greedy", "ucb" or "thompson".
         beta: fixed UCB coefficient.
-        beta_schedule: "fixed" or "sqrt2logt" (see :func:`beta_at`).
+        beta_schedule: a schedule of :func:`beta_at` (stateless: S A = A).
         v_min: prior-variance floor.
     """
 
@@ -226,7 +226,7 @@ class PosteriorBandit(CountingBandit):
                                   self.v_min)
 
     def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
-        beta = beta_at(t, self.beta, self.beta_schedule)
+        beta = beta_at(t, self.beta, self.beta_schedule, counts.shape[-1])  # S = 1: A
         return select_action(self.posterior(counts, mean), self.rule, beta, self._generator)
 
     def _offline(self, counts: Tensor, mean: Tensor, ties: Tensor | None = None) -> Tensor:

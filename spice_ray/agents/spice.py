@@ -103,7 +103,7 @@ class SpiceAgent:
     def __init__(self, fusion: FusionConfig, model: TrunkModel | None = None,
                  prior: FlatPrior | TaskPosterior | None = None, stateless: bool = False,
                  use_cache: bool = True, name: str = "spice",
-                 exact_width: TaskPosterior | None = None) -> None:
+                 exact_width: TaskPosterior | None = None, num_states: int = 1) -> None:
         if (model is None) == (prior is None):
             raise ValueError("SpiceAgent needs either a model or a flat prior")
         if model is None and fusion.kernel != "uniform" and fusion.kernel_space != "state":
@@ -118,6 +118,7 @@ class SpiceAgent:
         self.prior = prior
         self.exact_width = exact_width
         self.name = name
+        self.num_states = int(num_states)
         self.runner = None if model is None else ContextRunner(
             model.eval(), stateless, use_cache,
             keep_latents=fusion.kernel != "uniform" and fusion.kernel_space == "context",
@@ -243,5 +244,6 @@ class SpiceAgent:
     def act(self, t: int, states: Tensor) -> Tensor:
         """The fusion rule's actions, long [B] on the CPU."""
         post = self.posterior(states)
-        beta = beta_at(t, self.fusion.beta, self.fusion.beta_schedule)
+        beta = beta_at(t, self.fusion.beta, self.fusion.beta_schedule,
+                       self.num_states * self.num_actions)
         return select_action(post, self.fusion.rule, beta, self._draws)

@@ -13,6 +13,7 @@ import yaml
 from spice_ray import envs
 from spice_ray.config.sections import (
     ACTION_RULES,
+    BETA_SCHEDULES,
     KERNEL_SPACES,
     PRESET_NAMES,
     TRACKERS,
@@ -47,8 +48,9 @@ class FusionConfig:
     """Floor of the prior variance v_pri = max(sigma_Q^2, v_min) (> 0)."""
     beta: float = 1.0
     """Posterior-UCB optimism (>= 0) when beta_schedule is fixed."""
-    beta_schedule: Literal["fixed", "sqrt2logt"] = "fixed"
-    """Fixed beta, or the theory schedule beta_t = sqrt(2 log t)."""
+    beta_schedule: Literal["fixed", "sqrt2logt", "sqrt_log_sat"] = "fixed"
+    """Fixed beta; the bandit theory schedule beta_t = sqrt(2 log t) (ignores beta); or the
+    paper's MDP schedule beta_t = beta sqrt(log(S A t)) (S states, A actions)."""
     rule: Literal["greedy", "ucb", "thompson"] = "ucb"
     """Online action rule on the posterior: greedy, posterior-UCB or Thompson sampling."""
     target: Literal["reward", "nstep"] = "reward"
@@ -70,8 +72,8 @@ class FusionConfig:
         _check(self.noise_var >= 0, "fusion.noise_var", self.noise_var, "a float >= 0")
         _check(self.v_min > 0, "fusion.v_min", self.v_min, "a float > 0")
         _check(self.beta >= 0, "fusion.beta", self.beta, "a float >= 0")
-        _check(self.beta_schedule in ("fixed", "sqrt2logt"), "fusion.beta_schedule",
-               self.beta_schedule, "one of fixed, sqrt2logt")
+        _check(self.beta_schedule in BETA_SCHEDULES, "fusion.beta_schedule",
+               self.beta_schedule, f"one of {', '.join(BETA_SCHEDULES)}")
         _check(self.rule in ACTION_RULES, "fusion.rule", self.rule,
                f"one of {', '.join(ACTION_RULES)}")
         _check(self.target in ("reward", "nstep"), "fusion.target", self.target,

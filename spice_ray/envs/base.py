@@ -111,6 +111,12 @@ class Environment(ABC):
         """A."""
 
     @property
+    def num_states(self) -> int:
+        """Distinct states an agent can be in: 1 in a stateless environment (the S of
+        count-based bonuses such as beta_t = C sqrt(log(S A t)))."""
+        return 1
+
+    @property
     @abstractmethod
     def state_dim(self) -> int:
         """S, the width of a state vector."""

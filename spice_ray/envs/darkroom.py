@@ -293,6 +293,11 @@ class Darkroom(Environment):
         return NUM_ACTIONS
 
     @property
+    def num_states(self) -> int:
+        """The grid's cells."""
+        return self.grid * self.grid
+
+    @property
     def grid(self) -> int:
         """The grid side: states are cells (x, y) (grid searchers need this)."""
         return int(self.params.grid_size)

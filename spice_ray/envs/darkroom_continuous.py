@@ -150,6 +150,11 @@ class ContinuousDarkroom(Environment):
         return darkroom.NUM_ACTIONS
 
     @property
+    def num_states(self) -> int:
+        """The cells of the grid underneath (each has one feature vector)."""
+        return int(self.params.grid_size) ** 2
+
+    @property
     def state_dim(self) -> int:
         return int(self.params.state_dim)
 

@@ -38,7 +38,8 @@ NOISE_VAR_FLOOR = 1e-6
 """Smallest likelihood variance sigma^2 used in the posterior; sigma = 0 is floored to this."""
 
 ActionRule = Literal["greedy", "ucb", "thompson"]
-BetaSchedule = Literal["fixed", "sqrt2logt"]
+BetaSchedule = Literal["fixed", "sqrt2logt", "sqrt_log_sat"]
+BETA_SCHEDULES = ("fixed", "sqrt2logt", "sqrt_log_sat")
 
 
 class Posterior(NamedTuple):
@@ -317,31 +318,44 @@ def tie_draws(source: RandomSource | None, scores: Tensor) -> Tensor | None:
 
 
 def beta_at(
-    step: int | Tensor, beta: float = 1.0, schedule: BetaSchedule = "fixed"
+    step: int | Tensor, beta: float = 1.0, schedule: BetaSchedule = "fixed", pairs: int = 1
 ) -> float | Tensor:
     """Posterior-UCB exploration coefficient for the next action.
 
     ``step`` counts the transitions observed so far (0 before the first action); the round
-    index is t = step + 1. The theory schedule is beta_t = sqrt(2 ln max(t, 2)): the max avoids
-    beta_1 = sqrt(2 ln 1) = 0, which would make the first action purely greedy, so rounds 1 and 2
-    both use sqrt(2 ln 2) ~ 1.18. The schedule ignores ``beta``.
+    index is t = step + 1. Schedules:
+
+    - "fixed": ``beta`` at every step.
+    - "sqrt2logt", the bandit theory schedule: beta_t = sqrt(2 ln max(t, 2)); the max avoids
+      beta_1 = sqrt(2 ln 1) = 0, which would make the first action purely greedy, so rounds 1
+      and 2 both use sqrt(2 ln 2) ~ 1.18. It ignores ``beta``.
+    - "sqrt_log_sat", the paper's MDP schedule: beta_t = C sqrt(ln(S A t)) with C = ``beta``
+      and S A = ``pairs`` (states times actions; A in a stateless bandit), for which
+      S A t >= 2 whenever A >= 2, so beta_1 > 0.
 
     Args:
         step: transitions observed so far, int or long tensor [...] (per task).
-        beta: the fixed coefficient (schedule "fixed").
-        schedule: "fixed" or "sqrt2logt".
+        beta: the fixed coefficient ("fixed") or the constant C ("sqrt_log_sat").
+        schedule: one of :data:`BETA_SCHEDULES`.
+        pairs: S x A of the environment ("sqrt_log_sat" only; >= 2).
 
     Returns:
         A float, or a tensor [...] when ``step`` is a tensor and the schedule is not fixed.
     """
     if schedule == "fixed":
         return float(beta)
-    if schedule != "sqrt2logt":
-        raise ValueError(f"beta_schedule={schedule!r} is invalid: one of fixed, sqrt2logt")
+    if schedule not in BETA_SCHEDULES:
+        raise ValueError(f"beta_schedule={schedule!r} is invalid: one of "
+                         f"{', '.join(BETA_SCHEDULES)}")
+    scale, factor, floor = (1.0, 2.0, 2.0) if schedule == "sqrt2logt" else \
+        (float(beta), 1.0, 1.0)
+    if schedule == "sqrt_log_sat" and pairs < 2:
+        raise ValueError(f"beta_schedule=sqrt_log_sat needs S x A >= 2; got pairs={pairs}")
+    size = 1 if schedule == "sqrt2logt" else int(pairs)
     if isinstance(step, Tensor):
-        t = (step + 1).to(torch.get_default_dtype()).clamp_min(2.0)
-        return torch.sqrt(2.0 * torch.log(t))
-    return math.sqrt(2.0 * math.log(max(step + 1, 2)))
+        t = (step + 1).to(torch.get_default_dtype()).clamp_min(floor)
+        return scale * torch.sqrt(factor * torch.log(size * t))
+    return scale * math.sqrt(factor * math.log(size * max(step + 1, floor)))
 
 
 def ucb_scores(mean: Tensor, var: Tensor, beta: float | Tensor) -> Tensor:

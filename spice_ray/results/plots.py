@@ -67,6 +67,8 @@ def _config_label(config: str) -> str:
     parts = []
     if cfg.get("beta_schedule") == "sqrt2logt":
         parts.append("β_t=√(2 ln t)")
+    elif cfg.get("beta_schedule") == "sqrt_log_sat":
+        parts.append(f"β_t={cfg.get('beta', 1):g}√(ln SAt)")
     elif "beta" in cfg:
         parts.append(f"β={cfg['beta']:g}")
     if cfg.get("kernel") not in (None, "uniform"):
