@@ -35,21 +35,10 @@ Tune's ASHA stop trials whose running regret after a chunk of the tasks is poor:
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from spice_ray import envs
-from spice_ray.cli import add_config_args, config_from_args, run_main
-from spice_ray.config import FusionConfig
-from spice_ray.console import Console
-from spice_ray.sweep import (
-    add_sweep_args,
-    ensure_models,
-    format_result,
-    run_sweep,
-    start_sweep,
-    sweep_kwargs,
-)
+from spice_ray import sweep
+from spice_ray.config import FusionConfig, RunConfig
 
 KERNELS = ("uniform", "cosine", "rbf")
 GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
@@ -57,7 +46,7 @@ GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
     "small": {"taus": (0.25, 1.0), "betas": (0.5, 2.0)},
     "paper": {"taus": (0.1, 0.25, 0.5, 1.0, 2.0), "betas": (0.25, 0.5, 1.0, 2.0, 4.0)},
 }
-GRIDS["medium"] = GRIDS["small"]  # medium differs from small in darkroom training only
+"""Per preset (``medium`` inherits ``small``'s)."""
 
 
 def fusion_grid(base: FusionConfig, taus: tuple[float, ...], betas: tuple[float, ...],
@@ -84,7 +73,7 @@ def search_space(base: FusionConfig, preset: str, search: str = "grid",
     from ray import tune
 
     if search == "grid":
-        return {"fusion": tune.grid_search(fusion_grid(base, **GRIDS[preset],
+        return {"fusion": tune.grid_search(fusion_grid(base, **sweep.preset_grid(GRIDS, preset),
                                                        stateless=stateless))}
     kernel = ({"kernel": base.kernel, "tau": base.tau} if stateless else
               {"kernel": tune.choice(list(KERNELS)), "tau": tune.loguniform(0.05, 5.0)})
@@ -92,27 +81,11 @@ def search_space(base: FusionConfig, preset: str, search: str = "grid",
                        "beta": tune.loguniform(0.1, 10.0)}}
 
 
-def cli(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(parser, env=False)
-    parser.add_argument("--env", choices=(*envs.names(), "both"), default="both",
-                        help="environment to sweep, or both: bandit and darkroom (default)")
-    add_sweep_args(parser)
-    args = parser.parse_args(argv)
-    names = ("bandit", "darkroom") if args.env == "both" else (args.env,)
-    cfgs = {env: config_from_args(args, env) for env in names}  # all valid before Ray starts
-    console = Console()
-    lock = start_sweep(args, list(cfgs.values()), console=console)
-    for env, cfg in cfgs.items():
-        ds_dir, ckpts = run_main(ensure_models, cfg, console=console)
-        space = search_space(cfg.fusion, cfg.preset, cfg.sweep.search,
-                             stateless=cfg.environment().stateless)
-        result = run_main(run_sweep, f"kernel_beta_{env}", cfg, space, ckpts, ds_dir,
-                          cfg.out_dir, **sweep_kwargs(args), console=console)
-        console.line(format_result(result, args.top))
-    lock.release()
+def space_of(cfg: RunConfig) -> dict[str, Any]:
+    """:func:`search_space` for a validated config (its environment, preset and search)."""
+    return search_space(cfg.fusion, cfg.preset, cfg.sweep.search,
+                        stateless=cfg.environment().stateless)
 
 
 if __name__ == "__main__":
-    cli()
+    sweep.main("kernel_beta", space_of, __doc__, both=("bandit", "darkroom"))

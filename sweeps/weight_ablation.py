@@ -14,51 +14,22 @@ sweeps/ensemble_size.py for the trade-off). Tables: <out>/sweeps/weight_ablation
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from spice_ray.cli import add_config_args, config_from_args, run_main
-from spice_ray.console import Console
+from spice_ray import sweep
+from spice_ray.config import RunConfig
 from spice_ray.experiments import WEIGHT_VARIANTS
-from spice_ray.stages import generate_stage
-from spice_ray.sweep import (
-    add_sweep_args,
-    format_result,
-    pretrain_grid,
-    run_sweep,
-    start_sweep,
-    sweep_kwargs,
-)
 
 VARIANTS = (*WEIGHT_VARIANTS, "all")
 """none, iw, adv, epi (one weight each, or none) and all (the main SPICE model)."""
 
 
-def search_space() -> dict[str, Any]:
-    """Tune param_space over the weight variants."""
+def search_space(cfg: RunConfig | None = None) -> dict[str, Any]:
+    """Tune param_space over the weight variants (the same on every preset)."""
     from ray import tune
 
     return {"variant": tune.grid_search(list(VARIANTS))}
 
 
-def cli(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(parser, env=False)
-    add_sweep_args(parser, retrain=True)
-    args = parser.parse_args(argv)
-    cfg = config_from_args(args, "darkroom")
-    space = search_space()
-    console = Console()
-    lock = start_sweep(args, [cfg], args.train_in_trials, console=console)
-    ds_dir = run_main(generate_stage, cfg, console=console, label="dataset").dataset_dir
-    if not args.train_in_trials:
-        run_main(pretrain_grid, cfg, space, ds_dir, console=console)
-    result = run_main(run_sweep, "weight_ablation", cfg, space, None, ds_dir, cfg.out_dir,
-                      train_in_trial=args.train_in_trials, **sweep_kwargs(args), console=console)
-    console.line(format_result(result, args.top))
-    lock.release()
-
-
 if __name__ == "__main__":
-    cli()
+    sweep.main("weight_ablation", search_space, __doc__, retrain=True, env="darkroom")

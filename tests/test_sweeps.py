@@ -290,3 +290,61 @@ def test_kernel_grid_depends_on_the_environment() -> None:
     assert len(dark) == 12 and {g["kernel"] for g in dark} == {"uniform", "cosine", "rbf"}
     for grid in (bandit, dark):
         assert len({json.dumps(g, sort_keys=True) for g in grid}) == len(grid)
+
+
+def _script(name: str) -> dict[str, Any]:
+    import runpy
+
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "sweeps" / f"{name}.py"),
+                          run_name=f"{name}_under_test")
+
+
+def test_every_sweep_script_is_its_grids_and_one_shared_command_line(monkeypatch, tmp_path
+                                                                     ) -> None:
+    """sweep.main does the work of every sweeps/*.py: the sweeps' names, environments, model
+    stage (evaluate existing checkpoints, or pretrain each variant) and spaces."""
+    import spice_ray.cli
+    import spice_ray.sweep.cli as sweep_cli
+    from spice_ray.sweep import main, preset_grid
+
+    calls: list[tuple[str, Any]] = []
+
+    class Lock:
+        def release(self) -> None:
+            calls.append(("release", None))
+
+    def run_main(fn, *args, **kwargs):
+        calls.append((fn.__name__, args))
+        if fn.__name__ == "ensure_models":
+            return "ds", {0: "ckpt"}
+        if fn.__name__ == "generate_stage":
+            return type("Gen", (), {"dataset_dir": "ds"})()
+        if fn.__name__ == "run_sweep":
+            return args  # what format_result would print
+        return None
+
+    monkeypatch.setattr(spice_ray.cli, "run_main", run_main)
+    monkeypatch.setattr(sweep_cli, "start_sweep", lambda *a, **k: Lock())
+    monkeypatch.setattr(sweep_cli, "format_result", lambda result, top: str(result[0]))
+    out = ["--preset", "smoke", "--out", str(tmp_path)]
+    kernel = _script("kernel_beta")
+    main("kernel_beta", kernel["space_of"], both=("bandit", "darkroom"), argv=out)
+    sweeps = [args for fn, args in calls if fn == "run_sweep"]
+    assert [s[0] for s in sweeps] == ["kernel_beta_bandit", "kernel_beta_darkroom"]
+    assert [fn for fn, _ in calls].count("ensure_models") == 2 and calls[-1][0] == "release"
+    bandit_space = sweeps[0][2]["fusion"]["grid_search"]
+    assert {g["kernel"] for g in bandit_space} == {make_config("smoke", "bandit").fusion.kernel}
+    calls.clear()
+    main("weight_ablation", _script("weight_ablation")["search_space"], retrain=True,
+         env="darkroom", argv=out)
+    assert [fn for fn, _ in calls] == ["generate_stage", "pretrain_grid", "run_sweep", "release"]
+    assert calls[2][1][0] == "weight_ablation" and calls[2][1][1].env.name == "darkroom"
+    calls.clear()
+    noise = _script("fusion_noise")
+    main("fusion_noise", noise["search_space"], argv=[*out, "--env", "darkroom"])
+    assert calls[1][1][0] == "fusion_noise_darkroom"
+    # preset grids inherit: medium takes small's
+    assert preset_grid(noise["GRIDS"], "medium") is noise["GRIDS"]["small"]
+    assert preset_grid(_script("ensemble_size")["GRIDS"], "medium") == (2, 4, 7, 10)
+    with pytest.raises(ValueError, match="no grid for preset 'smoke'"):
+        preset_grid({"paper": 1}, "smoke")

@@ -10,6 +10,8 @@ from spice_ray.sweep.cli import (
     add_sweep_args,
     format_best,
     format_result,
+    main,
+    preset_grid,
     start_sweep,
     sweep_kwargs,
 )
@@ -41,6 +43,7 @@ from spice_ray.sweep.trial import (
 __all__ = ["SWEEPS_DIR", "SweepError", "SweepFault", "SweepResult", "add_sweep_args",
            "apply_params", "auto_max_concurrent", "bundles_total", "check_restorable",
            "curve_steps", "downsample", "ensure_models", "expand_grid",
-           "flatten_params", "format_best", "format_result", "params_json", "pretrain_grid",
+           "flatten_params", "format_best", "format_result", "main", "params_json",
+           "preset_grid", "pretrain_grid",
            "regret_stats", "resolve_checkpoint", "run_sweep", "start_sweep", "summarise_sweep",
            "sweep_kwargs", "trial_bundles"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -13,6 +13,8 @@ from spice_ray.config import RunConfig
 from spice_ray.console import Console
 from spice_ray.sweep.driver import SweepResult
 from spice_ray.sweep.resources import trial_bundles
+
+T = TypeVar("T")
 
 
 def format_best(summary: pd.DataFrame, top: int = 5) -> str:
@@ -73,3 +75,71 @@ def format_result(result: SweepResult, top: int = 5) -> str:
         f"  summary: {result.summary_path}",
         "  best (lowest final regret):",
         format_best(result.summary, top)])
+
+
+def preset_grid(grids: Mapping[str, T], preset: str) -> T:
+    """A sweep's grid for ``preset``: its own, else the nearest smaller preset's (``medium``
+    inherits ``small``'s)."""
+    from spice_ray.config.sections import PRESET_NAMES
+
+    for name in reversed(PRESET_NAMES[:PRESET_NAMES.index(preset) + 1]):
+        if name in grids:
+            return grids[name]
+    raise ValueError(f"no grid for preset {preset!r} or a smaller one (grids: "
+                     f"{', '.join(grids)})")
+
+
+def main(name: str, space: Callable[[RunConfig], dict[str, Any]], doc: str | None = None, *,
+         retrain: bool = False, env: str | None = None, both: tuple[str, ...] = (),
+         argv: list[str] | None = None) -> None:
+    """The whole command line of a sweep script: each ``sweeps/*.py`` holds only its grids
+    (as data) and calls this.
+
+    Args:
+        name: the sweep's name; its tables are ``<out>/sweeps/<name>_<env>.parquet`` (or
+            ``<name>.parquet`` with a fixed ``env``).
+        space: the Tune param_space for a validated config.
+        doc: the script's docstring (its --help).
+        retrain: every trial is a retrained model (``model.*`` or ``variant`` in the space):
+            the variants are pretrained first, or in the trials with --train-in-trials;
+            otherwise the trials evaluate the config's own checkpoints.
+        env: sweep this environment only (no --env flag).
+        both: environments swept when ``--env both`` (the default then).
+    """
+    from spice_ray import envs
+    from spice_ray.cli import add_config_args, config_from_args, run_main
+    from spice_ray.stages import generate_stage
+    from spice_ray.sweep.driver import run_sweep
+    from spice_ray.sweep.trial import ensure_models, pretrain_grid
+
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(parser, env=env is None and not both)
+    if both:
+        parser.add_argument("--env", choices=(*envs.names(), "both"), default="both",
+                            help=f"environment to sweep, or both: {' and '.join(both)} "
+                                 "(default)")
+    add_sweep_args(parser, retrain=retrain)
+    args = parser.parse_args(argv)
+    if both:
+        names: tuple[str | None, ...] = both if args.env == "both" else (args.env,)
+    else:
+        names = (env,)
+    cfgs = [config_from_args(args, e) for e in names]
+    in_trials = retrain and args.train_in_trials  # every config valid before Ray starts
+    console = Console()
+    lock = start_sweep(args, cfgs, in_trials, console=console)
+    for cfg in cfgs:
+        grid = space(cfg)
+        if retrain:
+            ds_dir = run_main(generate_stage, cfg, console=console, label="dataset").dataset_dir
+            ckpts = None
+            if not in_trials:
+                run_main(pretrain_grid, cfg, grid, ds_dir, console=console)
+        else:
+            ds_dir, ckpts = run_main(ensure_models, cfg, console=console)
+        result = run_main(run_sweep, name if env else f"{name}_{cfg.env.name}", cfg, grid,
+                          ckpts, ds_dir, cfg.out_dir, train_in_trial=in_trials,
+                          **sweep_kwargs(args), console=console)
+        console.line(format_result(result, args.top))
+    lock.release()
