@@ -10,11 +10,14 @@ from spice_ray.agents import (
     LCB,
     UCB,
     Agent,
+    AgentSpec,
     EmpiricalMean,
+    Method,
     OfflinePicker,
     PosteriorBandit,
     ThompsonSampling,
-    make_baseline,
+    make_agent,
+    register_method,
 )
 from spice_ray.config import EvalConfig, make_config
 from spice_ray.envs import bandit
@@ -230,14 +233,18 @@ def test_regret_helpers() -> None:
     np.testing.assert_allclose(offline_suboptimality(means, np.array([2, 0])), [0.4, 0.5])
 
 
-def test_make_baseline_from_config() -> None:
+def test_baselines_from_the_registry_and_the_config() -> None:
     cfg = EvalConfig(ucb_c=2.0, lcb_c=0.5)
-    ucb = make_baseline("ucb", cfg, SIGMA)
-    lcb = make_baseline("lcb", cfg, SIGMA)
-    ts = make_baseline("ts", cfg, SIGMA)
+    env = make_config("smoke", "bandit").environment()
+    ucb, lcb, ts = (make_agent(AgentSpec(m), env, eval_cfg=cfg, sigma=SIGMA)
+                    for m in ("ucb", "lcb", "ts"))
     assert isinstance(ucb, UCB) and ucb.c == 2.0
     assert isinstance(lcb, LCB) and lcb.c == 0.5
     assert isinstance(ts, ThompsonSampling)
     assert ts.noise_var == pytest.approx(SIGMA**2) and ts.prior_var == pytest.approx(1 / 12)
-    with pytest.raises(ValueError):
-        make_baseline("exp3", cfg, SIGMA)
+    assert AgentSpec("ucb").config_dict(cfg) == {"c": 2.0}
+    assert AgentSpec("lcb").config_dict(cfg, online=False) == {"c": 0.5}
+    with pytest.raises(ValueError, match="method='exp3' is invalid: one of"):
+        AgentSpec("exp3")
+    with pytest.raises(ValueError, match="'ucb' is already registered as 'UCB'"):
+        register_method("ucb", Method("UCB-V", lambda spec, env, b: None))

@@ -1,12 +1,27 @@
 """Agents: one protocol (:class:`~spice_ray.agents.base.Agent`) for learned and classical
-agents, the method registry and :func:`make_agent`."""
+agents, the method registry and :func:`make_agent`.
+
+Every module of this package is imported with it, so a module that calls
+:func:`~spice_ray.agents.base.register_method` is an agent of the platform: a new agent is its
+file (and a test), nothing else.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
-from spice_ray.agents.base import METHODS, Agent, AgentSpec, Method, OfflinePicker
-from spice_ray.agents.bayes import BayesAgent, LinUCB, NearestUnvisited, make_reference
+from spice_ray.agents.base import (
+    METHODS,
+    Agent,
+    AgentSpec,
+    Build,
+    Method,
+    OfflinePicker,
+    register_method,
+)
+from spice_ray.agents.bayes import BayesAgent, LinUCB, NearestUnvisited
 from spice_ray.agents.classical import (
     LCB,
     UCB,
@@ -16,26 +31,29 @@ from spice_ray.agents.classical import (
     PosteriorBandit,
     RandomAgent,
     ThompsonSampling,
-    make_baseline,
 )
 from spice_ray.agents.policy import PolicyAgent
 from spice_ray.agents.spice import FlatPrior, SpiceAgent, state_features
 from spice_ray.config import EvalConfig
 from spice_ray.model.trunk import TrunkModel
 
-REFERENCES = ("bayes-ucb", "bayes-ts", "lints", "linucb", "nearest", "hill-climb")
-"""Methods built by ``spice_ray.agents.bayes.make_reference``."""
+for _module in pkgutil.iter_modules(__path__):  # each agent module registers its methods
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel | None = None,
                eval_cfg: EvalConfig | None = None, sigma: float = 0.3) -> Agent:
-    """Build the agent a spec describes for environment ``env`` (an Environment).
+    """Build the agent a spec describes for environment ``env`` (an Environment), by its
+    method's factory (:data:`METHODS`).
 
     Args:
-        tasks: the tasks it will act in (the oracle needs them).
+        tasks: the tasks it will act in (the optimal agent needs them).
         model: required by methods that read a model (spice, dpt, ad-bc).
         eval_cfg: baseline constants (UCB/LCB c, TS prior); default EvalConfig().
         sigma: test-time reward noise std (TS uses sigma^2).
+
+    Raises:
+        ValueError: the method does not apply to ``env`` or needs a model it was not given.
     """
     info = spec.info
     if info.stateless_only and not env.stateless:
@@ -44,32 +62,13 @@ def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel |
     if info.requires and not hasattr(env, info.requires):
         raise ValueError(f"method {spec.method!r} needs an environment with "
                          f"{info.requires}; {env.name} has none")
-    if info.model is not None:
-        if model is None:
-            raise ValueError(f"method {spec.method!r} needs a model")
-        if info.fused:
-            width = (env.task_posterior(spec.fusion.gamma) if spec.method == "spice-exact-width"
-                     else None)
-            return SpiceAgent(spec.fusion, model=model, stateless=env.stateless,
-                              use_cache=spec.use_cache, name=spec.method, exact_width=width,
-                              num_states=env.num_states)
-        return PolicyAgent(model, env.stateless, spec.sample, spec.use_cache, spec.method)
-    if info.fused:
-        prior = (env.task_posterior(spec.fusion.gamma) if info.prior == "oracle"
-                 else FlatPrior(*spec.prior))
-        return SpiceAgent(spec.fusion, prior=prior, stateless=env.stateless, name=spec.method,
-                          num_states=env.num_states)
-    if spec.method in REFERENCES:
-        return make_reference(spec.method, env, spec, eval_cfg or EvalConfig())
-    if spec.method == "random":
-        return RandomAgent()
-    if spec.method == "optimal":
-        return OracleAgent(env, tasks)
-    return make_baseline(spec.method, eval_cfg or EvalConfig(), sigma)
+    if info.model is not None and model is None:
+        raise ValueError(f"method {spec.method!r} needs a model")
+    return info.build(spec, env, Build(tasks, model, eval_cfg or EvalConfig(), sigma))
 
 
-__all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "BayesAgent", "LinUCB",
+__all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "BayesAgent", "Build", "LinUCB",
            "NearestUnvisited", "CountingBandit", "EmpiricalMean",
            "FlatPrior", "Method", "OfflinePicker", "OracleAgent", "PolicyAgent",
            "PosteriorBandit", "RandomAgent", "SpiceAgent", "ThompsonSampling", "make_agent",
-           "make_baseline", "state_features"]
+           "register_method", "state_features"]

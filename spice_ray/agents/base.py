@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -62,11 +63,30 @@ class OfflinePicker(Protocol):
 
 
 @dataclass(frozen=True)
+class Build:
+    """What a method's factory may use besides its spec and the environment."""
+
+    tasks: Any = None
+    """The tasks it will act in (the optimal agent reads them)."""
+    model: Any = None
+    """The checkpoint's model, for methods that read one."""
+    eval_cfg: EvalConfig = field(default_factory=EvalConfig)
+    """Baseline constants (UCB/LCB c, TS prior)."""
+    sigma: float = 0.3
+    """Test-time reward noise std (TS uses sigma^2)."""
+
+
+@dataclass(frozen=True)
 class Method:
-    """What a method is: its label in the results and what it needs."""
+    """What a method is: its label in the results, what it needs, and how it is built.
+
+    A new agent is one module of ``spice_ray/agents`` (every module there is imported with the
+    package) that calls :func:`register_method` with its factory; nothing else names it."""
 
     label: str
     """The ``method`` column of the result rows."""
+    build: Callable[[AgentSpec, Any, Build], Agent]
+    """The agent for a spec, an environment (``spice_ray.envs.Environment``) and the rest."""
     model: str | None = None
     """The model kind it reads (spice, dpt), or None."""
     online: bool = True
@@ -83,43 +103,29 @@ class Method:
     ``grid``): the method applies only there."""
     settings: tuple[str, ...] = ()
     """Non-fused methods: the fusion fields that change their results (e.g. beta)."""
+    constants: Callable[[EvalConfig], dict[str, Any]] | None = None
+    """The evaluation constants that change its results (e.g. UCB's c), for the ``config``
+    column."""
 
 
-METHODS: dict[str, Method] = {
-    "spice": Method("SPICE", model="spice", offline=True, fused=True),
-    "spice-flat": Method("SPICE (flat prior)", offline=True, fused=True, prior="flat"),
-    "spice-exact-width": Method("SPICE (learned mean, exact sd)", model="spice", fused=True,
-                                requires="task_posterior"),
-    "spice-oracle": Method("SPICE (oracle prior)", fused=True, prior="oracle",
-                           requires="task_posterior"),
-    "bayes-ucb": Method("Bayes posterior-UCB", requires="task_posterior",
-                        settings=("beta", "beta_schedule")),
-    "bayes-ts": Method("TS (true prior)", requires="task_posterior"),
-    "lints": Method("LinTS (true prior)", requires="arm_features"),
-    "linucb": Method("LinUCB", requires="arm_features"),
-    "nearest": Method("Nearest-unvisited", requires="grid"),
-    "hill-climb": Method("Hill-climbing"),
-    "count": Method("Count-UCB", fused=True, prior="flat"),
-    "dpt": Method("DPT", model="dpt", offline=True),
-    "ad-bc": Method("AD-BC", model="dpt", offline=True),
-    "emp": Method("Emp", offline=True, stateless_only=True),
-    "ucb": Method("UCB", stateless_only=True),
-    "lcb": Method("LCB", online=False, offline=True, stateless_only=True),
-    "ts": Method("TS", offline=True, stateless_only=True),
-    "random": Method("Random"),
-    "optimal": Method("Optimal"),
-}
-"""Every method by name. ``spice-flat`` is SPICE's fusion and action rule with a constant prior
-and no network (the prior ablation); ``count`` is tabular posterior-UCB over exact states with
-that constant prior (a count-based explorer). The oracle references need an environment with an
-exact task posterior (``spice_ray.envs.bayes``): ``spice-oracle`` is SPICE's fusion and rule
-fed that posterior as its prior (the best any learned prior could give), ``bayes-ucb`` acts
-by posterior-UCB on it without re-fusing the context, ``bayes-ts`` / ``lints`` by Thompson
-sampling from it; ``spice-exact-width`` is a diagnostic: the learned prior's mean with the
-exact posterior's sd. ``linucb`` is ridge-regression UCB (c = ``eval.ucb_c``, ridge 1) over the
-linear bandit's arm features; ``nearest`` walks to the nearest unvisited cell of a grid (to the
-goal once found); ``hill-climb`` climbs a smooth reward without knowing the goal (the
-continuous Darkroom's goal-blind reference)."""
+METHODS: dict[str, Method] = {}
+"""Every method by name, filled by :func:`register_method` in the agent modules:
+``spice_ray.agents.spice`` (SPICE, the flat / oracle priors, Count-UCB),
+``spice_ray.agents.policy`` (DPT, AD-BC), ``spice_ray.agents.classical`` (the bandit
+baselines, Random, Optimal), ``spice_ray.agents.bayes`` (the exact-posterior and task-family
+references)."""
+
+
+def register_method(name: str, method: Method) -> Method:
+    """Add a method to :data:`METHODS` (the same entry again is a no-op).
+
+    Raises:
+        ValueError: ``name`` is taken by another method.
+    """
+    if METHODS.get(name, method) != method:
+        raise ValueError(f"method {name!r} is already registered as {METHODS[name].label!r}")
+    METHODS[name] = method
+    return method
 
 
 @dataclass(frozen=True)
@@ -192,13 +198,7 @@ class AgentSpec:
         if self.info.settings:
             fusion = dataclasses.asdict(self.fusion)
             return {k: fusion[k] for k in self.info.settings}
-        if self.method in ("ucb", "linucb"):
-            return {"c": eval_cfg.ucb_c}
-        if self.method == "lcb":
-            return {"c": eval_cfg.lcb_c}
-        if self.method == "ts":
-            return {"prior_mean": eval_cfg.ts_prior_mean, "prior_var": eval_cfg.ts_prior_var}
-        return {}
+        return self.info.constants(eval_cfg) if self.info.constants else {}
 
     def config_json(self, eval_cfg: EvalConfig, online: bool = True, **extra: Any) -> str:
         """:meth:`config_dict` plus ``extra`` (e.g. the test-time sigma) as compact JSON."""

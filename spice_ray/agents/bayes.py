@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from spice_ray.agents.base import Build, Method, register_method
 from spice_ray.envs.bayes import TaskPosterior
 from spice_ray.fusion import (
     STATS_DTYPE,
@@ -233,18 +234,30 @@ class HillClimb:
         return torch.from_numpy(action)
 
 
-def make_reference(method: str, env: Any, spec: Any, eval_cfg: Any) -> Any:
-    """The agent of one of this module's methods (``spice_ray.agents.make_agent`` asks)."""
+def _bayes_ucb(spec: Any, env: Any, b: Build) -> BayesAgent:
     fusion = spec.fusion
-    if method == "bayes-ucb":
-        return BayesAgent(env.task_posterior(fusion.gamma), "ucb", fusion.beta,
-                          fusion.beta_schedule, method, env.num_states)
-    if method in ("bayes-ts", "lints"):
-        return BayesAgent(env.task_posterior(fusion.gamma), "thompson", name=method)
-    if method == "linucb":
-        return LinUCB(env.arm_features(), eval_cfg.ucb_c)
-    if method == "nearest":
-        return NearestUnvisited(env.grid)
-    if method == "hill-climb":
-        return HillClimb()
-    raise ValueError(f"method={method!r} is not a reference of spice_ray.agents.bayes")
+    return BayesAgent(env.task_posterior(fusion.gamma), "ucb", fusion.beta,
+                      fusion.beta_schedule, spec.method, env.num_states)
+
+
+def _bayes_ts(spec: Any, env: Any, b: Build) -> BayesAgent:
+    return BayesAgent(env.task_posterior(spec.fusion.gamma), "thompson", name=spec.method)
+
+
+register_method("bayes-ucb", Method("Bayes posterior-UCB", _bayes_ucb, requires="task_posterior",
+                                    settings=("beta", "beta_schedule")))
+"""Posterior-UCB on the exact task posterior, without fusing the context a second time."""
+register_method("bayes-ts", Method("TS (true prior)", _bayes_ts, requires="task_posterior"))
+register_method("lints", Method("LinTS (true prior)", _bayes_ts, requires="arm_features"))
+register_method("linucb", Method("LinUCB", lambda spec, env, b: LinUCB(env.arm_features(),
+                                                                       b.eval_cfg.ucb_c),
+                                 requires="arm_features",
+                                 constants=lambda cfg: {"c": cfg.ucb_c}))
+"""Ridge-regression UCB (c = ``eval.ucb_c``, ridge 1) over the linear bandit's arm features."""
+register_method("nearest", Method("Nearest-unvisited",
+                                  lambda spec, env, b: NearestUnvisited(env.grid),
+                                  requires="grid"))
+"""Walks to the nearest unvisited cell of a grid (to the goal once found)."""
+register_method("hill-climb", Method("Hill-climbing", lambda spec, env, b: HillClimb()))
+"""Climbs a smooth reward without knowing the goal (the continuous Darkroom's goal-blind
+reference)."""

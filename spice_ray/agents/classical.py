@@ -21,12 +21,14 @@ arm 0 offline.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from spice_ray.agents.base import Build, Method, register_method
 from spice_ray.config import EvalConfig
 from spice_ray.fusion import (
     STATS_DTYPE,
@@ -250,23 +252,15 @@ class ThompsonSampling(PosteriorBandit):
         super().__init__(prior_mean, prior_var, noise_var, rule="thompson")
 
 
-def make_baseline(name: str, cfg: EvalConfig, sigma: float) -> CountingBandit:
-    """A classical baseline from the evaluation config.
+def _baseline(cls: type, *fields: str) -> Callable[[Any, Any, Build], Any]:
+    """A factory for a bandit baseline whose arguments are evaluation constants."""
+    def build(spec: Any, env: Any, b: Build) -> Any:
+        return cls(*(getattr(b.eval_cfg, f) for f in fields))
+    return build
 
-    Args:
-        name: "emp", "ucb", "lcb" or "ts".
-        cfg: supplies ucb_c, lcb_c, ts_prior_mean, ts_prior_var.
-        sigma: the test-time reward noise *std*; TS uses sigma^2.
-    """
-    if name == "emp":
-        return EmpiricalMean()
-    if name == "ucb":
-        return UCB(cfg.ucb_c)
-    if name == "lcb":
-        return LCB(cfg.lcb_c)
-    if name == "ts":
-        return ThompsonSampling(sigma**2, cfg.ts_prior_mean, cfg.ts_prior_var)
-    raise ValueError(f"baseline={name!r} is invalid: one of emp, ucb, lcb, ts")
+
+def _ts(spec: Any, env: Any, b: Build) -> ThompsonSampling:
+    return ThompsonSampling(b.sigma**2, b.eval_cfg.ts_prior_mean, b.eval_cfg.ts_prior_var)
 
 
 
@@ -315,3 +309,20 @@ class OracleAgent:
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor | None = None,
                 next_states: Tensor | None = None) -> None:
         """Ignores the transition."""
+
+
+def _ucb_c(cfg: EvalConfig) -> dict[str, Any]:
+    return {"c": cfg.ucb_c}
+
+
+register_method("emp", Method("Emp", _baseline(EmpiricalMean), offline=True,
+                              stateless_only=True))
+register_method("ucb", Method("UCB", _baseline(UCB, "ucb_c"), stateless_only=True,
+                              constants=_ucb_c))
+register_method("lcb", Method("LCB", _baseline(LCB, "lcb_c"), online=False, offline=True,
+                              stateless_only=True, constants=lambda cfg: {"c": cfg.lcb_c}))
+register_method("ts", Method("TS", _ts, offline=True, stateless_only=True,
+                             constants=lambda cfg: {"prior_mean": cfg.ts_prior_mean,
+                                                    "prior_var": cfg.ts_prior_var}))
+register_method("random", Method("Random", lambda spec, env, b: RandomAgent()))
+register_method("optimal", Method("Optimal", lambda spec, env, b: OracleAgent(env, b.tasks)))

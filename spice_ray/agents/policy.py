@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
+from spice_ray.agents.base import AgentSpec, Build, Method, register_method
 from spice_ray.agents.runner import ContextRunner
 from spice_ray.fusion import STATS_DTYPE, RandomSource, argmax_ties, sample_categorical, tie_draws
 from spice_ray.model.trunk import TrunkModel
@@ -51,3 +54,12 @@ class PolicyAgent:
             raise ValueError("a sampling policy agent needs a torch.Generator or StepDraws in "
                              "reset()")
         return sample_categorical(torch.softmax(logits, dim=-1), self._draws)  # (B,)
+
+
+def _policy(spec: AgentSpec, env: Any, build: Build) -> PolicyAgent:
+    return PolicyAgent(build.model, env.stateless, spec.sample, spec.use_cache, spec.method)
+
+
+register_method("dpt", Method("DPT", _policy, model="dpt", offline=True))
+register_method("ad-bc", Method("AD-BC", _policy, model="dpt", offline=True))
+"""AD-BC: the DPT model's architecture and loss trained on the behaviour's own actions."""

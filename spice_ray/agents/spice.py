@@ -15,10 +15,12 @@ t-1 (which has seen s_t as the next state of its token) for context state s_t.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from spice_ray.agents.base import AgentSpec, Build, Method, register_method
 from spice_ray.agents.runner import ContextRunner, ContextView, _Growing
 from spice_ray.config import FusionConfig
 from spice_ray.envs.bayes import TaskPosterior
@@ -247,3 +249,39 @@ class SpiceAgent:
         beta = beta_at(t, self.fusion.beta, self.fusion.beta_schedule,
                        self.num_states * self.num_actions)
         return select_action(post, self.fusion.rule, beta, self._draws)
+
+
+# ---- the methods this module's agent is -------------------------------------------------------
+
+
+def _learned(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
+    """SPICE: the ensemble's prior fused with the context ("spice-exact-width": the learned
+    mean with the exact posterior's sd, a diagnostic)."""
+    width = env.task_posterior(spec.fusion.gamma) if spec.method == "spice-exact-width" else None
+    return SpiceAgent(spec.fusion, model=build.model, stateless=env.stateless,
+                      use_cache=spec.use_cache, name=spec.method, exact_width=width,
+                      num_states=env.num_states)
+
+
+def _model_free(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
+    """SPICE's fusion and rule without a network: a constant prior (``AgentSpec.prior``) or
+    the environment's exact task posterior (the oracle prior)."""
+    prior = (env.task_posterior(spec.fusion.gamma) if spec.info.prior == "oracle"
+             else FlatPrior(*spec.prior))
+    return SpiceAgent(spec.fusion, prior=prior, stateless=env.stateless, name=spec.method,
+                      num_states=env.num_states)
+
+
+register_method("spice", Method("SPICE", _learned, model="spice", offline=True, fused=True))
+register_method("spice-flat", Method("SPICE (flat prior)", _model_free, offline=True,
+                                     fused=True, prior="flat"))
+"""The prior ablation: SPICE's fusion and action rule with one constant prior, no network."""
+register_method("spice-exact-width", Method("SPICE (learned mean, exact sd)", _learned,
+                                            model="spice", fused=True,
+                                            requires="task_posterior"))
+register_method("spice-oracle", Method("SPICE (oracle prior)", _model_free, fused=True,
+                                       prior="oracle", requires="task_posterior"))
+"""SPICE's fusion and rule fed the exact task posterior as its prior: the best any learned
+prior could give."""
+register_method("count", Method("Count-UCB", _model_free, fused=True, prior="flat"))
+"""Tabular posterior-UCB over exact states with the constant prior (a count-based explorer)."""

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from spice_ray.agents import AgentSpec, make_baseline, state_features
+from spice_ray.agents import AgentSpec, make_agent, state_features
 from spice_ray.config import EnvConfig, EvalConfig
 from spice_ray.evaluate.online import applicable_specs
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
@@ -241,7 +241,7 @@ def offline_rows(
             assert outputs is not None
             picks = argmax_ties(outputs["logits"], ties)  # (B, P): greedy at position h
         else:
-            base = make_baseline(spec.method, eval_cfg, sigma)
+            base = make_agent(spec, env, eval_cfg=eval_cfg, sigma=sigma)
             picks = torch.stack([base.offline_pick(actions[:, :h], rewards[:, :h], A,
                                                    ties[:, j])
                                  for j, h in enumerate(int(v) for v in hs)], 1)  # (B, P)

@@ -8,6 +8,7 @@ returns the path of the PNG it wrote.
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import matplotlib
@@ -33,6 +34,10 @@ _COLOURS = ("#1f77b4", "#7f7f7f", "#2ca02c", "#17becf", "#9467bd", "#8c564b", "#
             "#c5b0d5", "#dbdb8d", "#6b6ecf", "#000000", "#ff9896", "#525252")
 _DASHES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3)))
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+_MORE_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252",
+                 "#bd9e39", "#ad494a", "#a55194", "#3182bd", "#e6550d", "#31a354", "#756bb1")
+"""Methods outside :data:`METHOD_ORDER` (a newly registered agent): one of these, by a stable
+hash of the method's name, so its colour is the same in every figure and none of the above."""
 _VARIANT_COLOURS = {"none": "#aec7e8", "iw": "#98df8a", "adv": "#ff9896", "epi": "#9467bd"}
 
 
@@ -48,8 +53,12 @@ def style(label: str, setting: int = 0) -> dict[str, object]:
     ablation variant "[iw]" has its own colour), the dash tells a method's settings apart
     (``setting``: their index within the figure)."""
     method = method_of(label)
-    i = METHOD_ORDER.index(method) if method else len(METHOD_ORDER)
-    colour = _COLOURS[i % len(_COLOURS)] if method else "#999999"
+    if method:
+        i = METHOD_ORDER.index(method)
+        colour = _COLOURS[i % len(_COLOURS)]
+    else:  # a method the order does not know: stable by its name (the label before settings)
+        i = zlib.crc32(label.split(" (")[0].split(" [")[0].encode())
+        colour = _MORE_COLOURS[i % len(_MORE_COLOURS)]
     for variant, c in _VARIANT_COLOURS.items():
         if f"[{variant}]" in label:
             colour = c
