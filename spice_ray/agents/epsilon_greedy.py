@@ -1,0 +1,45 @@
+"""Epsilon-greedy, a classical bandit reference: the best empirical mean, except that with
+probability epsilon the arm is drawn uniformly (each arm once first, as Emp does)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from spice_ray.agents.base import Method, register_method
+from spice_ray.agents.classical import CountingBandit
+from spice_ray.fusion import argmax_ties, sample_categorical
+
+EPSILON = 0.1
+"""The exploration probability of the registered method."""
+
+
+class EpsilonGreedy(CountingBandit):
+    """Acts by one categorical draw per task and step: (1 - epsilon) on the greedy arm (ties
+    broken by the agent's tie draws) plus epsilon / A on every arm.
+
+    Args:
+        epsilon: exploration probability in [0, 1].
+    """
+
+    name = "epsilon-greedy"
+
+    def __init__(self, epsilon: float = EPSILON) -> None:
+        super().__init__()
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon={epsilon!r} is invalid: a probability in [0, 1]")
+        self.epsilon = float(epsilon)
+
+    def _online(self, counts: Tensor, mean: Tensor, t: int) -> Tensor:
+        if self._generator is None:
+            raise ValueError("epsilon-greedy needs a torch.Generator or StepDraws in reset()")
+        greedy = argmax_ties(torch.where(counts > 0, mean, torch.inf), self._ties(mean))
+        num_actions = counts.shape[-1]
+        probs = torch.full(counts.shape, self.epsilon / num_actions, dtype=mean.dtype)
+        probs[torch.arange(len(greedy)), greedy] += 1.0 - self.epsilon
+        return sample_categorical(probs, self._generator)
+
+
+register_method("epsilon-greedy", Method(
+    "Epsilon-greedy", lambda spec, env, b: EpsilonGreedy(), stateless_only=True,
+    constants=lambda cfg: {"epsilon": EPSILON}))
