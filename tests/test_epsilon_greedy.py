@@ -54,4 +54,5 @@ def test_runs_through_the_online_protocol_far_below_random() -> None:
     final = rows[(rows["x"] == 200) & (rows["metric"] == "cumulative_regret")]
     by = final.groupby("method")["value"].mean()
     assert 0 < by["Epsilon-greedy"] < 0.5 * by["Random"]
-    assert set(final[final["method"] == "Epsilon-greedy"]["config"]) == {'{"epsilon":0.1,"sigma":0.3}'}
+    configs = set(final[final["method"] == "Epsilon-greedy"]["config"])
+    assert configs == {'{"epsilon":0.1,"sigma":0.3}'}

@@ -317,11 +317,11 @@ def test_mdp_beta_schedule_is_c_sqrt_log_sat_with_the_environments_s_and_a() -> 
     """The paper's MDP schedule beta_t = C sqrt(ln(S A t)), C = fusion.beta; S from the
     environment (darkroom: its 100 cells, also under the continuous darkroom's features)."""
     from spice_ray.agents import AgentSpec, make_agent
-    from spice_ray.config import make_config
-    from spice_ray.config.sections import BETA_SCHEDULES
-    from spice_ray.fusion.posterior import BETA_SCHEDULES as COMPUTED
+    from spice_ray.config import ConfigError, make_config
 
-    assert BETA_SCHEDULES == COMPUTED
+    with pytest.raises(ConfigError, match="fusion.beta_schedule='sqrt_log' is invalid: one of "
+                       "fixed, sqrt2logt, sqrt_log_sat"):
+        make_config("smoke", "darkroom", overrides=["fusion.beta_schedule=sqrt_log"])
     assert beta_at(0, 2.0, "sqrt_log_sat", 500) == pytest.approx(2 * math.sqrt(math.log(500)))
     assert beta_at(9, 0.5, "sqrt_log_sat", 5) == pytest.approx(0.5 * math.sqrt(math.log(50)))
     got = beta_at(torch.tensor([0, 99]), 1.0, "sqrt_log_sat", 500)
@@ -441,3 +441,26 @@ def test_random_ties_are_uniform_and_keyed_by_task_and_step() -> None:
     select_action(flat, "ucb", 1.0, draws)
     second = select_action(flat, "greedy", 1.0, draws)  # the next step: fresh draws
     assert (second != first).float().mean() > 0.7
+
+
+def test_a_new_action_rule_is_one_registration(monkeypatch) -> None:
+    """A rule registered in ``spice_ray.fusion.rules`` is a valid ``fusion.rule`` at once and
+    every fused agent acts by it (here a pessimistic rule: argmax m - beta sqrt(v))."""
+    from spice_ray.agents import AgentSpec, make_agent
+    from spice_ray.config import make_config
+    from spice_ray.fusion import rules
+
+    monkeypatch.setitem(rules.ACTION_RULES, "lcb", None)  # so "lcb" is removed after the test
+    del rules.ACTION_RULES["lcb"]  # (the config holds this very dict)
+    rules.register_rule("lcb", lambda post, beta, draws: rules.argmax_ties(
+        post.mean - beta * post.var.sqrt(), rules.tie_draws(draws, post.mean)))
+    with pytest.raises(ValueError, match="'lcb' is already registered"):
+        rules.register_rule("lcb", lambda post, beta, draws: post.mean.argmax(-1))
+    post = Posterior(torch.tensor([[1.0, 0.9]]), torch.tensor([[1.0, 0.01]]))
+    assert select_action(post, "lcb", 1.0).tolist() == [1]  # ucb would take arm 0
+    assert select_action(post, "ucb", 1.0).tolist() == [0]
+    cfg = make_config("smoke", "bandit", overrides=["fusion.rule=lcb"])
+    agent = make_agent(AgentSpec("spice-flat", fusion=cfg.fusion), cfg.environment())
+    agent.reset(1, 5)
+    assert agent.act(0, torch.zeros(1, 1)).shape == (1,)
+    assert AgentSpec("spice-flat", fusion=cfg.fusion).rule() == "lcb"

@@ -29,7 +29,7 @@ from spice_ray.fusion import (
     select_action,
     tie_draws,
 )
-from spice_ray.fusion.posterior import BetaSchedule
+from spice_ray.fusion.rules import BetaSchedule
 
 STAY = 4
 """The grid's "stay" action (moves +x, -x, +y, -y, stay)."""

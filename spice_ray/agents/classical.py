@@ -43,7 +43,7 @@ from spice_ray.fusion import (
     tie_draws,
     weighted_action_stats,
 )
-from spice_ray.fusion.posterior import ActionRule, BetaSchedule
+from spice_ray.fusion.rules import ActionRule, BetaSchedule
 
 
 def _unpulled_first(counts: Tensor, scores: Tensor, ties: Tensor | None = None) -> Tensor:

@@ -12,8 +12,6 @@ import yaml
 
 from spice_ray import envs
 from spice_ray.config.sections import (
-    ACTION_RULES,
-    BETA_SCHEDULES,
     KERNEL_SPACES,
     PRESET_NAMES,
     TRACKERS,
@@ -28,6 +26,7 @@ from spice_ray.config.sections import (
 )
 from spice_ray.envs.labels import parse_label
 from spice_ray.fusion.kernels import KERNELS
+from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -51,8 +50,9 @@ class FusionConfig:
     beta_schedule: Literal["fixed", "sqrt2logt", "sqrt_log_sat"] = "fixed"
     """Fixed beta; the bandit theory schedule beta_t = sqrt(2 log t) (ignores beta); or the
     paper's MDP schedule beta_t = beta sqrt(log(S A t)) (S states, A actions)."""
-    rule: Literal["greedy", "ucb", "thompson"] = "ucb"
-    """Online action rule on the posterior: greedy, posterior-UCB or Thompson sampling."""
+    rule: str = "ucb"
+    """Online action rule on the posterior: greedy, posterior-UCB, Thompson sampling, or any
+    rule of ``spice_ray.fusion.rules.ACTION_RULES``."""
     target: Literal["reward", "nstep"] = "reward"
     """Evidence targets y_t: immediate reward or the n-step bootstrapped return."""
     td_n: int = 1

@@ -25,9 +25,6 @@ HEAD_KERNELS = ("auto", "compiled", "eager")
 TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
 """Experiment trackers (``track``; ``spice_ray.tracking``)."""
 KERNEL_SPACES = ("latent", "context", "state")
-ACTION_RULES = ("greedy", "ucb", "thompson")
-BETA_SCHEDULES = ("fixed", "sqrt2logt", "sqrt_log_sat")
-"""``fusion.beta_schedule`` values (``spice_ray.fusion.posterior.beta_at`` computes them)."""
 
 
 class ConfigError(SpiceRayError, ValueError):

@@ -24,14 +24,20 @@ from spice_ray.fusion.posterior import (
     Posterior,
     RandomSource,
     RunningStats,
+    bootstrap_values,
+    gaussian_posterior,
+    nstep_targets,
+    safe_mean,
+    weighted_action_stats,
+)
+from spice_ray.fusion.rules import (
+    ACTION_RULES,
+    BETA_SCHEDULES,
     argmax_lowest,
     argmax_ties,
     beta_at,
-    bootstrap_values,
-    gaussian_posterior,
     greedy_action,
-    nstep_targets,
-    safe_mean,
+    register_rule,
     sample_categorical,
     select_action,
     standard_normal,
@@ -39,10 +45,12 @@ from spice_ray.fusion.posterior import (
     tie_draws,
     ucb_action,
     ucb_scores,
-    weighted_action_stats,
 )
 
 __all__ = [
+    "ACTION_RULES",
+    "BETA_SCHEDULES",
+    "register_rule",
     "STATS_DTYPE",
     "context_evidence",
     "fused_posterior",
