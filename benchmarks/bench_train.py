@@ -29,9 +29,9 @@ import time
 
 import numpy as np
 import torch
+from loop_ensemble import LoopEnsemble  # beside this script
 
 from spice_ray.config import make_config
-from spice_ray.model import LoopEnsemble
 from spice_ray.model import ensemble as ensemble_module
 from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import make_tokens

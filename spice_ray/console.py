@@ -149,12 +149,22 @@ class Console:
 
 
 class _ConsoleHandler(logging.Handler):
+    """Log records as console lines. When the console's stream cannot be written (a closed
+    pipe, a closed test capture) it falls silent instead of printing logging's "--- Logging
+    error ---" traceback for every later record; the run's log file still has them."""
+
     def __init__(self, console: Console, level: int) -> None:
         super().__init__(level)
         self.console = console
+        self.failed = False
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
 
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        self.failed = True
+
     def emit(self, record: logging.LogRecord) -> None:
+        if self.failed:
+            return
         try:
             text = self.format(record)
             if record.levelno < logging.WARNING:

@@ -13,7 +13,7 @@ from spice_ray.data.tasks import generate_tasks
 from spice_ray.evaluate import check_rows, evaluate_parallel, evaluate_tasks
 from spice_ray.model import SpiceModel
 from spice_ray.model.checkpoint import CheckpointError
-from spice_ray.model.registry import from_source as build_model
+from spice_ray.model.registry import load_model as build_model
 from spice_ray.model.registry import model_payload
 from spice_ray.results.schema import ROW_KEY as KEY_COLUMNS
 

@@ -4,6 +4,7 @@ metadata. Unit tests (no Ray) unless marked."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -359,6 +360,19 @@ def test_log_file_that_cannot_be_written_falls_silent(tmp_path, capsys) -> None:
         logger.removeHandler(handler)
     assert "Logging error" not in capsys.readouterr().err
     assert handler.failed
+    # the console's handler too: a closed stream (a closed pipe or test capture) falls silent
+    from spice_ray.console import Console
+
+    stream = io.StringIO()
+    shown = Console(stream=stream, live=False).handler()
+    stream.close()
+    logger.addHandler(shown)
+    try:
+        logger.warning("three")
+        logger.warning("four")
+    finally:
+        logger.removeHandler(shown)
+    assert "Logging error" not in capsys.readouterr().err and shown.failed
 
 
 # ---- 6. Silent overrides ----------------------------------------------------------------

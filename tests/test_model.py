@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.loop_ensemble import LoopEnsemble
 from spice_ray.config import ModelConfig, TrainConfig, make_config
 from spice_ray.model import (
     DptModel,
-    LoopEnsemble,
     SpiceModel,
     Tokens,
     Trunk,

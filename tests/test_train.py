@@ -15,7 +15,7 @@ from spice_ray.data.generate import generate_dataset
 from spice_ray.data.store import iter_batches
 from spice_ray.model import DptModel, SpiceModel
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.model.registry import build_model
+from spice_ray.model.registry import build_model, load_model, model_payload
 from spice_ray.train.loop import FAULT_ENV, shuffled_batches
 from spice_ray.train.ray_train import (
     plan_job,
@@ -50,7 +50,7 @@ def test_local_training_reduces_td_and_policy_loss(smoke_bandit, tmp_path) -> No
     assert hist[-1]["train_td"] < rewards.var()
     assert hist[-1]["train_policy"] < hist[0]["train_policy"]
     # the reloaded checkpoint reproduces the in-memory model exactly
-    model = SpiceModel.from_checkpoint(res.final)
+    model = load_model(res.final, kind="spice")
     np.testing.assert_allclose(probe_outputs(model, job), res.worker_return["probe"],
                                rtol=0, atol=1e-6)
     meta = ckpt.read_meta(res.final)
@@ -73,7 +73,7 @@ def test_local_run_killed_after_first_checkpoint_resumes(smoke_bandit, tmp_path,
     assert [p.name for p in (run_dir / "local").glob("epoch-*")] == ["epoch-0000"]
     final = pretrain(cfg, "dpt", 0, ds)  # the re-run resumes from epoch 0's checkpoint
     assert ckpt.read_meta(final)["epoch"] == 2
-    assert isinstance(DptModel.from_checkpoint(final), DptModel)
+    assert isinstance(load_model(final, kind="dpt"), DptModel)
     assert pretrain(cfg, "dpt", 0, ds) == final  # a finished run is skipped
 
 
@@ -107,7 +107,7 @@ def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path)
     leftovers = set(Path(tempfile.gettempdir()).glob("spice_ckpt_*"))
     job, run_dir = plan_job(cfg, "spice", 0, ds)
     res = train_with_ray(job, run_dir)
-    model = SpiceModel.from_checkpoint(res.final, expect_env=cfg.env)
+    model = load_model(res.final, expect_env=cfg.env, kind="spice")
     np.testing.assert_allclose(probe_outputs(model, job), res.worker_return["probe"],
                                rtol=0, atol=1e-6)
     assert res.worker_return["metrics"]["epoch"] == cfg.train.epochs - 1
@@ -156,7 +156,7 @@ def test_ray_worker_failure_resumes_from_checkpoint(smoke_bandit, tmp_path, monk
     assert res.worker_return["metrics"]["start_epoch"] == 1.0  # resumed, not restarted
     assert not (run_dir / "scratch").exists()  # cleaned after a failed attempt too
     assert ckpt.read_meta(res.final)["epoch"] == 2
-    assert isinstance(DptModel.from_checkpoint(res.final), DptModel)
+    assert isinstance(load_model(res.final, kind="dpt"), DptModel)
 
 
 def test_checkpoint_refuses_wrong_env_and_corruption(smoke_bandit, tmp_path) -> None:
@@ -165,15 +165,22 @@ def test_checkpoint_refuses_wrong_env_and_corruption(smoke_bandit, tmp_path) -> 
     path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "hash", epoch=0)
     wide = make_config("smoke", "bandit", overrides=["env.num_arms=20"]).env
     with pytest.raises(ckpt.CheckpointError, match="A=5 actions.*has A=20"):
-        SpiceModel.from_checkpoint(path, expect_env=wide)
+        load_model(path, expect_env=wide, kind="spice")
     with pytest.raises(ckpt.CheckpointError, match="holds a 'spice' model"):
-        DptModel.from_checkpoint(path)
+        load_model(path, kind="dpt")
     weights = path / ckpt.WEIGHTS
     weights.write_bytes(weights.read_bytes()[:-10])
     with pytest.raises(ckpt.CheckpointError, match="weights.pt fails its SHA-256"):
-        SpiceModel.from_checkpoint(path)
+        load_model(path, kind="spice")
     with pytest.raises(ckpt.CheckpointError, match="is not a checkpoint"):
-        SpiceModel.from_checkpoint(tmp_path / "nothing")
+        load_model(tmp_path / "nothing", kind="spice")
+    # the same one loading path for an in-memory payload (what evaluation actors receive)
+    payload = model_payload(model)
+    assert isinstance(load_model(payload, expect_env=cfg.env, kind="spice"), SpiceModel)
+    with pytest.raises(ckpt.CheckpointError, match="payload is of kind 'spice', not 'dpt'"):
+        load_model(payload, kind="dpt")
+    with pytest.raises(ckpt.CheckpointError, match="model has 5 actions"):
+        load_model(payload, expect_env=wide)
 
 
 def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
@@ -188,7 +195,7 @@ def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
     meta["files"][ckpt.WEIGHTS] = file_sha256(path / ckpt.WEIGHTS)
     ckpt.write_meta(path, meta)  # a forger re-signs meta.json as well
     with pytest.raises(Exception, match="Weights only load failed|Unsupported global"):
-        DptModel.from_checkpoint(path)
+        load_model(path, kind="dpt")
 
 
 def test_gpu_request_falls_back_to_cpu_without_gpus() -> None:
@@ -226,7 +233,7 @@ def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path
     assert timing["seconds"] > sum(timing["models"].values()) > 0
     for final in finals:
         assert ckpt.read_meta(final)["epoch"] == 2 and (final.parent / FIT_TIMING).exists()
-    assert isinstance(DptModel.from_checkpoint(finals[1]), DptModel)
+    assert isinstance(load_model(finals[1], kind="dpt"), DptModel)
     alone = make_config("smoke", "bandit", overrides=[*sets, "train.together=false",
                                                       f"out_dir={tmp_path / 'alone'}"])
     job, run_dir = plan_job(alone, "spice", 0, ds)

@@ -34,7 +34,7 @@ from spice_ray.evaluate.episode import episode_rows
 from spice_ray.evaluate.offline import offline_context_lengths, offline_rows
 from spice_ray.evaluate.online import online_rows
 from spice_ray.evaluate.rows import check_rows, concat_rows
-from spice_ray.model.registry import ModelSource, from_source
+from spice_ray.model.registry import ModelSource, load_model
 from spice_ray.model.trunk import TrunkModel
 from spice_ray.placement import TRAINER, placement_resources
 
@@ -129,12 +129,12 @@ class EvalActor:
         if source is None:
             return None
         if not isinstance(source, (str, Path)):  # an in-memory payload: cheap to rebuild
-            return from_source(source, env).to(self.device)
+            return load_model(source, env).to(self.device)
         key = (str(source), repr(env))
         if key not in self._models:
             if len(self._models) >= self.MODEL_CACHE:
                 self._models.pop(next(iter(self._models)))  # the oldest
-            self._models[key] = from_source(source, env).to(self.device)
+            self._models[key] = load_model(source, env).to(self.device)
         return self._models[key]
 
     @staticmethod

@@ -1,8 +1,7 @@
 """The checkpoint format: a directory that rebuilds a model with nothing else.
 
-This module reads and writes the files; it imports no model class (the registry in
-``spice_ray.model.registry`` turns a checkpoint into a model), so models can load themselves
-(``TrunkModel.from_checkpoint``) without an import cycle.
+This module reads and writes the files; it imports no model class: the registry's
+``spice_ray.model.registry.load_model`` is the one way to turn a checkpoint into a model.
 
 Layout::
 

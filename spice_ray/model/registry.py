@@ -42,35 +42,37 @@ def build_model(kind: str, cfg: RunConfig, generator: torch.Generator | None = N
                              cfg.env.horizon + 1, generator=generator)
 
 
-def load_model(directory: str | Path, expect_env: EnvConfig | None = None,
-               kind: str | None = None) -> TrunkModel:
-    """Rebuild a model from a checkpoint directory (weights verified, weights_only load)."""
-    meta, state = load_state(directory, expect_env, kind)
-    model = model_class(meta["kind"]).from_spec(meta["spec"])
-    model.load_state_dict(state)
-    return model.eval()
-
-
 def model_payload(model: TrunkModel) -> dict[str, Any]:
     """An in-memory checkpoint: the architecture spec and CPU weights (buffers included)."""
     return {"spec": model.spec(),
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
 
 
-def from_source(source: ModelSource, expect_env: EnvConfig | None = None) -> TrunkModel:
-    """A model from a checkpoint directory or a :func:`model_payload`.
+def load_model(source: ModelSource, expect_env: EnvConfig | None = None,
+               kind: str | None = None) -> TrunkModel:
+    """The one way to load a model: from a checkpoint directory (weights checksummed, loaded
+    with ``weights_only``) or an in-memory :func:`model_payload`; in eval mode.
+
+    Args:
+        expect_env: a model built for another A or state width is refused.
+        kind: the model kind it must be ("spice", "dpt"); None: any.
 
     Raises:
-        CheckpointError: the checkpoint or payload does not fit ``expect_env``.
+        CheckpointError: the checkpoint or payload is not of ``kind`` or does not fit
+            ``expect_env``.
     """
     if not isinstance(source, Mapping):
-        return load_model(Path(source), expect_env=expect_env)
-    spec = source["spec"]
-    if expect_env is not None and (spec["num_actions"], spec["state_dim"]) != (
-            expect_env.num_actions, expect_env.state_dim):
-        raise CheckpointError(f"model has {spec['num_actions']} actions and state dim "
-                              f"{spec['state_dim']}; env {expect_env.name} needs "
-                              f"{expect_env.num_actions} and {expect_env.state_dim}")
+        meta, state = load_state(Path(source), expect_env, kind)
+        spec = meta["spec"]
+    else:
+        spec, state = source["spec"], source["state_dict"]
+        if kind is not None and spec.get("kind") != kind:
+            raise CheckpointError(f"model payload is of kind {spec.get('kind')!r}, not {kind!r}")
+        if expect_env is not None and (spec["num_actions"], spec["state_dim"]) != (
+                expect_env.num_actions, expect_env.state_dim):
+            raise CheckpointError(f"model has {spec['num_actions']} actions and state dim "
+                                  f"{spec['state_dim']}; env {expect_env.name} needs "
+                                  f"{expect_env.num_actions} and {expect_env.state_dim}")
     model = model_class(spec.get("kind", "")).from_spec(spec)
-    model.load_state_dict(source["state_dict"])
+    model.load_state_dict(state)
     return model.eval()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import torch
@@ -310,20 +309,6 @@ class TrunkModel(nn.Module):
             raise ValueError(f"spec kind {spec.get('kind')!r} is not {cls.KIND!r}")
         return cls(ModelConfig(**spec["config"]), int(spec["num_actions"]),
                    int(spec["state_dim"]), int(spec["max_len"]), generator=generator)
-
-    @classmethod
-    def from_checkpoint(cls, path: str | Path, expect_env: Any = None) -> Self:
-        """Rebuild from a checkpoint directory alone (see ``spice_ray.model.checkpoint``).
-
-        Args:
-            expect_env: an EnvConfig; a checkpoint trained for another A or S is refused.
-        """
-        from spice_ray.model.checkpoint import load_state
-
-        meta, state = load_state(path, expect_env=expect_env, kind=cls.KIND)
-        model = cls.from_spec(meta["spec"])
-        model.load_state_dict(state)
-        return model.eval()
 
     def init_cache(
         self,
