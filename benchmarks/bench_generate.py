@@ -70,7 +70,7 @@ def run(env: str, naive: Callable[[Any, int], float], tasks: int, naive_tasks: i
     step-by-step baseline on ``n`` tasks."""
     cfg = make_config("paper", env, overrides=[
         f"data.num_train_tasks={tasks}", "data.num_val_tasks=1", "data.num_eval_tasks=1",
-        "eval.num_tasks=1", f"data.num_actors={actors}", "data.shard_size=10000",
+        "eval.num_tasks=1", f"data.concurrent_tasks={actors}", "data.shard_size=10000",
         "data.batch_size=1000"])
     ds_dir = os.path.join(root, env)
     t0 = time.perf_counter()

@@ -36,7 +36,7 @@ from spice_ray.model.registry import build_model, model_payload
 def generation(tasks: int, actors: int, root: str) -> float:
     cfg = make_config("paper", "bandit", overrides=[
         f"data.num_train_tasks={tasks}", "data.num_val_tasks=1", "data.num_eval_tasks=1",
-        "eval.num_tasks=1", f"data.num_actors={actors}", "data.actor_cpus=0.5",
+        "eval.num_tasks=1", f"data.concurrent_tasks={actors}", "data.task_cpus=0.5",
         "data.shard_size=5000", "data.batch_size=1000"])
     t0 = time.perf_counter()
     generate_dataset(cfg, f"{root}/gen-{actors}")

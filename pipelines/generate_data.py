@@ -1,7 +1,7 @@
 """Generate an offline dataset (train / validation / eval Parquet shards) on Ray Data.
 
     python pipelines/generate_data.py --preset small --env bandit
-    python pipelines/generate_data.py --preset paper --env darkroom --set data.num_actors=4
+    python pipelines/generate_data.py --preset paper --env darkroom --set data.concurrent_tasks=4
 
 A re-run with the same config skips valid shards and regenerates missing or corrupted ones.
 """

@@ -186,8 +186,8 @@ def stage_requests(cfg: RunConfig, stages: Sequence[str] = ("datasets", "pretrai
     out = []
     d, t, e = cfg.data, cfg.train, cfg.eval
     if "datasets" in stages:
-        out.append(Request(f"data.actor_cpus={d.actor_cpus:g}", "generation task",
-                           {"CPU": d.actor_cpus, **labels.get("datagen", {})}, 1, gang=False,
+        out.append(Request(f"data.task_cpus={d.task_cpus:g}", "generation task",
+                           {"CPU": d.task_cpus, **labels.get("datagen", {})}, 1, gang=False,
                            reserve_cpus=RAY_DATA_CPUS))
     if "pretrain" in stages and t.num_workers > 0:
         gpu = t.use_gpu if use_gpu is None else use_gpu
@@ -286,7 +286,7 @@ def check_sizes(cfgs: Iterable[RunConfig], run_dir: str | Path,
         fields.append(f"{ds_dir.name}: {tasks} tasks")
         cols = schema.columns(cfg.env)
         memory = (cfg.data.num_eval_tasks * schema.raw_nbytes(cols) * 2
-                  + shards * _BYTES_PER_SHARD_RECORD * (1 + cfg.data.num_actors))
+                  + shards * _BYTES_PER_SHARD_RECORD * (1 + cfg.data.concurrent_tasks))
         if memory > free_memory:
             errors.append(
                 f"data.num_train_tasks={cfg.data.num_train_tasks}, data.shard_size="

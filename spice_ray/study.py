@@ -384,7 +384,7 @@ def describe_plan(plan: StudyPlan) -> str:
         n, size, _ = dataset_estimate(cfg)
         total_bytes += size
         lines.append(f"  {name:9s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, "
-                     f"{cfg.data.num_actors} tasks at once x {cfg.data.actor_cpus} CPU, "
+                     f"{cfg.data.concurrent_tasks} tasks at once x {cfg.data.task_cpus} CPU, "
                      f"~{n / 4000:.0f} s at the 2-core rate of 4000 tasks/s")
     lines.append("stage 2 pretraining (Ray Train):")
     for name, cfg in plan.configs.items():

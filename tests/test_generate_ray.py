@@ -26,9 +26,10 @@ def _files(ds_dir):
 
 
 def test_same_seed_same_content_any_actors_or_shard_size(ray_local, tmp_path) -> None:
-    one = generate_dataset(_cfg(**{"data.num_actors": 1, "data.shard_size": 48}), tmp_path / "a")
-    generate_dataset(_cfg(**{"data.num_actors": 2, "data.shard_size": 48}), tmp_path / "b")
-    other = generate_dataset(_cfg(**{"data.num_actors": 2, "data.shard_size": 20,
+    one = generate_dataset(_cfg(**{"data.concurrent_tasks": 1, "data.shard_size": 48}),
+                           tmp_path / "a")
+    generate_dataset(_cfg(**{"data.concurrent_tasks": 2, "data.shard_size": 48}), tmp_path / "b")
+    other = generate_dataset(_cfg(**{"data.concurrent_tasks": 2, "data.shard_size": 20,
                                      "data.batch_size": 7}), tmp_path / "c")
     assert one.generated["train"] == [0, 1] and other.generated["train"] == list(range(5))
     # identical shard files, byte for byte, whatever the number of actors
@@ -90,7 +91,7 @@ def test_mismatched_config_is_refused(ray_local, tmp_path) -> None:
                                                  r"'optimal'.*env\.sigma"):
         generate_dataset(_cfg(**{"data.label": "optimal", "env.sigma": 0.5}), ds)
     # execution-only fields (actors, batch size) are not part of the dataset's identity
-    generate_dataset(_cfg(**{"data.num_actors": 1, "data.batch_size": 5}), ds)
+    generate_dataset(_cfg(**{"data.concurrent_tasks": 1, "data.batch_size": 5}), ds)
 
 
 def test_manifest_and_readers(ray_local, tmp_path) -> None:

@@ -267,11 +267,38 @@ def test_gpu_actors_on_a_cpu_machine_are_refused() -> None:
                     "node has: 2 CPU)"]
     # a generation task larger than any node would wait forever: refused as well (more tasks
     # than fit at once only run fewer at a time)
-    cfg = make_config("smoke", "bandit", overrides=["data.actor_cpus=4"])
+    cfg = make_config("smoke", "bandit", overrides=["data.task_cpus=4"])
     assert "one generation task asks for 4 CPU" in check_requests(
         stage_requests(cfg, ("datasets",)), LAPTOP)[0]
-    many = make_config("smoke", "bandit", overrides=["data.num_actors=8"])
+    many = make_config("smoke", "bandit", overrides=["data.concurrent_tasks=8"])
     assert check_requests(stage_requests(many, ("datasets",)), LAPTOP) == []
+
+
+def test_renamed_config_keys_still_load_with_one_warning(tmp_path) -> None:
+    """data.num_actors / data.actor_cpus were named for actors that are Ray Data tasks: the old
+    names still load (configs and checkpoints written before), warn once, and may not be given
+    beside the new ones."""
+    import warnings
+
+    from spice_ray.config import build
+
+    build._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = make_config("smoke", "bandit", overrides=["data.num_actors=3", "data.actor_cpus=1"])
+        make_config("smoke", "bandit", overrides=["data.num_actors=3"])
+    assert (old.data.concurrent_tasks, old.data.task_cpus) == (3, 1.0)
+    assert [str(w.message) for w in caught] == [
+        "config key data.num_actors is renamed data.concurrent_tasks; the old name still works "
+        "for now", "config key data.actor_cpus is renamed data.task_cpus; the old name still "
+        "works for now"]
+    saved = old.to_dict()
+    saved["data"]["num_actors"] = saved["data"].pop("concurrent_tasks")  # an old config.yaml
+    assert build.from_dict(saved) == old
+    with pytest.raises(ConfigError, match="data.num_actors and data.concurrent_tasks are both "
+                                          "given"):
+        make_config("smoke", "bandit", overrides=["data.num_actors=3",
+                                                  "data.concurrent_tasks=2"])
 
 
 def test_autoscaling_cluster_counts_its_node_types() -> None:

@@ -21,6 +21,7 @@ import math
 import re
 import types
 import typing
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -268,12 +269,42 @@ def _build_env(values: dict[str, Any], prefix: str = "env") -> EnvConfig:
         raise _shortened(exc, [horizon, *dataclasses.astuple(params)]) from None
 
 
+RENAMED = {"data.num_actors": "data.concurrent_tasks", "data.actor_cpus": "data.task_cpus"}
+"""Old config keys that still work (a warning, once per key and process) under their new
+names: configs and checkpoints written before the rename keep loading."""
+_WARNED: set[str] = set()
+
+
+def _renamed(values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``values`` with deprecated keys of section ``prefix`` under their new names.
+
+    Raises:
+        ConfigError: a key is given under both names.
+    """
+    out = dict(values)
+    for old, new in RENAMED.items():
+        section, old_key = old.rsplit(".", 1)
+        new_key = new.rsplit(".", 1)[1]
+        if section != prefix or old_key not in out:
+            continue
+        if new_key in out:
+            raise ConfigError(f"{old} and {new} are both given; {old} is the old name of "
+                              f"{new}: keep one")
+        if old not in _WARNED:
+            _WARNED.add(old)
+            warnings.warn(f"config key {old} is renamed {new}; the old name still works for "
+                          "now", FutureWarning, stacklevel=4)
+        out[new_key] = out.pop(old_key)
+    return out
+
+
 def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a (partial) dict; unknown keys are errors."""
+    """Build dataclass ``cls`` from a (partial) dict; unknown keys are errors (old names of
+    renamed keys are taken, with a warning: :data:`RENAMED`)."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs: dict[str, Any] = {}
-    for key, value in values.items():
+    for key, value in _renamed(values, prefix).items():
         path = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
             raise ConfigError(f"unknown key {excerpt(path)}; allowed keys: {', '.join(names)}")

@@ -131,10 +131,11 @@ class DataConfig:
     """Tasks per Parquet shard (>= 1)."""
     batch_size: int = 1_000
     """Tasks generated per vectorised map_batches call (>= 1)."""
-    num_actors: int = 2
-    """Generation workers: Ray Data tasks that run at once (>= 1)."""
-    actor_cpus: float = 0.5
-    """CPUs reserved per generation task (> 0); fractional so Ray Data's own tasks can run."""
+    concurrent_tasks: int = 2
+    """Ray Data generation tasks that run at once (>= 1; ``data.num_actors`` before)."""
+    task_cpus: float = 0.5
+    """CPUs reserved per generation task (> 0; fractional so Ray Data's own tasks can run;
+    ``data.actor_cpus`` before)."""
     compression: Literal["zstd", "snappy", "none"] = "zstd"
     """Parquet compression codec."""
 
@@ -142,7 +143,7 @@ class DataConfig:
         _check_finite(self, "data")
         _check(self.seed >= 0, "data.seed", self.seed, "an integer >= 0")
         for name in ("num_train_tasks", "num_val_tasks", "num_eval_tasks", "shard_size",
-                     "batch_size", "num_actors"):
+                     "batch_size", "concurrent_tasks"):
             value = getattr(self, name)
             _check(value >= 1, f"data.{name}", value, "an integer >= 1")
         try:
@@ -152,7 +153,7 @@ class DataConfig:
         _check(0.0 <= q <= 1.0, "data.label", self.label, "mix:q needs q in [0, 1]")
         _check(0.0 <= self.behaviour_omega <= 1.0, "data.behaviour_omega", self.behaviour_omega,
                "a float in [0, 1]")
-        _check(self.actor_cpus > 0, "data.actor_cpus", self.actor_cpus, "a float > 0")
+        _check(self.task_cpus > 0, "data.task_cpus", self.task_cpus, "a float > 0")
         _check(self.compression in ("zstd", "snappy", "none"), "data.compression",
                self.compression, "one of zstd, snappy, none")
 

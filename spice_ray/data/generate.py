@@ -5,7 +5,7 @@ The flow for one split:
 1. check every expected shard against its checksum sidecar; valid shards are kept, invalid ones
    are named in the log and deleted;
 2. ``ray.data.range(num_tasks)`` -> ``map_batches(generate_batch)``: each Ray Data task (at
-   most ``data.num_actors`` at once) turns a batch of task ids into a pyarrow table vectorised
+   most ``data.concurrent_tasks`` at once) turns a batch of task ids into a pyarrow table vectorised
    (tasks of valid shards are skipped) -> ``write_parquet(staging, partition_cols=["part"])``;
 3. each staged shard is sorted by task_id and rewritten under its final name (atomic rename +
    SHA-256 sidecar), so the final bytes do not depend on the number of workers or on Ray's block
@@ -161,12 +161,12 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]],
     staging = ds_dir / "_staging"
     shutil.rmtree(staging, ignore_errors=True)  # leftovers of an interrupted run
     log.info("%s: generating %d shards, %d tasks at once", ds_dir.name, len(parts),
-             data.num_actors)
-    blocks = max(2 * data.num_actors, min(len(parts) * 4, -(-total_rows // data.batch_size)))
+             data.concurrent_tasks)
+    blocks = max(2 * data.concurrent_tasks, min(len(parts) * 4, -(-total_rows // data.batch_size)))
     label = placement_resources(DATAGEN)  # the CPU nodes of cluster.yaml, when present
     label_args = {"resources": label} if label else {}
     ds = ray.data.range(total_rows, override_num_blocks=blocks)
-    # Plain Ray Data tasks (at most num_actors at once), retried by Ray if a worker dies: the
+    # Plain Ray Data tasks (at most concurrent_tasks at once), retried by Ray if a worker dies: the
     # generator is cheap to build per batch, and an actor pool would add restartable actors
     # whose constructor arguments live in the object store (Ray warns about those).
     ds = ds.map_batches(
@@ -174,8 +174,8 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]],
         fn_kwargs={"env": env.to_dict(), "data": dict(vars(data)), "parts": parts},
         batch_size=data.batch_size,
         batch_format="numpy",
-        compute=ray.data.TaskPoolStrategy(size=data.num_actors),
-        num_cpus=data.actor_cpus,
+        compute=ray.data.TaskPoolStrategy(size=data.concurrent_tasks),
+        num_cpus=data.task_cpus,
         **label_args,
     )
     ds.write_parquet(str(staging), partition_cols=["part"], compression="none")

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 SPEC = "spec.json"
 # DataConfig fields that change how data is produced, not what it contains.
-EXECUTION_FIELDS = ("num_actors", "actor_cpus", "batch_size")
+EXECUTION_FIELDS = ("concurrent_tasks", "task_cpus", "batch_size")
 
 
 class DatasetError(SpiceRayError, RuntimeError):
