@@ -192,12 +192,18 @@ class TrainTracker:
         self.run.log({f"epoch/{k}": float(v) for k, v in metrics.items()}, self._step)
 
 
-def log_study(cfg: RunConfig, run_dir: Path, name: str = "study") -> None:
-    """The study's result tables, figures and report as artifacts of one run ``name``."""
-    run = start(cfg, name, name)
+def log_study(cfg: RunConfig, run_dir: Path, name: str = "study",
+              metrics: Mapping[str, float] | None = None,
+              params: Mapping[str, Any] | None = None) -> None:
+    """The study's result tables, figures and report as artifacts of one run ``name``, with
+    its headline ``metrics`` (logged at step 0: a compare view lines runs up by them) and
+    ``params`` (e.g. the settings chosen on validation tasks) beside the config's."""
+    run = start(cfg, name, name, params={**flat_params(cfg.to_dict()), **(params or {})})
     if run is None:
         return
     try:
+        if metrics:
+            run.log(metrics, 0)
         files = [*sorted((run_dir / "results").glob("*.parquet")),
                  *sorted((run_dir / "figures").glob("*.png")), run_dir / "report.md"]
         for path in files:

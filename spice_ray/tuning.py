@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,8 @@ from spice_ray.experiments import EXPERIMENTS, Experiment
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import Finals
 from spice_ray.results.schema import NO_SEED
-from spice_ray.results.tables import table_path, write
+from spice_ray.results.summary import final_values, task_means
+from spice_ray.results.tables import list_experiments, load, table_path, write
 
 log = logging.getLogger(__name__)
 
@@ -331,3 +333,27 @@ def write_tuned_table(name: str, cfg: RunConfig, run_dir: Path, dataset: Path,
     df = df[df["metric"].isin(table.metrics)]
     write(run_dir, table.name, df, inputs=inputs, description=table.description)
     return table.name
+
+
+def _key(text: str) -> str:
+    """A metric or parameter name every tracker accepts (letters, digits, _ - . /)."""
+    return re.sub(r"[^A-Za-z0-9_\-./]+", "_", text).strip("_")
+
+
+def headline(run_dir: Path, experiments: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
+    """The study's headline as tracker metrics and parameters: each tuned method's mean final
+    regret over the eval tasks (``<experiment>/<method>/final_regret``) and the setting it was
+    chosen at (``<experiment>/<method>/<name>``, from ``results/tuning.json``)."""
+    have = set(list_experiments(run_dir))
+    metrics: dict[str, float] = {}
+    for exp in experiments:
+        if f"{exp}_tuned" not in have:
+            continue
+        final = task_means(final_values(load(run_dir, f"{exp}_tuned"), "cumulative_regret"))
+        for method, value in final.groupby("method")["value"].mean().items():
+            metrics[f"{_key(exp)}/{_key(str(method))}/final_regret"] = float(value)
+    params = {f"{_key(exp)}/{_key(label)}/{_key(name)}": value
+              for exp, record in read_tuning(run_dir).items() if exp in experiments
+              for label, method in record.get("methods", {}).items()
+              for name, value in method["chosen"].items()}
+    return metrics, params

@@ -98,11 +98,16 @@ def test_mlflow_study_artifacts(tmp_path) -> None:
     (tmp_path / "results" / "bandit_online.parquet").write_bytes(b"PAR1")
     (tmp_path / "report.md").write_text("# report\n")
     cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}", "track=mlflow"])
-    log_study(cfg, tmp_path)
+    log_study(cfg, tmp_path, metrics={"bandit/SPICE/final_regret": 6.5},
+              params={"bandit/SPICE/beta": 2.0})
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("spice-ray-study").experiment_id])[0]
     assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == [
         "bandit_online.parquet", "report.md"]
+    # the headline numbers line runs up in MLflow's compare view
+    assert run.data.metrics == {"bandit/SPICE/final_regret": 6.5}
+    assert run.data.params["bandit/SPICE/beta"] == "2.0"
+    assert run.data.params["fusion.beta"] == str(cfg.fusion.beta)
 
 
 @pytest.mark.ray

@@ -4,12 +4,15 @@ validation regret chosen, seeds averaged per task before tasks are averaged."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pandas as pd
 import pytest
 
+from spice_ray import tuning
 from spice_ray.agents import AgentSpec
 from spice_ray.config import make_config
+from spice_ray.results import write
 from spice_ray.tuning import TAUS, candidates, choose, final_scores
 
 BANDIT = make_config("smoke", "bandit")
@@ -136,3 +139,26 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
                       "Random": {}}
     # the same inputs again: the record is reused, nothing runs
     assert tuning.tune_experiment("bandit", cfg, "/data", finals, None, record) is record
+
+
+def test_headline_metrics_and_chosen_settings_for_the_trackers(tmp_path) -> None:
+    """What a tracker's compare view shows of a study: each tuned method's mean final regret
+    (seeds averaged per task) and its chosen setting, under names every tracker accepts."""
+    rows = []
+    for method, seed, values in (("SPICE", 0, [2.0, 4.0]), ("SPICE", 1, [4.0, 6.0]),
+                                 ("SPICE (flat prior)", -1, [5.0, 7.0])):
+        for task, v in enumerate(values):
+            for x, value in ((1, 0.0), (10, v)):
+                rows.append({"experiment": "bandit_tuned", "env": "bandit", "method": method,
+                             "rule": "ucb", "config": "{}", "variant": "", "seed": seed,
+                             "task_id": task, "metric": "cumulative_regret", "x": x,
+                             "value": value})
+    write(tmp_path, "bandit_tuned", pd.DataFrame(rows), inputs="x")
+    (tmp_path / "results" / "tuning.json").write_text(json.dumps({"bandit": {"methods": {
+        "SPICE": {"chosen": {"beta": 2.0}}, "SPICE (flat prior)": {"chosen": {
+            "beta_schedule": "sqrt2logt"}}}}}))
+    metrics, params = tuning.headline(tmp_path, ["bandit", "darkroom"])
+    assert metrics == {"bandit/SPICE/final_regret": 4.0,
+                       "bandit/SPICE_flat_prior/final_regret": 6.0}
+    assert params == {"bandit/SPICE/beta": 2.0,
+                      "bandit/SPICE_flat_prior/beta_schedule": "sqrt2logt"}
