@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from spice_ray.config import ConfigError, load_yaml, make_config, parse_set
-from spice_ray.config.build import MAX_DEPTH, MAX_YAML_BYTES, parse_yaml
+from spice_ray.config.yamlfile import MAX_DEPTH, MAX_YAML_BYTES, parse_yaml
 from spice_ray.errors import excerpt
 
 ROOT = Path(__file__).resolve().parents[1]
