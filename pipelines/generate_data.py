@@ -12,8 +12,8 @@ import argparse
 
 from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
 from spice_ray.console import Console
+from spice_ray.data.generate import generate_stage
 from spice_ray.resources import human_bytes
-from spice_ray.stages import generate_stage
 
 
 def cli(argv: list[str] | None = None) -> None:

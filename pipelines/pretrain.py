@@ -15,8 +15,8 @@ import argparse
 
 from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
 from spice_ray.console import Console
+from spice_ray.data.generate import generate_stage
 from spice_ray.model.checkpoint import read_meta
-from spice_ray.stages import generate_stage
 from spice_ray.train.together import ModelSpec, pretrain_many
 
 

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spice_ray.config import DataConfig, RunConfig, env_from_dict
+from spice_ray.console import SILENT, Console, count
 from spice_ray.data import schema, store
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.placement import DATAGEN, placement_resources
@@ -277,4 +278,34 @@ def generate_dataset(cfg: RunConfig, ds_dir: str | Path, splits: tuple[str, ...]
     report.seconds = time.perf_counter() - t0
     report.bytes_on_disk = store.dataset_bytes(ds_dir)
     report.num_tasks = sum(store.split_sizes(cfg.data)[s] for s in splits)
+    return report
+
+
+def datasets_root(cfg: RunConfig) -> Path:
+    """``<out_dir>/datasets``: where a run keeps its datasets."""
+    return Path(cfg.out_dir) / "datasets"
+
+
+def generate_stage(cfg: RunConfig, dataset_root: Path | None = None,
+                   console: Console = SILENT, label: str = "") -> GenerationReport:
+    """The datasets stage of every entry point: generate (or resume, or verify) the dataset of
+    ``cfg`` under ``<out_dir>/datasets``, with a progress bar named ``label`` on ``console``
+    (shards written); a no-op when the dataset is complete and matches the config."""
+    ds_dir = store.dataset_dir(dataset_root or datasets_root(cfg), cfg)
+    total = sum(store.num_shards(n, cfg.data.shard_size)
+                for n in store.split_sizes(cfg.data).values())
+    bar = console.bar(label or ds_dir.name, total, "shard")
+    try:
+        report = generate_dataset(cfg, ds_dir, on_shard=lambda: bar.update(1))
+    except BaseException as exc:
+        bar.abort(exc)
+        raise
+    cfg.write(ds_dir)
+    made = sum(len(v) for v in report.generated.values())
+    kept = sum(len(v) for v in report.skipped.values())
+    log.info("%s: %d shards generated, %d already valid, %.1f s", ds_dir, made, kept,
+             report.seconds)
+    bar.close(f"{report.num_tasks} tasks, {count(made, 'shard')} written, {kept} already "
+              "valid" if made else f"{report.num_tasks} tasks, all {count(kept, 'shard')} "
+              "current")
     return report

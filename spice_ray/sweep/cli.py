@@ -108,7 +108,7 @@ def main(name: str, space: Callable[[RunConfig], dict[str, Any]], doc: str | Non
     """
     from spice_ray import envs
     from spice_ray.cli import add_config_args, config_from_args, run_main
-    from spice_ray.stages import generate_stage
+    from spice_ray.data.generate import generate_stage
     from spice_ray.sweep.driver import run_sweep
     from spice_ray.sweep.trial import ensure_models, pretrain_grid
 

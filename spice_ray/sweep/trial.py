@@ -255,7 +255,7 @@ def ensure_models(cfg: RunConfig, kind: str = "spice", console: Console = SILENT
     Returns:
         (dataset dir, {seed: final checkpoint dir}), absolute.
     """
-    from spice_ray.stages import generate_stage
+    from spice_ray.data.generate import generate_stage
     from spice_ray.train.ray_train import pretrain
 
     ds_dir = Path(generate_stage(cfg, console=console,
