@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -258,3 +261,40 @@ def test_darkroom_iw_variant_trains_exactly_as_none(ray_local, tmp_path) -> None
         assert job.cfg.train.use_iw == (variant == "iw")
         finals.append(train_local(job, run_dir).final)
     assert finals[0] != finals[1] and _weights(finals[0]) == _weights(finals[1])
+
+
+_CTRL_C_IN_TRAINING = """
+import os, signal, sys
+import ray
+from spice_ray.cli import run_main
+from spice_ray.config import make_config
+from spice_ray.train.ray_train import plan_job, train_with_ray
+
+class CtrlC:  # the progress bar: Ctrl-C as soon as the first training step is shown
+    sent = False
+    def update(self, **kwargs):
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+cfg = make_config("smoke", "bandit", overrides=[f"out_dir={sys.argv[2]}", "train.epochs=50",
+                                                   "train.num_workers=1"])
+ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+         log_to_driver=False)
+job, run_dir = plan_job(cfg, "spice", 0, sys.argv[1])
+run_main(train_with_ray, job, run_dir, CtrlC())
+"""
+
+
+@pytest.mark.ray
+def test_ctrl_c_during_ray_train_stops_the_run_with_status_130(smoke_bandit, tmp_path) -> None:
+    """Ray Train V2 installs its own SIGINT handler inside fit (abort, sys.exit(0)): a Ctrl-C
+    while pretraining ended a study as "failed" with status 1 and no message. The trainer's
+    hook is skipped, so the run stops as any other stage does."""
+    _, ds = smoke_bandit
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_IN_TRAINING, str(ds), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=dict(
+                              os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert any(line.startswith("stopped by SIGINT (Ctrl-C): every finished")
+               for line in proc.stderr.splitlines()), proc.stderr[-3000:]

@@ -12,6 +12,8 @@ import dataclasses
 import logging
 import math
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -63,10 +65,9 @@ def shard_batches(job: TrainJob, train_rows: int, epoch: int, batch_size: int, r
 
 
 def val_shard_batches(batch_size: int) -> Iterator[dict[str, Any]]:
+    """Each worker scores the whole validation split."""
     import ray.train
-
-    return ray.train.get_dataset_shard("validation").iter_torch_batches(
-        batch_size=batch_size)  # each worker scores the whole validation split
+    return ray.train.get_dataset_shard("validation").iter_torch_batches(batch_size=batch_size)
 
 
 class RayContext:
@@ -272,6 +273,21 @@ def data_config():
                                 execution_options=ray.data.ExecutionOptions(preserve_order=True))
 
 
+def fit_trainer(trainer: Any) -> Any:
+    """``trainer.fit()`` keeping our SIGINT handler (``cli.run_main``'s: "stopped", exit 130):
+    Ray Train V2 installs its own in ``fit`` (abort, ``sys.exit(0)``, left installed), so a
+    Ctrl-C while pretraining ended a study "failed", status 1, silent. Its (private) hook is
+    skipped."""
+    if threading.current_thread() is threading.main_thread():
+        trainer._register_sigint_handler = lambda controller: None
+        before = signal.getsignal(signal.SIGINT)
+        try:
+            return trainer.fit()
+        finally:
+            signal.signal(signal.SIGINT, before)
+    return trainer.fit()
+
+
 def train_with_ray(job: TrainJob, run_dir: Path, bar: Bar | None = None) -> TrainResult:
     """Fit ``job`` on a TorchTrainer and publish ``run_dir/final``.
 
@@ -309,9 +325,9 @@ def train_with_ray(job: TrainJob, run_dir: Path, bar: Bar | None = None) -> Trai
     try:
         if queue is not None and bar is not None:
             with QueueDrain(queue, TrainBar(bar)):
-                result = trainer.fit()
+                result = fit_trainer(trainer)
         else:
-            result = trainer.fit()
+            result = fit_trainer(trainer)
     finally:  # workers remove their own scratch; this catches killed ones
         shutil.rmtree(scratch_root(run_dir), ignore_errors=True)
         if queue is not None:

@@ -42,6 +42,7 @@ from spice_ray.train.progress import ProgressReporter, QueueDrain, TrainBar
 from spice_ray.train.ray_train import (
     data_config,
     final_is_current,
+    fit_trainer,
     gpus_available,
     plan_job,
     pretrain,
@@ -176,9 +177,9 @@ def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = N
     try:
         if queue is not None and bar is not None:
             with QueueDrain(queue, TrainBar(bar)):
-                trainer.fit()
+                fit_trainer(trainer)
         else:
-            trainer.fit()
+            fit_trainer(trainer)
     finally:
         if queue is not None:
             queue.shutdown()
