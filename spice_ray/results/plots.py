@@ -343,13 +343,11 @@ def plot_aggregate(agg, path: Path) -> Path:
             ax.errorbar(r[stat], y, xerr=[[r[stat] - r[f"{stat} low"]],
                                           [r[f"{stat} high"] - r[stat]]],
                         fmt=marker, color=style(m)["color"], capsize=3,
-                        markerfacecolor="white" if j else style(m)["color"],
-                        label=stat if i == 0 else None)
+                        markerfacecolor="white" if j else style(m)["color"])
     ax.set_yticks(range(len(methods)), methods, fontsize=8)
     ax.invert_yaxis()
-    ax.set(xlabel="normalised score (0 = Random, 1 = no regret)",
-           title=f"aggregate over {n_exp} experiments")
-    ax.legend(fontsize=7, frameon=False, loc="lower left")
+    ax.set(xlabel="normalised score (0 = Random, 1 = no regret)\n"
+                  "filled: IQM, open: mean", title=f"aggregate over {n_exp} experiments")
     ax.grid(alpha=0.3, axis="x")
     ax = axes[1]
     for m in methods:
@@ -378,8 +376,9 @@ def plot_aggregate(agg, path: Path) -> Path:
     return _save(fig, path, f"score = 1 - final regret / Random's mean final regret in the "
                             f"same experiment, each method at its validation-tuned setting; "
                             f"{tasks} eval tasks of {n_exp} experiments, training seeds "
-                            "averaged per task; bars and bands: 95% bootstrap intervals "
-                            "resampling tasks and seeds within each experiment.")
+                            "averaged per task.\nBars and bands: 95% bootstrap intervals "
+                            "resampling tasks and seeds within each experiment; 'k exp.': the "
+                            "experiments SPICE and X share.")
 
 
 PLOTS = {
