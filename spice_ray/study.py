@@ -228,7 +228,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         df = df[df["metric"].isin([*table.metrics, *table.rename])]
         df = df.assign(metric=df["metric"].replace(dict(table.rename)))
         write(plan.run_dir, table.name, df, inputs=inputs, description=table.description)
-    bar.close(f"{len(tables)} tables: {', '.join(tables)}")
+    bar.close(f"{count(len(tables), 'table')}: {', '.join(tables)}")
     return tables
 
 
