@@ -335,7 +335,8 @@ def plot_aggregate(agg, path: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8),
                              gridspec_kw={"width_ratios": [1.1, 1.3, 1.4]})
     ax = axes[0]
-    methods = sorted(table["method"], key=_order)
+    reference = "Random"  # 0 by construction: drawn, it would squeeze the others together
+    methods = sorted((m for m in table["method"] if m != reference), key=_order)
     for i, m in enumerate(methods):
         r = table[table["method"] == m].iloc[0]
         for j, (stat, marker) in enumerate((("IQM", "o"), ("mean", "s"))):
@@ -355,6 +356,8 @@ def plot_aggregate(agg, path: Path) -> Path:
         st = style(m)
         ax.plot(agg.taus, share, color=st["color"], label=m, lw=1.5)
         ax.fill_between(agg.taus, lo, hi, color=st["color"], alpha=0.2, lw=0)
+    shown = [agg.taus[np.argmax(profile[m][0] < 0.98)] for m in methods]  # where each drops
+    ax.set_xlim(max(0.0, min(shown, default=0.0) - 0.05), 1.0)
     ax.set(xlabel="normalised score tau", ylabel="share of tasks with score > tau",
            title="performance profile")
     ax.grid(alpha=0.3)
@@ -376,7 +379,8 @@ def plot_aggregate(agg, path: Path) -> Path:
     return _save(fig, path, f"score = 1 - final regret / Random's mean final regret in the "
                             f"same experiment, each method at its validation-tuned setting; "
                             f"{tasks} eval tasks of {n_exp} experiments, training seeds "
-                            "averaged per task.\nBars and bands: 95% bootstrap intervals "
+                            "averaged per task; Random (0 by construction) is left out of the "
+                            "first two panels.\nBars and bands: 95% bootstrap intervals "
                             "resampling tasks and seeds within each experiment; 'k exp.': the "
                             "experiments SPICE and X share.")
 
