@@ -219,11 +219,12 @@ DARKROOM_DPT_STAR = Experiment(
                  Evaluation("random", _random, ("episode",))),
     tables=(Table("darkroom_dpt_star", "darkroom, DPT trained on optimal labels (DPT*) under "
                   "the DPT paper's offline protocol: one episode from the corner (0, 0) acting "
-                  "greedily on a fixed context of the task's uniform-random transitions",
+                  "greedily on a fixed context of H transitions from independently drawn cells "
+                  "with uniform actions (the DPT paper's roll-in)",
                   ("cumulative_return", "cumulative_regret"),
                   (Select("dpt"), Select("random")), ("online_return",),
                   "DPT* on Darkroom (DPT paper protocol)"),),
-    overrides=("data.label=optimal",),
+    overrides=("data.label=optimal", "env.rollin=uniform"),
     notes=("DPT* (darkroom_dpt_star): the DPT paper reports a return of about 61.5 for DPT on "
            "this protocol (10x10 grid, H = 100, held-out goals, one episode from (0, 0) on a "
            "fixed context of random transitions); the optimal return from (0, 0) is H minus "

@@ -111,6 +111,32 @@ def test_rollout_states_are_trajectories() -> None:
         np.testing.assert_array_equal(r, rewards[:, t])
 
 
+def test_uniform_rollin_draws_independent_cells_with_their_moves_and_rewards() -> None:
+    """The DPT paper's roll-in: every transition from its own cell, first cell = the start."""
+    cfg = make_config("smoke", "darkroom", overrides=["env.rollin=uniform", "env.horizon=100",
+                                                       "data.label=optimal"])
+    env = cfg.environment()
+    streams = TaskStreams.from_seed(0, "eval", np.arange(400))
+    data = env.generate(cfg.data, "eval", streams)
+    assert [c.name for c in env.columns()][2:4] == ["states", "next_states"]
+    assert all(data[c.name].shape[1:] == c.shape for c in env.columns() if c.name != "task_id")
+    tasks = env.sample_tasks(streams, "eval")
+    np.testing.assert_array_equal(data["states"][:, 0], tasks.starts)
+    np.testing.assert_array_equal(data["next_states"],
+                                  darkroom.move(data["states"], data["actions"], 10))
+    np.testing.assert_array_equal(data["rewards"],
+                                  np.all(data["next_states"] == data["goal"][:, None], -1))
+    encoded = env.encode(data)
+    np.testing.assert_array_equal(encoded.next_states, data["next_states"])
+    # independent cells: the goal shows in 1 - (1 - ~1/100)^100 ~ 63% of contexts, a walk's in
+    # about a third; and the same keys give the same bytes
+    assert 0.57 < (data["rewards"].sum(1) > 0).mean() < 0.70
+    again = env.generate(cfg.data, "eval", TaskStreams.from_seed(0, "eval", np.arange(400)))
+    assert all(np.array_equal(data[k], again[k]) for k in data)
+    with pytest.raises(Exception, match="env.rollin"):
+        make_config("smoke", "darkroom", overrides=["env.rollin=teleport"])
+
+
 def test_gymnasium_wrappers() -> None:
     band = make_config("smoke", "bandit", overrides=["env.num_arms=2"]).environment()
     env = TaskEnv(band, bandit.BanditTasks(np.array([[0.2, 0.8]]), 0.0), 0, horizon=3)

@@ -126,6 +126,22 @@ def test_a_summary_by_method_keeps_a_methods_settings_apart(tmp_path, capsys) ->
                                                             ["SPICE", 6.5, 20]]
 
 
+def test_a_summary_never_pools_two_metrics() -> None:
+    """``--by method`` on a table with a return and a regret averaged the two into one number
+    (46.2 for every Darkroom agent: return + regret is the optimal return): metric stays apart,
+    pooling settings or not."""
+    tasks = np.arange(10.0)
+    df = pd.concat([_rows({"A": tasks}), _rows({"A": 90.0 - tasks}).assign(
+        metric="cumulative_return")], ignore_index=True)
+    for pool in (False, True):
+        s = summarise(df, ["method"], pool=pool).set_index("metric")
+        assert list(s["n"]) == [10, 10]
+        assert s.loc["cumulative_regret", "mean"] == pytest.approx(4.5)
+        assert s.loc["cumulative_return", "mean"] == pytest.approx(85.5)
+    one = summarise(df[df["metric"] == "cumulative_regret"], ["method"])
+    assert "metric" not in one.columns
+
+
 def test_paper_tables_bold_the_best_and_mark_rows_tied_with_it(tmp_path, capsys) -> None:
     """A: best; B = A + small noise (tied by the paired test, though its own SEM is as wide as
     A's); C = A + 1 (clearly worse). One metric at one x; --at last picks the final step."""

@@ -4,7 +4,8 @@ A size x size grid (default 10x10), state (x, y) integers, 5 actions (+x, -x, +y
 moves clipped at the walls, reward 1 when the state *after* the step is the goal, else 0. The
 goal cells are split 80/20 into train/test with a fixed seed; a test task is a held-out goal
 plus a start state. Pretraining contexts are uniform-random roll-ins of length H from a random
-start (so pi_b = 1/5 for every action and SPICE's importance weight is identically 1); the
+start (so pi_b = 1/5 for every action and SPICE's importance weight is identically 1), or, with
+``env.rollin=uniform`` (the DPT paper's), H transitions from independently drawn cells; the
 query state is uniform over the grid and independent of the context.
 
 Regret, two readings (``env.reading``):
@@ -46,6 +47,7 @@ STATE_DIM = 2
 MOVES = np.array([[1, 0], [-1, 0], [0, 1], [0, -1], [0, 0]], dtype=np.int64)
 ACTION_NAMES = ("+x", "-x", "+y", "-y", "stay")
 READINGS = ("walker", "state")
+ROLLINS = ("walk", "uniform")
 
 
 @dataclass(frozen=True)
@@ -270,6 +272,11 @@ class Darkroom(Environment):
         reading: str = "walker"
         """Regret reported as the main table: walker (an optimal walker from the same start)
         or state (max_a r(s_t, a) - r(s_t, a_t)); the other reading's table is made too."""
+        rollin: str = "walk"
+        """How a context's transitions are drawn: walk (one H-step uniform-random walk from
+        the start; SPICE's reading, the default) or uniform (each transition from its own
+        uniformly drawn cell with a uniform action, the DPT paper's roll-in: a context then
+        shows the goal in ~63% of tasks at H = 100, a walk in ~40%)."""
 
         def validate(self) -> None:
             if not 2 <= self.grid_size <= 255:
@@ -284,6 +291,9 @@ class Darkroom(Environment):
             if self.goal_split_seed < 0:
                 raise ValueError(f"env.goal_split_seed={self.goal_split_seed!r} is invalid: "
                                  ">= 0")
+            if self.rollin not in ROLLINS:
+                raise ValueError(f"env.rollin={self.rollin!r} is invalid: one of "
+                                 f"{', '.join(ROLLINS)}")
             if self.reading not in READINGS:
                 raise ValueError(f"env.reading={self.reading!r} is invalid: one of "
                                  f"{', '.join(READINGS)}")
@@ -308,10 +318,13 @@ class Darkroom(Environment):
 
     def columns(self) -> tuple[Column, ...]:
         h, u8 = self.horizon, np.dtype(np.uint8)
+        # a walk's next states are its states shifted by one; independent draws need both
+        trajectory = ((Column("states", u8, (h + 1, 2)),) if self.params.rollin == "walk" else
+                      (Column("states", u8, (h, 2)), Column("next_states", u8, (h, 2))))
         return (
             Column("task_id", np.dtype(np.int64), ()),
             Column("goal", u8, (2,)),
-            Column("states", u8, (h + 1, 2)),
+            *trajectory,
             Column("actions", u8, (h,)),
             Column("rewards", u8, (h,)),
             Column("query_state", u8, (2,)),
@@ -333,18 +346,30 @@ class Darkroom(Environment):
         size = self.params.grid_size
         tasks = self.sample_tasks(streams, split)
         actions = streams.integers("behaviour/actions", NUM_ACTIONS, (self.horizon,))
-        states, rewards = rollout_states(tasks, tasks.starts, actions)
+        trajectory: dict[str, np.ndarray]
+        if self.params.rollin == "walk":
+            states, rewards = rollout_states(tasks, tasks.starts, actions)
+            trajectory = {"states": states}
+        else:  # independent cells: the first one is the task's start
+            cells = np.stack([streams.integers("rollin/x", size, (self.horizon,)),
+                              streams.integers("rollin/y", size, (self.horizon,))], axis=-1)
+            cells[:, 0] = tasks.starts
+            after = move(cells, actions, size)
+            rewards = goal_reward(tasks, after)
+            trajectory = {"states": cells, "next_states": after}
         query = np.stack([streams.integers("query/x", size), streams.integers("query/y", size)],
                          axis=1)
         optimal = optimal_action(tasks, query)
         labels = make_labels(data.label, streams, optimal, actions, NUM_ACTIONS)
-        return {"goal": tasks.goals, "states": states, "actions": actions, "rewards": rewards,
+        return {"goal": tasks.goals, **trajectory, "actions": actions, "rewards": rewards,
                 "query_state": query, "optimal_action": optimal, "label": labels}
 
     def encode(self, batch: Mapping[str, Any]) -> Encoded:
-        states = batch["states"]  # (B, T+1, 2): s_1..s_{T+1}
+        states = batch["states"]  # walk: (B, T+1, 2) s_1..s_{T+1}; uniform: (B, T, 2)
         b = states.shape[0]
         probs = np.full((b, NUM_ACTIONS), 1.0 / NUM_ACTIONS, dtype=np.float32)
+        if "next_states" in batch:
+            return Encoded(batch["query_state"], states, batch["next_states"], probs)
         return Encoded(batch["query_state"], states[:, :-1], states[:, 1:], probs)
 
     def eval_tasks(self, data: Mapping[str, np.ndarray]) -> DarkroomTasks:

@@ -140,7 +140,8 @@ def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "se
         by: grouping columns (default: every key column of the result schema except seed and
             task_id that ``df`` has). When they include ``method``, the :data:`LABEL_KEYS`
             that differ within a group are added after them, so that two settings of a method
-            are two rows, as in the report, never one row over twice the tasks.
+            are two rows, as in the report, never one row over twice the tasks. Two
+            metrics in a group are never pooled: ``metric`` is added after ``by``.
         stat: "sem": columns ``mean``, ``sem``; "bootstrap": ``mean``, ``ci_low``,
             ``ci_high`` (95%); "iqm": ``iqm``, ``ci_low``, ``ci_high``.
         pool: group by exactly ``by``, pooling a method's settings into one row.
@@ -163,6 +164,9 @@ def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "se
         raise ResultsError(f"cannot group by {unknown}; columns are {list(per_task.columns)}")
     if stat not in STATS:
         raise ResultsError(f"stat={stat!r} is invalid: one of {', '.join(STATS)}")
+    if "metric" in per_task.columns and "metric" not in by and len(per_task) and \
+            per_task.groupby(by, dropna=False, observed=True)["metric"].nunique().max() > 1:
+        by.append("metric")  # a return and a regret in one mean is no statistic: never pooled
     if not pool:
         by += _settings_apart(per_task, by)
     g = per_task.groupby(by, dropna=False, observed=True)
