@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from spice_ray.cli import init_ray
 from spice_ray.config import make_config
 from spice_ray.data import schema, store
 from spice_ray.data.generate import generate_dataset
 from spice_ray.envs import darkroom
+from spice_ray.runtime.cli import init_ray
 
 
 def naive_bandit(n: int, num_arms: int, horizon: int, sigma: float, seed: int) -> float:

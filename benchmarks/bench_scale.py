@@ -24,13 +24,13 @@ import time
 import torch
 
 from spice_ray.agents import AgentSpec
-from spice_ray.cli import init_ray
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
 from spice_ray.data.store import load_split
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.model.checkpoint import save_checkpoint
 from spice_ray.model.registry import build_model, model_payload
+from spice_ray.runtime.cli import init_ray
 
 
 def generation(tasks: int, actors: int, root: str) -> float:

@@ -19,11 +19,11 @@ import logging
 import shlex
 import sys
 
-from spice_ray import resources
-from spice_ray.cli import add_config_args, run_main, start_run
+from spice_ray.common.console import Console
 from spice_ray.config import ConfigError
-from spice_ray.console import Console
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
+from spice_ray.runtime import resources
+from spice_ray.runtime.cli import add_config_args, run_main, start_run
 from spice_ray.study import describe_plan, plan_study, run_study
 
 log = logging.getLogger("spice_ray.full_run")

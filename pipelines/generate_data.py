@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
-from spice_ray.console import Console
+from spice_ray.common.console import Console
 from spice_ray.data.generate import generate_stage
-from spice_ray.resources import human_bytes
+from spice_ray.runtime.cli import add_config_args, config_from_args, run_main, start_run
+from spice_ray.runtime.resources import human_bytes
 
 
 def cli(argv: list[str] | None = None) -> None:

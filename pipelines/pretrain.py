@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 
-from spice_ray.cli import add_config_args, config_from_args, run_main, start_run
-from spice_ray.console import Console
+from spice_ray.common.console import Console
 from spice_ray.data.generate import generate_stage
 from spice_ray.model.checkpoint import read_meta
+from spice_ray.runtime.cli import add_config_args, config_from_args, run_main, start_run
 from spice_ray.train.together import ModelSpec, pretrain_many
 
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from spice_ray.agents import PolicyAgent, SpiceAgent
+from spice_ray.common.errors import excerpt
 from spice_ray.config import FusionConfig, from_dict
-from spice_ray.errors import excerpt
 from spice_ray.fusion import RandomSource
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import load_model
@@ -38,7 +38,7 @@ PRETRAINED_CONFIG = "config.json"
 
 def excerpt_array(x: Any) -> str:
     """A user's array in an error message: its values, flattened, through the one excerpt
-    rule of error messages (:func:`spice_ray.errors.excerpt`)."""
+    rule of error messages (:func:`spice_ray.common.errors.excerpt`)."""
     return excerpt(np.asarray(x).reshape(-1).tolist())
 
 
@@ -115,7 +115,7 @@ class _Policy:
 
         from safetensors.torch import save_file
 
-        from spice_ray.artifacts import publish_dir
+        from spice_ray.common.artifacts import publish_dir
 
         model = self.agent.model
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -143,7 +143,7 @@ class _Policy:
 
         from safetensors.torch import load_file
 
-        from spice_ray.artifacts import verify_dir
+        from spice_ray.common.artifacts import verify_dir
         from spice_ray.model.registry import model_class
 
         directory = Path(directory)

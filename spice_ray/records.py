@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spice_ray.artifacts import atomic_write_text
-from spice_ray.console import count
+from spice_ray.common.artifacts import atomic_write_text
+from spice_ray.common.console import count
 
 Finals = dict[tuple[str, str, str, int], Path]
 """{(experiment, model kind, variant, seed): final checkpoint}."""

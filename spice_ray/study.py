@@ -19,22 +19,23 @@ from typing import Any
 
 import pandas as pd
 
-from spice_ray import envs, tracking, tuning
-from spice_ray.artifacts import atomic_write_text, file_sha256, is_current
+from spice_ray import envs, tuning
+from spice_ray.common.artifacts import atomic_write_text, file_sha256, is_current
+from spice_ray.common.console import SILENT, Console, count
+from spice_ray.common.errors import enter_stage
 from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
-from spice_ray.console import SILENT, Console, count
 from spice_ray.data import store
 from spice_ray.data.generate import generate_stage
-from spice_ray.errors import enter_stage
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, ModelRef, Table
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import Finals, timing_notes, write_checkpoint_index, write_timing
-from spice_ray.resources import dataset_estimate, human_bytes, model_estimate
 from spice_ray.results import aggregate, plots
 from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
+from spice_ray.runtime import tracking
+from spice_ray.runtime.resources import dataset_estimate, human_bytes, model_estimate
 from spice_ray.train.loop import steps_per_epoch
 from spice_ray.train.together import ModelSpec, pretrain_many
 from spice_ray.tuning import (

@@ -39,9 +39,9 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.agents import AgentSpec
-from spice_ray.artifacts import atomic_write_text, is_current
+from spice_ray.common.artifacts import atomic_write_text, is_current
+from spice_ray.common.console import SILENT, Console, count
 from spice_ray.config import EvalConfig, RunConfig, config_hash
-from spice_ray.console import SILENT, Console, count
 from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.experiments import EXPERIMENTS, Experiment

@@ -15,8 +15,8 @@ PACKAGE = ROOT / "spice_ray"
 SCRIPTS = ("pipelines", "sweeps", "benchmarks", "examples")
 """Script folders held to the package's rule on environment names."""
 MAX_LINES = 450
-KERNELS = ("envs/", "fusion/", "model/", "train/losses.py", "agents/classical.py", "rng.py",
-           "artifacts.py", "errors.py")
+KERNELS = ("envs/", "fusion/", "model/", "train/losses.py", "agents/classical.py",
+           "common/rng.py", "common/artifacts.py", "common/errors.py")
 """Numerical kernels and plain-file helpers: unit-testable without Ray."""
 NAME_COMPARISONS_ALLOWED = ("envs/", "config/presets.py")
 
@@ -101,6 +101,25 @@ def test_no_import_cycle() -> None:
     for node in graph:
         if node not in state:
             visit(node)
+
+
+def test_the_shared_layer_imports_nothing_above_it() -> None:
+    """``common`` (errors, randomness, artifacts, console, lock, placement) is the ground floor:
+    it imports no other part of the package; ``runtime`` (start-up, resources, trackers) stands
+    on ``config`` and ``envs`` and never on what runs inside a run."""
+    modules = _modules()
+    graph = _graph()
+    above_runtime = ("spice_ray.train", "spice_ray.evaluate", "spice_ray.agents",
+                     "spice_ray.study", "spice_ray.sweep", "spice_ray.results",
+                     "spice_ray.experiments", "spice_ray.tuning", "spice_ray.policy")
+    for name in modules:
+        ours = {m for m in graph.get(name, ()) if m.startswith("spice_ray")}
+        if name.startswith("spice_ray.common"):
+            assert ours <= {m for m in modules if m.startswith("spice_ray.common")} | {
+                "spice_ray"}, f"{name} imports {sorted(ours)}"
+        if name.startswith("spice_ray.runtime"):
+            bad = sorted(m for m in ours if m.startswith(above_runtime))
+            assert not bad, f"{name} imports {bad}"
 
 
 def test_kernels_do_not_import_ray() -> None:

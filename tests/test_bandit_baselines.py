@@ -19,11 +19,11 @@ from spice_ray.agents import (
     make_agent,
     register_method,
 )
+from spice_ray.common.rng import TaskStreams
 from spice_ray.config import EvalConfig, make_config
 from spice_ray.envs import bandit
 from spice_ray.evaluate import run_online
 from spice_ray.fusion import gaussian_posterior, weighted_action_stats
-from spice_ray.rng import TaskStreams
 
 SIGMA = 0.3
 ENV = make_config("smoke", "bandit").environment()

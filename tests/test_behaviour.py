@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from spice_ray.common.rng import TaskStreams
 from spice_ray.config import make_config
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.envs.bandit import dirichlet_mixture
-from spice_ray.rng import TaskStreams
 
 
 def test_dirichlet_propensities_sum_to_one_and_match_frequencies() -> None:

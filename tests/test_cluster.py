@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spice_ray.placement import (
+from spice_ray.common.placement import (
     DATAGEN,
     HEAD,
     LABEL_REQUEST,

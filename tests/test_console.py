@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spice_ray.console import Console, fmt_seconds
+from spice_ray.common.console import Console, fmt_seconds
 from spice_ray.train.progress import ProgressReporter, TrainBar, describe_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ def test_signals_end_a_run_in_one_line_with_the_signals_exit_status(capsys) -> N
 
     import pytest
 
-    from spice_ray.cli import run_main
+    from spice_ray.runtime.cli import run_main
 
     before = signal.getsignal(signal.SIGTERM)
     for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):

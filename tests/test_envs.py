@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from spice_ray.common.rng import TaskStreams
 from spice_ray.config import make_config
 from spice_ray.envs import bandit, darkroom
 from spice_ray.envs.gym import TaskEnv
-from spice_ray.rng import TaskStreams
 
 
 def test_bandit_step_regret_and_optimum() -> None:

@@ -8,10 +8,10 @@ import torch
 
 from spice_ray.agents import METHODS, AgentSpec, make_agent
 from spice_ray.agents.epsilon_greedy import EpsilonGreedy
+from spice_ray.common.rng import StepDraws, TaskStreams
 from spice_ray.config import EvalConfig, make_config
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.evaluate.online import online_rows
-from spice_ray.rng import StepDraws, TaskStreams
 
 
 def test_registered_by_its_own_module_and_built_by_make_agent() -> None:

@@ -282,7 +282,7 @@ def test_relative_out_dirs_become_absolute(tmp_path, monkeypatch) -> None:
     to them must be absolute even when --out (or the default runs/<preset>) is relative."""
     import argparse
 
-    from spice_ray.cli import add_config_args, config_from_args
+    from spice_ray.runtime.cli import add_config_args, config_from_args
 
     monkeypatch.chdir(tmp_path)
     plan = plan_study("smoke", "rel/run")

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spice_ray.common.rng import StepDraws, TaskStreams
 from spice_ray.fusion import (
     NOISE_VAR_FLOOR,
     RunningStats,
@@ -28,7 +29,6 @@ from spice_ray.fusion import (
     weighted_action_stats,
 )
 from spice_ray.fusion.posterior import Posterior
-from spice_ray.rng import StepDraws, TaskStreams
 
 finite = st.floats(-10.0, 10.0, allow_nan=False)
 positive = st.floats(1e-3, 1e3, allow_nan=False)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from spice_ray.common.errors import excerpt
 from spice_ray.config import ConfigError, load_yaml, make_config, parse_set
 from spice_ray.config.yamlfile import MAX_DEPTH, MAX_YAML_BYTES, parse_yaml
-from spice_ray.errors import excerpt
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_RUN = str(ROOT / "pipelines" / "full_run.py")
@@ -206,9 +206,9 @@ def test_edited_checkpoint_meta_is_not_loaded(tmp_path, caplog) -> None:
 
 @pytest.mark.parametrize("damage", ["garbage", "no spec", "no sidecar"])
 def test_garbage_checkpoint_meta_is_one_line(damage, tmp_path, capsys) -> None:
-    from spice_ray.cli import run_main
     from spice_ray.model import checkpoint as ckpt
     from spice_ray.model.registry import load_model
+    from spice_ray.runtime.cli import run_main
     from spice_ray.train.ray_train import final_is_current
 
     job, _, final, _ = _job_and_final(tmp_path)
@@ -279,7 +279,7 @@ def test_unreachable_address_is_refused_in_bounded_time() -> None:
     within the timeout, naming the address and the time waited."""
     import socket
 
-    from spice_ray.cli import ClusterUnreachable, check_reachable
+    from spice_ray.runtime.cli import ClusterUnreachable, check_reachable
 
     port = _free_port()
     start = time.perf_counter()
@@ -318,9 +318,9 @@ def test_full_run_with_nothing_at_address_exits_2_in_one_line(tmp_path) -> None:
 def test_full_disk_names_the_file_and_the_stage_in_one_line(tmp_path, capsys) -> None:
     import errno
 
-    from spice_ray.artifacts import atomic_path
-    from spice_ray.cli import run_main
-    from spice_ray.errors import enter_stage
+    from spice_ray.common.artifacts import atomic_path
+    from spice_ray.common.errors import enter_stage
+    from spice_ray.runtime.cli import run_main
 
     target = tmp_path / "checkpoints" / "model.pt"
 
@@ -340,7 +340,7 @@ def test_full_disk_names_the_file_and_the_stage_in_one_line(tmp_path, capsys) ->
 
 
 def test_log_file_that_cannot_be_written_falls_silent(tmp_path, capsys) -> None:
-    from spice_ray.cli import _file_handler
+    from spice_ray.runtime.cli import _file_handler
 
     class Full:
         def write(self, text: str) -> None:
@@ -361,7 +361,7 @@ def test_log_file_that_cannot_be_written_falls_silent(tmp_path, capsys) -> None:
     assert "Logging error" not in capsys.readouterr().err
     assert handler.failed
     # the console's handler too: a closed stream (a closed pipe or test capture) falls silent
-    from spice_ray.console import Console
+    from spice_ray.common.console import Console
 
     stream = io.StringIO()
     shown = Console(stream=stream, live=False).handler()
@@ -417,7 +417,7 @@ def test_a_model_that_cannot_fit_is_refused_by_the_dry_run(tmp_path, capsys) -> 
 
 def test_model_estimate_counts_the_built_models_parameters() -> None:
     from spice_ray.model.registry import build_model
-    from spice_ray.resources import check_models, model_estimate
+    from spice_ray.runtime.resources import check_models, model_estimate
 
     cfg = make_config("smoke", "darkroom")
     for kind in ("spice", "dpt"):
@@ -439,7 +439,7 @@ def test_model_estimate_counts_the_built_models_parameters() -> None:
 
 
 def test_out_pointing_at_a_file_says_so(tmp_path, capsys) -> None:
-    from spice_ray.cli import check_writable
+    from spice_ray.runtime.cli import check_writable
 
     target = tmp_path / "a file"
     target.write_text("x")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spice_ray.placement import DATAGEN, TRAINER
+from spice_ray.common.placement import DATAGEN, TRAINER
 from tools.local_cluster import local_multinode_cluster, ray_cli
 
 ROOT = Path(__file__).resolve().parents[1]

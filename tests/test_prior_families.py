@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 from spice_ray.agents import AgentSpec, make_agent
+from spice_ray.common.rng import StepDraws, TaskStreams
 from spice_ray.config import EnvConfig, EvalConfig, FusionConfig
 from spice_ray.envs.bandit import BanditTasks
 from spice_ray.envs.darkroom import goal_split
 from spice_ray.evaluate.online import agent_draws, online_noise, run_online
 from spice_ray.results.analysis import FLAT, LEARNED, ORACLE, gap_closed
-from spice_ray.rng import StepDraws, TaskStreams
 
 
 def _env(name: str, horizon: int = 50):

@@ -303,7 +303,7 @@ def test_every_sweep_script_is_its_grids_and_one_shared_command_line(monkeypatch
                                                                      ) -> None:
     """sweep.main does the work of every sweeps/*.py: the sweeps' names, environments, model
     stage (evaluate existing checkpoints, or pretrain each variant) and spaces."""
-    import spice_ray.cli
+    import spice_ray.runtime.cli
     import spice_ray.sweep.cli as sweep_cli
     from spice_ray.sweep import main, preset_grid
 
@@ -323,7 +323,7 @@ def test_every_sweep_script_is_its_grids_and_one_shared_command_line(monkeypatch
             return args  # what format_result would print
         return None
 
-    monkeypatch.setattr(spice_ray.cli, "run_main", run_main)
+    monkeypatch.setattr(spice_ray.runtime.cli, "run_main", run_main)
     monkeypatch.setattr(sweep_cli, "start_sweep", lambda *a, **k: Lock())
     monkeypatch.setattr(sweep_cli, "format_result", lambda result, top: str(result[0]))
     out = ["--preset", "smoke", "--out", str(tmp_path)]

@@ -12,7 +12,7 @@ import importlib.util
 import pytest
 
 from spice_ray.config import make_config
-from spice_ray.tracking import TrackingError, check_available
+from spice_ray.runtime.tracking import TrackingError, check_available
 
 COMPONENTS = ("train/loss", "train/policy", "train/td", "train/shrink", "train/anchor",
               "train/weight_mean", "train/weight_max", "train/grad_norm")
@@ -92,7 +92,7 @@ def test_mlflow_local_store_reads_back(ray_local, tmp_path) -> None:
 def test_mlflow_study_artifacts(tmp_path) -> None:
     from mlflow.tracking import MlflowClient
 
-    from spice_ray.tracking import log_study
+    from spice_ray.runtime.tracking import log_study
 
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "bandit_online.parquet").write_bytes(b"PAR1")

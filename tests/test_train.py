@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from spice_ray.artifacts import file_sha256
+from spice_ray.common.artifacts import file_sha256
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
 from spice_ray.data.store import iter_batches
@@ -202,8 +202,8 @@ def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
 
 
 def test_gpu_request_falls_back_to_cpu_without_gpus() -> None:
-    from spice_ray.placement import LABELS_ENV
-    from spice_ray.train.ray_train import gpus_available
+    from spice_ray.common.placement import LABELS_ENV
+    from spice_ray.runtime.resources import gpus_available
 
     assert not gpus_available(False, {"GPU": 4.0})
     assert gpus_available(True, {"CPU": 8.0, "GPU": 1.0}, environ={})
@@ -266,7 +266,7 @@ def test_darkroom_iw_variant_trains_exactly_as_none(ray_local, tmp_path) -> None
 _CTRL_C_IN_TRAINING = """
 import os, signal, sys
 import ray
-from spice_ray.cli import run_main
+from spice_ray.runtime.cli import run_main
 from spice_ray.config import make_config
 from spice_ray.train.ray_train import plan_job, train_with_ray
 

@@ -19,9 +19,12 @@ import pandas as pd
 import pytest
 import torch
 
-from spice_ray import artifacts, runlock
+from spice_ray.common import artifacts, runlock
 from spice_ray.config import ConfigError, make_config, resolve_run_dir
-from spice_ray.resources import (
+from spice_ray.results import ResultsError, load, write
+from spice_ray.results.__main__ import main as results_main
+from spice_ray.results.query import QueryError, filter_rows
+from spice_ray.runtime.resources import (
     capacity_from_launcher,
     capacity_from_nodes,
     check_requests,
@@ -29,9 +32,6 @@ from spice_ray.resources import (
     stage_requests,
     sweep_request,
 )
-from spice_ray.results import ResultsError, load, write
-from spice_ray.results.__main__ import main as results_main
-from spice_ray.results.query import QueryError, filter_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_RUN = str(ROOT / "pipelines" / "full_run.py")
@@ -178,7 +178,7 @@ def test_checkpoint_with_non_finite_weights_is_refused(tmp_path) -> None:
 
 
 def test_known_failures_exit_1_with_one_line(capsys) -> None:
-    from spice_ray.cli import run_main
+    from spice_ray.runtime.cli import run_main
     from spice_ray.train.loop import TrainingDiverged
 
     def boom() -> None:
@@ -367,7 +367,7 @@ def test_full_run_exits_2_naming_the_lock_holder(tmp_path, capsys) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from spice_ray import runlock
+            from spice_ray.common import runlock
             lock = runlock.acquire({str(out)!r}, command="the first run")
             print("locked", flush=True)
             time.sleep(120)
@@ -544,7 +544,7 @@ def test_sweep_restore_guard(tmp_path) -> None:
 
 
 def test_publish_dir_is_all_or_nothing(tmp_path) -> None:
-    from spice_ray.artifacts import publish_dir, verify_dir
+    from spice_ray.common.artifacts import publish_dir, verify_dir
 
     target = tmp_path / "out"
 

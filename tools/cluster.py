@@ -13,7 +13,8 @@ Command line, from the repository root::
     python -m tools.cluster node-usage --address auto
     python -m tools.cluster local --workers 1 --cpus 2
 
-Placing work by label is library code: ``spice_ray/placement.py``. Guide: ``docs/cluster.md``.
+Placing work by label is library code: ``spice_ray/common/placement.py``. Guide:
+``docs/cluster.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spice_ray.placement import (
+from spice_ray.common.placement import (
     DATAGEN,
     HEAD,
     LABELS_ENV,

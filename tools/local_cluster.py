@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
+from spice_ray.common.placement import DATAGEN, LABELS_ENV, TRAINER, resource_labels
 from spice_ray.config import load_yaml
-from spice_ray.placement import DATAGEN, LABELS_ENV, TRAINER, resource_labels
 
 log = logging.getLogger(__name__)
 

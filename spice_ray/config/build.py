@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from spice_ray import envs
+from spice_ray.common.errors import EXCERPT_CHARS, Excerpt, excerpt
 from spice_ray.config.presets import PRESETS
 from spice_ray.config.run import RunConfig
 from spice_ray.config.sections import (
@@ -37,7 +38,6 @@ from spice_ray.config.sections import (
     to_plain,
 )
 from spice_ray.config.yamlfile import MAX_KEY_CHARS, load_yaml, parse_yaml
-from spice_ray.errors import EXCERPT_CHARS, Excerpt, excerpt
 
 _FLOAT_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 

@@ -219,7 +219,7 @@ class RunConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     """Ray Tune sweeps."""
     track: Literal["none", "tensorboard", "mlflow", "wandb"] = "none"
-    """Experiment tracking (``spice_ray.tracking``): per-step training losses, sweep trials
+    """Experiment tracking (``spice_ray.runtime.tracking``): per-step training losses, sweep trials
     and the result tables go to TensorBoard (``<out_dir>/tensorboard``), MLflow (``track_uri``)
     or Weights & Biases (offline unless ``WANDB_MODE=online``). Needs the ``track`` extra."""
     track_uri: str = ""

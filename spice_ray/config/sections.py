@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from spice_ray import envs
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.envs.labels import parse_label
-from spice_ray.errors import SpiceRayError
 
 PRESET_NAMES = ("smoke", "small", "medium", "paper")
 HEAD_KERNELS = ("auto", "compiled", "eager")
 TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
-"""Experiment trackers (``track``; ``spice_ray.tracking``)."""
+"""Experiment trackers (``track``; ``spice_ray.runtime.tracking``)."""
 KERNEL_SPACES = ("latent", "context", "state")
 
 

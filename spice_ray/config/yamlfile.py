@@ -1,7 +1,7 @@
 """The one place a user's YAML is read (config files, ``--set`` values): parsed within limits
 that make hostile input cheap to refuse: size, nesting, alias expansion (a "billion laughs"
 bomb), string and number length, and no duplicate keys. A refusal is one line that shows at
-most an excerpt of the value (``spice_ray.errors.excerpt``)."""
+most an excerpt of the value (``spice_ray.common.errors.excerpt``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
+from spice_ray.common.errors import EXCERPT_CHARS, excerpt
 from spice_ray.config.sections import ConfigError
-from spice_ray.errors import EXCERPT_CHARS, excerpt
 
 MAX_YAML_BYTES = 1 << 20
 """Largest YAML file (or ``--set`` value) read: a config is a few KB."""

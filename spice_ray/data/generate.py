@@ -32,12 +32,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spice_ray.common.console import SILENT, Console, count
+from spice_ray.common.placement import DATAGEN, placement_resources
+from spice_ray.common.rng import SPLITS
 from spice_ray.config import DataConfig, RunConfig, env_from_dict
-from spice_ray.console import SILENT, Console, count
 from spice_ray.data import schema, store
 from spice_ray.data.tasks import generate_tasks
-from spice_ray.placement import DATAGEN, placement_resources
-from spice_ray.rng import SPLITS
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spice_ray import artifacts
-from spice_ray.artifacts import file_sha256
+from spice_ray.common import artifacts
+from spice_ray.common.artifacts import file_sha256
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import DataConfig, EnvConfig, RunConfig, config_hash, env_from_dict
 from spice_ray.data import schema
-from spice_ray.errors import SpiceRayError
 
 log = logging.getLogger(__name__)
 

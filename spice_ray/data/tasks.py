@@ -1,8 +1,8 @@
 """Whole pretraining tasks for given task ids: a pure function of (config, split, ids).
 
-Every draw comes from :class:`spice_ray.rng.TaskStreams` keyed by (seed, split, task_id), so a
-task's content does not depend on how tasks are batched; the environment decides what a task,
-its behaviour roll-in and its label are (``Environment.generate``).
+Every draw comes from :class:`spice_ray.common.rng.TaskStreams` keyed by (seed, split, task_id), so
+a task's content does not depend on how tasks are batched; the environment decides what a task, its
+behaviour roll-in and its label are (``Environment.generate``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from spice_ray.common.rng import TaskStreams
 from spice_ray.config import DataConfig, EnvConfig
-from spice_ray.rng import TaskStreams
 
 
 def generate_tasks(env: EnvConfig, data: DataConfig, split: str, task_ids: np.ndarray

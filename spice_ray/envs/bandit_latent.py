@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from spice_ray.common.rng import TaskStreams
 from spice_ray.envs.bandit import Bandit
 from spice_ray.envs.base import register
 from spice_ray.envs.bayes import ArmPosterior, normalise_log
-from spice_ray.rng import TaskStreams
 
 GRID_ANGLES = 1024
 

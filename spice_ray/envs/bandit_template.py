@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr
 
+from spice_ray.common.rng import TaskStreams
 from spice_ray.envs.bandit import Bandit
 from spice_ray.envs.base import register
 from spice_ray.envs.bayes import (
@@ -27,7 +28,6 @@ from spice_ray.envs.bayes import (
     normalise_log,
     weighted_moments,
 )
-from spice_ray.rng import TaskStreams
 
 GRID_BINS = 400
 

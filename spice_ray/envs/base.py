@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:
-    from spice_ray.rng import TaskStreams
+    from spice_ray.common.rng import TaskStreams
 
 PROTOCOLS = ("online", "offline", "robustness", "calibration", "episode")
 """Evaluation protocols: online regret from an empty context (every environment); offline

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from spice_ray.common.rng import TaskStreams
 from spice_ray.envs.base import Column, Encoded, Environment, register
 from spice_ray.envs.labels import make_labels
-from spice_ray.rng import TaskStreams
 
 NUM_ACTIONS = 5
 STATE_DIM = 2

@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from spice_ray.common.rng import TaskStreams
 from spice_ray.envs import darkroom
 from spice_ray.envs.base import Column, Encoded, Environment, register
 from spice_ray.envs.labels import make_labels
-from spice_ray.rng import TaskStreams
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from spice_ray.common.rng import TaskStreams
 from spice_ray.envs.base import register
 from spice_ray.envs.darkroom import Darkroom, DarkroomTasks, all_cells, hold_out, move
-from spice_ray.rng import TaskStreams
 
 
 def region_mask(size: int, block: int) -> np.ndarray:

@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from spice_ray.rng import TaskStreams
+from spice_ray.common.rng import TaskStreams
 
 KINDS = ("optimal", "weak", "weak-last", "mix")
 _MIX_RE = re.compile(r"^mix:(?P<q>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)$")

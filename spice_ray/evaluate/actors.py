@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from spice_ray.agents import AgentSpec
+from spice_ray.common.placement import TRAINER, placement_resources
 from spice_ray.config import EnvConfig, EvalConfig, FusionConfig
 from spice_ray.envs.base import PROTOCOLS
 from spice_ray.evaluate.calibration import PRIOR_FIT_LENGTHS, calibration_rows
@@ -36,7 +37,6 @@ from spice_ray.evaluate.online import online_rows
 from spice_ray.evaluate.rows import check_rows, concat_rows
 from spice_ray.model.registry import ModelSource, load_model
 from spice_ray.model.trunk import TrunkModel
-from spice_ray.placement import TRAINER, placement_resources
 
 log = logging.getLogger(__name__)
 

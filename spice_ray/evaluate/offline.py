@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from spice_ray.agents import AgentSpec, make_agent, state_features
+from spice_ray.common.rng import TaskStreams
 from spice_ray.config import EnvConfig, EvalConfig
 from spice_ray.evaluate.online import applicable_specs
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
@@ -31,7 +32,6 @@ from spice_ray.fusion import (
 )
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
-from spice_ray.rng import TaskStreams
 
 OFFLINE_TIES_STREAM = "offline/ties"
 """TaskStreams stream of the offline picks' tie-breaking uniforms (one per task and h)."""

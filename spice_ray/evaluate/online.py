@@ -6,7 +6,7 @@ transition to its context. Every agent sees the same randomness: the environment
 (task, step) is ``TaskStreams.from_seed(eval_seed, "eval", task_ids).normal("online/noise",
 (E*H,))`` (common random numbers, also across the robustness sweep's noise levels), and
 randomised agents (TS, DPT sampling, SPICE-Thompson, random) draw from per-task
-:class:`~spice_ray.rng.StepDraws` keyed by (eval seed, task id, request), so a task's rows do
+:class:`~spice_ray.common.rng.StepDraws` keyed by (eval seed, task id, request), so a task's rows do
 not depend on how tasks are sharded over actors.
 
 Metrics per (task, step): ``cumulative_regret`` under the environment's configured regret
@@ -27,11 +27,11 @@ import pandas as pd
 import torch
 
 from spice_ray.agents import Agent, AgentSpec, make_agent
+from spice_ray.common.rng import StepDraws, TaskStreams
 from spice_ray.config import EnvConfig, EvalConfig
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
 from spice_ray.fusion import RandomSource
 from spice_ray.model.trunk import TrunkModel
-from spice_ray.rng import StepDraws, TaskStreams
 
 log = logging.getLogger(__name__)
 

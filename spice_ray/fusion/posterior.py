@@ -25,11 +25,11 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from spice_ray.rng import StepDraws
+from spice_ray.common.rng import StepDraws
 
 RandomSource = torch.Generator | StepDraws
 """Where sampling rules draw from: a ``torch.Generator`` (draws depend on the whole batch) or a
-:class:`~spice_ray.rng.StepDraws` (each task's draws depend on its own key only; rollouts use
+:class:`~spice_ray.common.rng.StepDraws` (each task's draws depend on its own key only; rollouts use
 these so results do not depend on how tasks are sharded)."""
 
 NOISE_VAR_FLOOR = 1e-6

@@ -149,7 +149,7 @@ def sample_categorical(probs: Tensor, generator: RandomSource) -> Tensor:
     """One draw per row from probabilities [B, A] (rows sum to 1) -> long [B].
 
     A torch.Generator goes through ``torch.multinomial``; StepDraws through the inverse CDF of
-    one uniform per task (:meth:`~spice_ray.rng.StepDraws.categorical`).
+    one uniform per task (:meth:`~spice_ray.common.rng.StepDraws.categorical`).
     """
     if isinstance(generator, torch.Generator):
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

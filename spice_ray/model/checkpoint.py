@@ -8,7 +8,7 @@ Layout::
     <checkpoint>/
       meta.json         kind, architecture spec, run config, dataset content hash, epoch,
                         metrics, and the SHA-256 of every file below
-      meta.json.sha256  the SHA-256 sidecar of meta.json (``spice_ray.artifacts``)
+      meta.json.sha256  the SHA-256 sidecar of meta.json (``spice_ray.common.artifacts``)
       weights.pt        model state_dict (tensors only; torch.load(weights_only=True))
       optimizer.pt      optimizer (+ scheduler) state, for resuming (weights_only as well)
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from spice_ray.artifacts import UnreadableFile, file_sha256, read_json, verify, write_sidecar
+from spice_ray.common.artifacts import UnreadableFile, file_sha256, read_json, verify, write_sidecar
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import EnvConfig, RunConfig
-from spice_ray.errors import SpiceRayError
 
 META = "meta.json"
 WEIGHTS = "weights.pt"

@@ -19,7 +19,7 @@ import sys
 
 import pandas as pd
 
-from spice_ray.errors import excerpt
+from spice_ray.common.errors import excerpt
 from spice_ray.results import paper
 from spice_ray.results.query import QueryError, filter_rows
 from spice_ray.results.report import _label as row_label

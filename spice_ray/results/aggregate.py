@@ -199,7 +199,7 @@ def study_aggregate(run_dir: Path, experiments: list[str], reps: int = RESAMPLES
     text, table); none when fewer than two experiments have a tuned table with Random in
     it."""
     from spice_ray import results
-    from spice_ray.artifacts import atomic_write_text, file_sha256
+    from spice_ray.common.artifacts import atomic_write_text, file_sha256
     from spice_ray.config import config_hash
     from spice_ray.results import plots
     from spice_ray.results.tables import list_experiments, load, table_path

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from spice_ray.artifacts import atomic_path  # noqa: E402
+from spice_ray.common.artifacts import atomic_path  # noqa: E402
 from spice_ray.results.summary import summarise  # noqa: E402
 
 METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from spice_ray.artifacts import atomic_write_text
+from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.results.summary import summarise
 from spice_ray.results.tables import describe, list_experiments, load
 

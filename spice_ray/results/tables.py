@@ -3,7 +3,7 @@
 The row schema is ``spice_ray.results.schema``. Every key appears at most once in a table;
 :func:`write` refuses duplicates and non-finite values.
 
-Every table has a SHA-256 sidecar ``<table>.parquet.sha256`` (``spice_ray.artifacts``) that
+Every table has a SHA-256 sidecar ``<table>.parquet.sha256`` (``spice_ray.common.artifacts``) that
 also records the hash of the inputs it was computed from. :func:`load` refuses a table whose
 checksum does not match (truncated, bit-flipped or half-written), naming the file; the study
 recomputes such a table instead of reusing it.
@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from spice_ray import artifacts
-from spice_ray.errors import SpiceRayError
+from spice_ray.common import artifacts
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.results.schema import COLUMNS, DTYPES, KEY
 
 SWEEPS_PREFIX = "sweeps/"
@@ -94,7 +94,7 @@ def write(run_dir: str | Path, experiment: str, df: pd.DataFrame, inputs: str | 
 
     Args:
         inputs: hash of what the table was computed from, recorded in the sidecar (see
-            :func:`spice_ray.artifacts.is_current`).
+            :func:`spice_ray.common.artifacts.is_current`).
         description: one line saying what the table holds (listed by the results CLI).
 
     Raises:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from spice_ray.console import SILENT, Bar, Console
+from spice_ray.common.console import SILENT, Bar, Console
 
 _CONSOLES: dict[str, Console] = {}
 

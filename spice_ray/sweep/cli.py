@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from spice_ray.common.console import Console
 from spice_ray.config import RunConfig
-from spice_ray.console import Console
 from spice_ray.sweep.driver import SweepResult
 from spice_ray.sweep.resources import trial_bundles
 
@@ -49,11 +49,11 @@ def sweep_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def start_sweep(args: argparse.Namespace, cfgs: Sequence[RunConfig],
                 train_in_trial: bool = False, console: Console | None = None) -> Any:
-    """:func:`spice_ray.cli.start_run` for a sweep: its datasets, pretraining and each trial's
-    placement group must fit the cluster, its tracker and searcher must be installed. Returns
-    the run directory's lock."""
-    from spice_ray.cli import fail, start_run
-    from spice_ray.resources import sweep_request
+    """:func:`spice_ray.runtime.cli.start_run` for a sweep: its datasets, pretraining and each
+    trial's placement group must fit the cluster, its tracker and searcher must be installed.
+    Returns the run directory's lock."""
+    from spice_ray.runtime.cli import fail, start_run
+    from spice_ray.runtime.resources import sweep_request
     for cfg in cfgs:
         if cfg.sweep.search == "optuna" and importlib.util.find_spec("optuna") is None:
             fail("sweep.search=optuna needs the optuna package: pip install "
@@ -107,8 +107,8 @@ def main(name: str, space: Callable[[RunConfig], dict[str, Any]], doc: str | Non
         both: environments swept when ``--env both`` (the default then).
     """
     from spice_ray import envs
-    from spice_ray.cli import add_config_args, config_from_args, run_main
     from spice_ray.data.generate import generate_stage
+    from spice_ray.runtime.cli import add_config_args, config_from_args, run_main
     from spice_ray.sweep.driver import run_sweep
     from spice_ray.sweep.trial import ensure_models, pretrain_grid
 

@@ -57,11 +57,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from spice_ray import tracking
-from spice_ray.artifacts import atomic_write_text
+from spice_ray.common.artifacts import atomic_write_text
+from spice_ray.common.console import SILENT, Console
 from spice_ray.config import RunConfig, config_hash
-from spice_ray.console import SILENT, Console
 from spice_ray.results.summary import summarise
+from spice_ray.runtime import tracking
 from spice_ray.sweep.params import (
     SweepError,
     check_space,
@@ -139,7 +139,7 @@ def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str) -> dict[str,
     Raises:
         SweepError: naming the file and what is wrong; ``--fresh`` starts again.
     """
-    from spice_ray.artifacts import UnreadableFile, read_json
+    from spice_ray.common.artifacts import UnreadableFile, read_json
 
     try:
         recorded = read_json(inputs_file)

@@ -14,8 +14,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import RunConfig, deep_merge, from_dict
-from spice_ray.errors import SpiceRayError
 from spice_ray.experiments import WEIGHT_VARIANTS
 
 PARAM_SECTIONS = ("fusion", "model", "train", "eval")

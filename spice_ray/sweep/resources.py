@@ -31,8 +31,8 @@ def trial_bundles(cfg: RunConfig, train_in_trial: bool = False,
 
     The head bundle is empty (``{"CPU": 0}``) unless the trial trains in-process, when it
     reserves ``train.worker_cpus``. GPU actors also carry the ``trainer`` node label that
-    ``evaluate_parallel`` requests on labelled clusters (``spice_ray.placement``), so that they
-    still fit their bundles.
+    ``evaluate_parallel`` requests on labelled clusters (``spice_ray.common.placement``), so that
+    they     still fit their bundles.
 
     Args:
         cfg: the sweep's config.
@@ -43,7 +43,7 @@ def trial_bundles(cfg: RunConfig, train_in_trial: bool = False,
     head = {"CPU": float(cfg.train.worker_cpus) if train_in_trial else 0.0}
     actor = {"CPU": float(cfg.sweep.actor_cpus)}
     if cfg.eval.actor_gpus > 0:
-        from spice_ray.placement import TRAINER, placement_resources
+        from spice_ray.common.placement import TRAINER, placement_resources
 
         actor["GPU"] = float(cfg.eval.actor_gpus)
         actor |= placement_resources(TRAINER, cluster)

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from spice_ray.common.console import SILENT, Console
 from spice_ray.config import RunConfig, from_dict
-from spice_ray.console import SILENT, Console
 from spice_ray.results.summary import summarise
 from spice_ray.sweep.params import (
     SweepError,

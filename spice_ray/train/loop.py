@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import RunConfig, config_hash, from_dict
 from spice_ray.data import store
-from spice_ray.errors import SpiceRayError
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import make_tokens

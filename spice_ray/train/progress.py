@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from spice_ray.console import Bar
+from spice_ray.common.console import Bar
 
 SHOWN = ("loss", "policy", "td", "shrink", "anchor")
 """Loss components shown on the console (SPICE; DPT has loss and policy only)."""

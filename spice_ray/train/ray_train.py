@@ -23,14 +23,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from spice_ray import tracking
+from spice_ray.common.console import SILENT, Bar, Console
+from spice_ray.common.placement import TRAINER, placement_resources
 from spice_ray.config import RunConfig
-from spice_ray.console import SILENT, Bar, Console
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.tokens import make_tokens
-from spice_ray.placement import TRAINER, declared_labels, placement_resources
-from spice_ray.tracking import TrainTracker
+from spice_ray.runtime import tracking
+from spice_ray.runtime.resources import gpus_available
+from spice_ray.runtime.tracking import TrainTracker
 from spice_ray.train.loop import (
     LocalContext,
     StepObserver,
@@ -219,27 +220,6 @@ class TrainResult:
 
     final: Path
     worker_return: dict[str, Any] | None = None
-
-
-def gpus_available(use_gpu: bool, cluster: dict[str, float] | None = None,
-                   environ: dict[str, str] | None = None) -> bool:
-    """Whether to train on GPUs: ``train.use_gpu`` and the cluster has (or will add) some.
-
-    The paper preset asks for GPUs; on a CPU-only machine the same command trains on CPU with
-    a warning instead of waiting forever for a GPU. An autoscaling cluster starts without GPU
-    nodes, so a declared ``trainer`` label (``cluster.yaml``) counts as GPUs to come.
-    """
-    if not use_gpu:
-        return False
-    if cluster is None:
-        import ray
-
-        cluster = ray.cluster_resources()
-    if cluster.get("GPU", 0) > 0 or TRAINER in declared_labels(environ):
-        return True
-    log.warning("train.use_gpu=true but the cluster has no GPU and declares no GPU nodes: "
-                "training on CPU")
-    return False
 
 
 RAY_DIR = "ray"

@@ -21,13 +21,14 @@ from typing import Any
 
 import torch
 
-from spice_ray.artifacts import atomic_write_text
+from spice_ray.common.artifacts import atomic_write_text
+from spice_ray.common.console import SILENT, Bar, Console, count
+from spice_ray.common.placement import TRAINER, placement_resources
 from spice_ray.config import RunConfig
-from spice_ray.console import SILENT, Bar, Console, count
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.placement import TRAINER, placement_resources
-from spice_ray.tracking import TrainTracker
+from spice_ray.runtime.resources import gpus_available
+from spice_ray.runtime.tracking import TrainTracker
 from spice_ray.train.loop import (
     LocalContext,
     StepObserver,
@@ -43,7 +44,6 @@ from spice_ray.train.ray_train import (
     data_config,
     final_is_current,
     fit_trainer,
-    gpus_available,
     plan_job,
     pretrain,
     shard_batches,

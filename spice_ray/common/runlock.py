@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spice_ray.errors import SpiceRayError
+from spice_ray.common.errors import SpiceRayError
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ Pure functions over plain dicts, except :func:`cluster_capacity`, which asks Ray
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spice_ray.common.placement import TRAINER, declared_labels
 from spice_ray.config import RunConfig
 
 RAY_DATA_CPUS = 1.0
@@ -401,3 +403,24 @@ def size_problems(cfgs: Iterable[RunConfig], run_dir: str | Path, address: str |
     if address is None:
         problems += check_models(cfgs)
     return problems
+
+
+def gpus_available(use_gpu: bool, cluster: dict[str, float] | None = None,
+                   environ: dict[str, str] | None = None) -> bool:
+    """Whether to train on GPUs: ``train.use_gpu`` and the cluster has (or will add) some.
+
+    The paper preset asks for GPUs; on a CPU-only machine the same command trains on CPU with
+    a warning instead of waiting forever for a GPU. An autoscaling cluster starts without GPU
+    nodes, so a declared ``trainer`` label (``cluster.yaml``) counts as GPUs to come.
+    """
+    if not use_gpu:
+        return False
+    if cluster is None:
+        import ray
+
+        cluster = ray.cluster_resources()
+    if cluster.get("GPU", 0) > 0 or TRAINER in declared_labels(environ):
+        return True
+    logging.getLogger(__name__).warning("train.use_gpu=true but the cluster has no GPU and "
+                                        "declares no GPU nodes: training on CPU")
+    return False

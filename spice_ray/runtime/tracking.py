@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import RunConfig
-from spice_ray.errors import SpiceRayError
 
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 """The Python package each tracker needs (all in the ``track`` extra)."""

@@ -15,7 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from spice_ray import envs, runlock
+from spice_ray import envs
+from spice_ray.common import runlock
+from spice_ray.common.console import Console
+from spice_ray.common.errors import SpiceRayError, Stopped, current_stage
+from spice_ray.common.runlock import RunLock
 from spice_ray.config import (
     PRESET_NAMES,
     ConfigError,
@@ -23,9 +27,6 @@ from spice_ray.config import (
     make_config,
     resolve_run_dir,
 )
-from spice_ray.console import Console
-from spice_ray.errors import SpiceRayError, Stopped, current_stage
-from spice_ray.runlock import RunLock
 
 log = logging.getLogger("spice_ray")
 
@@ -89,14 +90,14 @@ def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Pat
 
     Args:
         extra_requests: called after Ray starts, returns more
-            :class:`spice_ray.resources.Request` (e.g. a sweep trial's placement group).
+            :class:`spice_ray.runtime.resources.Request` (e.g. a sweep trial's placement group).
         console: where warnings print (default: stdout).
         verbose: also print INFO lines and Ray's logs on the console.
     """
     import ray
 
-    from spice_ray import resources
-    from spice_ray.tracking import TrackingError, check_available
+    from spice_ray.runtime import resources
+    from spice_ray.runtime.tracking import TrackingError, check_available
 
     for cfg in cfgs:  # a tracker that cannot start would fail after the first model
         try:
@@ -140,9 +141,8 @@ def _collect_quietly(run_dir: Path) -> None:
 
 def _requests(cfgs: Sequence[RunConfig], stages: Sequence[str],
               extra: Callable[[], Sequence[Any]] | None) -> list[Any]:
-    from spice_ray.placement import DATAGEN, TRAINER, placement_resources
-    from spice_ray.resources import stage_requests
-    from spice_ray.train.ray_train import gpus_available
+    from spice_ray.common.placement import DATAGEN, TRAINER, placement_resources
+    from spice_ray.runtime.resources import gpus_available, stage_requests
 
     labels = {"datagen": placement_resources(DATAGEN), "trainer": placement_resources(TRAINER)}
     out = []
@@ -187,7 +187,7 @@ def setup_logging(run_dir: str | Path, console: Console, verbose: bool = False) 
     """Route this process's log lines to ``<run_dir>/logs/driver.log``.
 
     The console shows our warnings and errors (and, with ``verbose``, our INFO lines);
-    progress is the console's own (``spice_ray.console``). Ray's loggers go to
+    progress is the console's own (``spice_ray.common.console``). Ray's loggers go to
     ``logs/ray-driver.log`` (:func:`init_ray`), and Ray's worker processes keep their output
     in the Ray session directory, which :func:`collect_ray_logs` copies to ``logs/ray``.
 
@@ -318,7 +318,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
 
     Worker output reaches the console only with ``verbose`` (``log_to_driver``); otherwise it
     stays in the session's log files (:func:`collect_ray_logs`). Ray Data's progress bars are
-    off: the pipelines show their own (``spice_ray.console``)."""
+    off: the pipelines show their own (``spice_ray.common.console``)."""
     import ray
     from ray.data import DataContext
 

@@ -1,9 +1,9 @@
 """The one base class of errors whose message is written for the user, and how a user's value
 is shown in one.
 
-Entry points (``spice_ray.cli.run_main``) print such an error as one line, ``error: <message>``,
-and exit with status 1, with no traceback: the message names the file, field or value at fault
-and what to do. Any other exception is a bug and keeps its traceback.
+Entry points (``spice_ray.runtime.cli.run_main``) print such an error as one line, ``error:
+<message>``, and exit with status 1, with no traceback: the message names the file, field or value
+at fault and what to do. Any other exception is a bug and keeps its traceback.
 
 A value the user typed can be anything (a 5,000-character string, a list of 3,000 seeds), so a
 message shows it through :func:`excerpt`: about 80 characters, never the whole value.
