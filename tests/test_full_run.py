@@ -259,20 +259,28 @@ def test_unwritable_out_dir_fails_clearly(tmp_path) -> None:
 
 
 @pytest.mark.ray
-def test_disk_full_fails_clearly_and_resumes(tmp_path) -> None:
+def test_disk_full_fails_clearly_on_the_console_and_resumes(tmp_path) -> None:
+    """A full disk while writing the datasets: the console's stage line says 'failed', the last
+    line names the error and the path and says a re-run resumes, no traceback; the re-run (the
+    dataset stage alone, as ``generate_data.py``) then succeeds on the same run directory."""
     import os
 
     from spice_ray.data.store import DISK_FULL_ENV
 
-    cmd = [sys.executable, str(ROOT / "pipelines" / "generate_data.py"), "--preset", "smoke",
-           "--out", str(tmp_path / "run")]
     env = dict(os.environ, **{DISK_FULL_ENV: "1"})
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
+                           "smoke", "--out", str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "No space left on device" in proc.stderr and "a re-run resumes" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "[1/6] datasets" in proc.stdout and ": failed" in proc.stdout
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert error and "No space left on device" in error[0] and str(tmp_path) in error[0], \
+        proc.stderr[-2000:]
+    assert "a re-run resumes" in proc.stderr and "Traceback" not in proc.stderr
     env.pop(DISK_FULL_ENV)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "generate_data.py"),
+                           "--preset", "smoke", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "dataset:" in proc.stdout
 
