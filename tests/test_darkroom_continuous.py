@@ -82,25 +82,6 @@ def test_oracle_has_zero_regret_under_both_readings() -> None:
     assert (run.rewards.sum(1) > x_first.sum(1) + 1e-6).any()
 
 
-@pytest.mark.ray
-def test_the_study_runs_on_it(ray_local, tmp_path) -> None:
-    """Data generation, pretraining (SPICE and DPT), evaluation, its table, figure and report
-    section, from its environment file and its experiment entry alone."""
-    from spice_ray.results import load
-    from spice_ray.study import plan_study, run_study
-
-    plan = plan_study("smoke", tmp_path / "run", experiments=("darkroom_continuous",))
-    report = run_study(plan).read_text()
-    df = load(plan.run_dir, "darkroom_continuous_online")
-    methods = {"SPICE", "DPT", "SPICE (flat prior)", "Hill-climbing", "Random"}
-    assert set(df["method"]) == methods and set(df["env"]) == {"darkroom_continuous"}
-    assert set(load(plan.run_dir, "darkroom_continuous_tuned")["method"]) == methods
-    assert set(df["metric"]) == {"cumulative_regret", "cumulative_return"}
-    assert df["task_id"].nunique() == CFG.eval.num_tasks and np.isfinite(df["value"]).all()
-    assert (plan.run_dir / "figures" / "darkroom_continuous_online.png").stat().st_size > 5000
-    assert "## darkroom_continuous_online" in report and "about 24" in report
-
-
 def test_hill_climbing_finds_the_smooth_peak_without_knowing_the_goal() -> None:
     """The continuous Darkroom's goal-blind reference: it climbs to the goal and stays on most
     tasks, far below Random's regret and above the oracle's zero, and its draws are keyed."""

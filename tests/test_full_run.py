@@ -118,6 +118,15 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert schedules == {"fixed", "sqrt2logt"}
     per = online.groupby("method")["task_id"].nunique()
     assert (per == cfg.eval.num_tasks).all()
+    # the continuous Darkroom, from its environment file and its experiment entry alone
+    cont = load(run_dir, "darkroom_continuous_online")
+    methods = {"SPICE", "DPT", "SPICE (flat prior)", "Hill-climbing", "Random"}
+    assert set(cont["method"]) == methods and set(cont["env"]) == {"darkroom_continuous"}
+    assert set(load(run_dir, "darkroom_continuous_tuned")["method"]) == methods
+    assert set(cont["metric"]) == {"cumulative_regret", "cumulative_return"}
+    assert cont["task_id"].nunique() == plan.configs["darkroom_continuous"].eval.num_tasks
+    assert np.isfinite(cont["value"]).all()
+    assert "## darkroom_continuous_online" in text and "about 24" in text
     assert online["x"].min() == 1 and online["x"].max() == cfg.eval.online_horizon
     regret = online[online["x"] == online["x"].max()]
     assert (regret["value"] >= 0).all()  # pseudo-regret never negative
