@@ -106,6 +106,9 @@ class Method:
     constants: Callable[[EvalConfig], dict[str, Any]] | None = None
     """The evaluation constants that change its results (e.g. UCB's c), for the ``config``
     column."""
+    rule: Callable[[AgentSpec, bool], str] | None = None
+    """Non-fused methods: the action rule named in the results' ``rule`` column, from the spec
+    and whether it acts online (e.g. DPT's "sample" / "greedy"); None: the method's name."""
 
 
 METHODS: dict[str, Method] = {}
@@ -177,8 +180,8 @@ class AgentSpec:
             return self.fusion.rule if online else "greedy"
         if self.info.settings:
             return "ucb"
-        if self.info.model == "dpt":
-            return "sample" if (online and self.sample) else "greedy"
+        if self.info.rule is not None:
+            return self.info.rule(self, online)
         return self.method
 
     def config_dict(self, eval_cfg: EvalConfig, online: bool = True) -> dict[str, Any]:

@@ -60,6 +60,10 @@ def _policy(spec: AgentSpec, env: Any, build: Build) -> PolicyAgent:
     return PolicyAgent(build.model, env.stateless, spec.sample, spec.use_cache, spec.method)
 
 
-register_method("dpt", Method("DPT", _policy, model="dpt", offline=True))
-register_method("ad-bc", Method("AD-BC", _policy, model="dpt", offline=True))
+def _rule(spec: AgentSpec, online: bool) -> str:
+    return "sample" if (online and spec.sample) else "greedy"
+
+
+register_method("dpt", Method("DPT", _policy, model="dpt", offline=True, rule=_rule))
+register_method("ad-bc", Method("AD-BC", _policy, model="dpt", offline=True, rule=_rule))
 """AD-BC: the DPT model's architecture and loss trained on the behaviour's own actions."""

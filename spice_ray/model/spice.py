@@ -105,3 +105,8 @@ class SpiceModel(TrunkModel):
     def anchor_loss(self) -> Tensor:
         """The ensemble's anchor penalty (scalar)."""
         return self.ensemble.anchor_loss()
+
+    @classmethod
+    def head_activations(cls, config: ModelConfig, num_actions: int) -> int:
+        """The K value heads' hidden layers dominate (the policy head is negligible)."""
+        return config.ensemble_size * config.head_hidden * config.head_depth * 4

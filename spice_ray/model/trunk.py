@@ -288,6 +288,12 @@ class TrunkModel(nn.Module):
         """Outputs of every head from latents [..., D]."""
         raise NotImplementedError
 
+    @classmethod
+    def head_activations(cls, config: ModelConfig, num_actions: int) -> int:
+        """Floats the heads keep per position for the backward pass (the training memory
+        estimate); the base: the policy head's logits and their gradients."""
+        return 4 * num_actions
+
     def forward(self, tokens: Tokens) -> Any:
         """Outputs at every position 0..T (position t saw the query and t transitions)."""
         return self.heads(self.trunk.encode(tokens))

@@ -332,7 +332,7 @@ def model_estimate(cfg: RunConfig, kind: str) -> ModelSize:
     """Parameters and memory per Train worker of a ``kind`` model for ``cfg``."""
     import torch
 
-    from spice_ray.model.registry import build_model
+    from spice_ray.model.registry import build_model, model_class
 
     with torch.device("meta"):
         model = build_model(kind, cfg)
@@ -344,8 +344,7 @@ def model_estimate(cfg: RunConfig, kind: str) -> ModelSize:
     batch = math.ceil(tc.batch_size / workers)
     T = cfg.env.horizon + 1
     per_layer = batch * T * (16 * m.n_embd + 2 * m.n_head * T)
-    heads = batch * T * (m.ensemble_size * m.head_hidden * m.head_depth * 4
-                         if kind == "spice" else 4 * cfg.env.num_actions)
+    heads = batch * T * model_class(kind).head_activations(m, cfg.env.num_actions)
     return ModelSize(kind, params, 16 * params + 4 * frozen,
                      4 * (m.n_layer * per_layer + heads), batch)
 

@@ -31,7 +31,7 @@ from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
-from spice_ray.train.losses import dpt_loss, spice_loss
+from spice_ray.train.losses import loss_for
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +147,8 @@ def compute_loss(model: nn.Module, batch: dict[str, Any], job_kind: str, cfg: Ru
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
                         enabled=device.type == "cuda"):
         out = model(tokens)
-        if job_kind == "spice":
-            ids = (torch.tensor(batch["task_id"], device=device)  # a copy: batches are read-only
-                   if cfg.train.head_targets == "bootstrap" else None)
-            return spice_loss(out, tokens, cfg.train, unwrap(model).anchor_loss(), task_ids=ids)
-        return dpt_loss(out.logits, tokens.label)
+        ids = torch.tensor(batch["task_id"], device=device)  # a copy: batches are read-only
+        return loss_for(job_kind)(out, tokens, unwrap(model), ids, cfg.train)
 
 
 def _lr_lambda(total_steps: int, cosine: bool):

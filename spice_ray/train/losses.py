@@ -15,6 +15,8 @@ from position t.., detached.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +27,7 @@ from spice_ray.fusion.posterior import bootstrap_values, gaussian_posterior, nst
 from spice_ray.model.ensemble import ValueEnsemble
 from spice_ray.model.spice import SpiceOutput, align_to_transitions
 from spice_ray.model.tokens import Tokens
+from spice_ray.model.trunk import TrunkModel
 
 
 def _at_label(x: Tensor, label: Tensor) -> Tensor:
@@ -374,3 +377,46 @@ def dpt_loss(
         logits = logits[:, 1:]
     loss = weighted_policy_loss(logits, label)
     return loss, {"loss": loss.detach(), "policy": loss.detach()}
+
+
+# ---- the loss of each model kind ----------------------------------------------------------------
+
+LossFn = Callable[[Any, Tokens, TrunkModel, Tensor, TrainConfig], tuple[Tensor, dict[str, Tensor]]]
+"""(model outputs, tokens, the model, task ids [B], train config) -> (loss, detached parts)."""
+
+LOSSES: dict[str, LossFn] = {}
+"""Model kind (``model.registry.MODELS``) -> its training loss; the loop asks here by kind."""
+
+
+def register_loss(kind: str) -> Callable[[LossFn], LossFn]:
+    """Decorator: ``fn`` is the training loss of model kind ``kind``."""
+    def add(fn: LossFn) -> LossFn:
+        LOSSES[kind] = fn
+        return fn
+    return add
+
+
+def loss_for(kind: str) -> LossFn:
+    """The training loss of a model kind.
+
+    Raises:
+        ValueError: naming the kinds that have one.
+    """
+    try:
+        return LOSSES[kind]
+    except KeyError:
+        raise ValueError(f"model kind {kind!r} has no training loss: one of "
+                         f"{', '.join(LOSSES)}") from None
+
+
+@register_loss("spice")
+def _spice_batch_loss(out: SpiceOutput, tokens: Tokens, model: TrunkModel, task_ids: Tensor,
+                      cfg: TrainConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    ids = task_ids if cfg.head_targets == "bootstrap" else None
+    return spice_loss(out, tokens, cfg, model.anchor_loss(), task_ids=ids)
+
+
+@register_loss("dpt")
+def _dpt_batch_loss(out: Any, tokens: Tokens, model: TrunkModel, task_ids: Tensor,
+                    cfg: TrainConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    return dpt_loss(out.logits, tokens.label)
