@@ -126,6 +126,15 @@ def test_a_summary_by_method_keeps_a_methods_settings_apart(tmp_path, capsys) ->
                                                             ["SPICE", 6.5, 20]]
 
 
+def test_a_labelled_method_takes_its_settings_inside_its_parentheses() -> None:
+    from spice_ray.results.report import _label
+
+    row = {"method": "SPICE (flat prior)", "variant": "", "config": '{"beta": 2.0}'}
+    assert _label(pd.Series(row)) == "SPICE (flat prior, beta=2.0)"
+    assert _label(pd.Series({**row, "method": "SPICE"})) == "SPICE (beta=2.0)"
+    assert _label(pd.Series({**row, "config": "{}"})) == "SPICE (flat prior)"
+
+
 def test_a_summary_never_pools_two_metrics() -> None:
     """``--by method`` on a table with a return and a regret averaged the two into one number
     (46.2 for every Darkroom agent: return + regret is the optimal return): metric stays apart,

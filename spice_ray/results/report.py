@@ -24,7 +24,10 @@ def _label(row: pd.Series) -> str:
     cfg = json.loads(row["config"]) if row.get("config") else {}
     extra = {k: cfg[k] for k in ("beta", "beta_schedule") if k in cfg}
     if extra:
-        label += " (" + ", ".join(f"{k}={v}" for k, v in extra.items()) + ")"
+        settings = ", ".join(f"{k}={v}" for k, v in extra.items())
+        # "SPICE (flat prior, beta=1.0)", not "SPICE (flat prior) (beta=1.0)"
+        label = (label[:-1] + f", {settings})" if label.endswith(")") and " [" not in label
+                 else f"{label} ({settings})")
     return label
 
 
