@@ -232,6 +232,14 @@ def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any]) -> None:
     assert summary.loc[summary["complete"], "n"].eq(n_tasks).all()
     assert summary.loc[~summary["complete"], "n"].lt(n_tasks).all()
     assert bool(summary.iloc[0]["complete"])  # the best is ranked among complete configs
+    # Tune's own ResultGrid, read back through the restore guard
+    from spice_ray.sweep import SweepError, load_result_grid
+
+    grid = load_result_grid(models["out"], "optuna_asha")
+    assert len(grid) == 4 and grid.num_errors == 0
+    assert sorted(r.config["fusion"]["beta"] for r in grid) == sorted(trials["fusion.beta"])
+    with pytest.raises(SweepError, match="no sweep 'nope' under .*sweeps there: .*optuna_asha"):
+        load_result_grid(models["out"], "nope")
 
 
 def test_optuna_searcher_is_seeded_by_the_config() -> None:

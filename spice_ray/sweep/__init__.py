@@ -19,6 +19,7 @@ from spice_ray.sweep.driver import (
     SWEEPS_DIR,
     SweepResult,
     check_restorable,
+    load_result_grid,
     run_sweep,
     summarise_sweep,
 )
@@ -43,7 +44,8 @@ from spice_ray.sweep.trial import (
 __all__ = ["SWEEPS_DIR", "SweepError", "SweepFault", "SweepResult", "add_sweep_args",
            "apply_params", "auto_max_concurrent", "bundles_total", "check_restorable",
            "curve_steps", "downsample", "ensure_models", "expand_grid",
-           "flatten_params", "format_best", "format_result", "main", "params_json",
+           "flatten_params", "format_best", "format_result", "load_result_grid", "main",
+           "params_json",
            "preset_grid", "pretrain_grid",
            "regret_stats", "resolve_checkpoint", "run_sweep", "start_sweep", "summarise_sweep",
            "sweep_kwargs", "trial_bundles"]

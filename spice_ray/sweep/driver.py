@@ -125,8 +125,9 @@ def _inputs_hash(name: str, cfg: RunConfig, search_space: Mapping[str, Any],
                         else {str(k): content_id(v) for k, v in sorted(checkpoints.items())}})
 
 
-def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str) -> dict[str, Any]:
-    """Refuse to restore a Tune experiment unless it is ours and was run with these inputs.
+def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str | None) -> dict[str, Any]:
+    """Refuse to restore a Tune experiment unless it is ours and was run with these inputs
+    (``inputs=None``: any inputs, for reading its results back).
 
     ``Tuner.restore`` unpickles ``tuner.pkl`` (and Tune's other ``*.pkl`` files): whoever can
     write them can run code here. So restoring needs (1) ``<name>.inputs.json`` beside the
@@ -150,7 +151,7 @@ def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str) -> dict[str,
     except UnreadableFile as exc:
         raise SweepError(f"{exc}; {exp_dir} is not restored. Use --fresh to start again"
                          ) from exc
-    if recorded.get("inputs") != inputs:
+    if inputs is not None and recorded.get("inputs") != inputs:
         raise SweepError(f"{exp_dir} was run with other inputs (search space, base config, "
                          "checkpoints or dataset); use another name or resume=False "
                          "(--fresh) to start again")
@@ -163,6 +164,30 @@ def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str) -> dict[str,
                 "restoring would unpickle files another user could have written. Make the "
                 "run directory writable by you alone (chmod -R go-w) or use --fresh")
     return recorded
+
+
+def load_result_grid(out_dir: str | Path, name: str) -> Any:
+    """Tune's own ``ResultGrid`` of the sweep ``name`` under ``out_dir`` (its trials' configs,
+    metrics, logs and errors), for analyses beyond the sweep's tables.
+
+    Reading it unpickles Tune's files, so the same guard as a restore applies: the experiment
+    must be one this driver wrote (its ``<name>.inputs.json`` beside it) and no other user may
+    have written it.
+
+    Raises:
+        SweepError: no such sweep, or the guard refuses it (naming the file).
+    """
+    from ray.tune import ExperimentAnalysis, ResultGrid
+
+    sweeps = Path(out_dir).resolve() / SWEEPS_DIR
+    exp_dir = sweeps / name
+    if not exp_dir.is_dir():
+        have = sorted(p.stem for p in sweeps.glob("*.inputs.json")) if sweeps.is_dir() else []
+        raise SweepError(f"no sweep {name!r} under {sweeps}; sweeps there: "
+                         f"{', '.join(p.removesuffix('.inputs') for p in have) or 'none'}")
+    check_restorable(exp_dir, sweeps / f"{name}.inputs.json", None)
+    return ResultGrid(ExperimentAnalysis(str(exp_dir), default_metric=OPTIMISE_METRIC,
+                                         default_mode="min"))
 
 
 def _move_aside(path: Path) -> Path:
