@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
 from spice_ray import envs, tuning
 from spice_ray.common.artifacts import atomic_write_text, file_sha256, is_current
-from spice_ray.common.console import SILENT, Console, count
+from spice_ray.common.console import SILENT, Console, count, fmt_seconds
 from spice_ray.common.errors import enter_stage
 from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
 from spice_ray.data import store
@@ -37,6 +38,7 @@ from spice_ray.results.tables import load, table_path, write
 from spice_ray.runtime import tracking
 from spice_ray.runtime.resources import dataset_estimate, human_bytes, model_estimate
 from spice_ray.train.loop import steps_per_epoch
+from spice_ray.train.rates import step_seconds
 from spice_ray.train.together import ModelSpec, pretrain_many
 from spice_ray.tuning import (
     SCORE,
@@ -387,7 +389,8 @@ def describe_plan(plan: StudyPlan) -> str:
         lines.append(f"  {name:9s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, "
                      f"{cfg.data.concurrent_tasks} tasks at once x {cfg.data.task_cpus} CPU, "
                      f"~{n / 4000:.0f} s at the 2-core rate of 4000 tasks/s")
-    lines.append("stage 2 pretraining (Ray Train):")
+    lines.append("stage 2 pretraining (Ray Train; times from steps timed now, 1 thread):")
+    train_seconds = 0.0
     for name, cfg in plan.configs.items():
         models: tuple[ModelRef, ...] = tuple(m for m in EXPERIMENTS[name].models
                                              if not m.same_as)
@@ -400,12 +403,24 @@ def describe_plan(plan: StudyPlan) -> str:
                      + ("all in one job, " if tc.together and tc.num_workers else "")
                      + f"{tc.num_workers} workers "
                      f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
+        gpu = tc.use_gpu and torch.cuda.is_available()
         for kind in sorted({m.kind for m in models}):
             size = model_estimate(cfg, kind)
+            step = step_seconds(cfg, kind, device="cuda" if gpu else "cpu")
+            seconds = step * steps * len(cfg.seeds) * sum(m.kind == kind for m in models)
+            train_seconds += seconds
             lines.append(f"  {'':9s} {kind}: {size.params:,} parameters, ~"
                          f"{human_bytes(size.worker_bytes)} per worker (weights, gradients, "
                          f"AdamW {human_bytes(size.state_bytes)}; activations "
-                         f"{human_bytes(size.activation_bytes)})")
+                         f"{human_bytes(size.activation_bytes)}); {step * 1e3:.0f} ms/step "
+                         f"on {'GPU' if gpu else 'CPU'}: ~{fmt_seconds(seconds)} of steps"
+                         + (f", {seconds * max(1, tc.num_workers) / 3600:.2f} GPU-hours"
+                            if gpu else ""))
+    lines.append(f"  all models: ~{fmt_seconds(train_seconds)} of steps, plus each job's "
+                 "start (~20-40 s on 2 cores)"
+                 + ("; train.use_gpu asks for GPUs, none in this process: CPU rates shown"
+                    if any(c.train.use_gpu for c in plan.configs.values())
+                    and not torch.cuda.is_available() else ""))
     lines.append("stage 3 tuning on validation tasks (Ray actors):")
     for name, cfg in plan.configs.items():
         exp = EXPERIMENTS[name]

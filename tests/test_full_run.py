@@ -212,6 +212,10 @@ def test_dry_run_prints_the_plan(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "101200 tasks" in proc.stdout and "stage 2 pretraining" in proc.stdout
     assert "3 seeds" in proc.stdout and not (tmp_path / "p").exists()
+    # times from optimiser steps timed in the dry run itself, per model and in all
+    per_model = re.findall(r"(\d+) ms/step on CPU: ~([\dhmins ]+) of steps", proc.stdout)
+    assert per_model and all(int(ms) > 0 for ms, _ in per_model), proc.stdout
+    assert "all models: ~" in proc.stdout and "CPU rates shown" in proc.stdout
 
 
 def _fixture_table(run_dir: Path) -> pd.DataFrame:

@@ -1,0 +1,59 @@
+"""Training speed measured on this machine, for the dry run's time estimates.
+
+:func:`step_seconds` times real optimiser steps (the training loss of the model kind, AdamW,
+a batch of generated tasks of the configured shape) in this process, as one Train worker would
+run them: one torch thread on CPU, bf16 autocast on a GPU. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from spice_ray.config import RunConfig
+from spice_ray.data.tasks import generate_tasks
+from spice_ray.model.registry import build_model
+from spice_ray.train.loop import compute_loss
+
+_MEASURED: dict[str, float] = {}
+"""Step times already measured in this process, by what they depend on."""
+
+
+def step_seconds(cfg: RunConfig, kind: str, steps: int = 1, device: str = "cpu") -> float:
+    """Median seconds of one optimiser step of a ``kind`` model for ``cfg`` on ``device``
+    (after one warm-up step), with each worker's share of ``train.batch_size``; measured once
+    per model size, environment shape (actions, state width, horizon) and batch in a
+    process."""
+    env = cfg.env
+    key = repr((kind, device, steps, cfg.model, env.num_actions, env.state_dim, env.horizon,
+                cfg.train.batch_size, cfg.train.num_workers, cfg.train.head_targets))
+    if key not in _MEASURED:
+        _MEASURED[key] = _measure(cfg, kind, steps, device)
+    return _MEASURED[key]
+
+
+def _measure(cfg: RunConfig, kind: str, steps: int, device: str) -> float:
+    workers = max(1, cfg.train.num_workers)
+    batch_size = math.ceil(cfg.train.batch_size / workers)
+    batch = generate_tasks(cfg.env, cfg.data, "train", np.arange(batch_size))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a Train worker
+    try:
+        model = build_model(kind, cfg, torch.Generator().manual_seed(0)).to(device)
+        optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+        times = []
+        for _ in range(steps + 1):
+            t0 = time.perf_counter()
+            loss, _ = compute_loss(model, batch, kind, cfg, torch.device(device))
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            if device != "cpu":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return float(np.median(times[1:]))
