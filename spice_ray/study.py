@@ -36,7 +36,7 @@ from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
 from spice_ray.runtime import tracking
-from spice_ray.runtime.resources import dataset_estimate, human_bytes, model_estimate
+from spice_ray.runtime.resources import check_models, dataset_estimate, human_bytes, model_estimate
 from spice_ray.train.loop import steps_per_epoch
 from spice_ray.train.rates import step_seconds
 from spice_ray.train.together import ModelSpec, pretrain_many
@@ -404,8 +404,14 @@ def describe_plan(plan: StudyPlan) -> str:
                      + f"{tc.num_workers} workers "
                      f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
         gpu = tc.use_gpu and torch.cuda.is_available()
+        fits = not check_models([cfg])  # never build a model to time it that cannot fit
         for kind in sorted({m.kind for m in models}):
             size = model_estimate(cfg, kind)
+            if not fits:
+                lines.append(f"  {'':9s} {kind}: {size.params:,} parameters, ~"
+                             f"{human_bytes(size.worker_bytes)} per worker: does not fit "
+                             "(see the error below), not timed")
+                continue
             step = step_seconds(cfg, kind, device="cuda" if gpu else "cpu")
             seconds = step * steps * len(cfg.seeds) * sum(m.kind == kind for m in models)
             train_seconds += seconds
