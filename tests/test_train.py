@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from spice_ray.common.artifacts import file_sha256
+from spice_ray.common.artifacts import write_sidecar
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
 from spice_ray.data.store import iter_batches
@@ -194,9 +194,8 @@ def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
     torch.save({"evil": ckpt.CheckpointError("x")}, path / ckpt.WEIGHTS)
     import json
 
-    meta = json.loads((path / ckpt.META).read_text())
-    meta["files"][ckpt.WEIGHTS] = file_sha256(path / ckpt.WEIGHTS)
-    ckpt.write_meta(path, meta)  # a forger re-signs meta.json as well
+    assert json.loads((path / ckpt.META).read_text())["files"] == [ckpt.WEIGHTS]
+    write_sidecar(path / ckpt.WEIGHTS)  # a forger re-signs the weights as well
     with pytest.raises(Exception, match="Weights only load failed|Unsupported global"):
         load_model(path, kind="dpt")
 

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -566,3 +567,19 @@ def test_publish_dir_is_all_or_nothing(tmp_path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging left behind
     (target / "a.txt").write_text("edited")
     assert "a.txt: size 6 bytes" in verify_dir(target, ["a.txt"])
+    # a sidecar copied in with its file is re-made: it names the published path
+    import json
+
+    from spice_ray.common.artifacts import UnreadableFile
+
+    copy = tmp_path / "copy"
+    with pytest.raises(UnreadableFile, match=r"copy/a\.txt fails its SHA-256 checksum \(size"):
+        publish_dir(copy, lambda staging: shutil.copytree(target, staging, dirs_exist_ok=True))
+    assert not copy.exists()  # an edited file is never re-signed by a copy
+    (target / "a.txt").write_text("a")
+    publish_dir(copy, lambda staging: shutil.copytree(target, staging, dirs_exist_ok=True))
+    assert json.loads((copy / "sub" / "b.txt.sha256").read_text())["file"] == "copy/sub/b.txt"
+    assert not list(copy.rglob("*.sha256.sha256")) and verify_dir(copy, ["a.txt"]) is None
+    # Ray's copied logs, which nothing later trusts, are published without sidecars
+    publish_dir(target, good, sidecars=False)
+    assert sorted(p.name for p in target.rglob("*")) == ["a.txt", "b.txt", "sub"]

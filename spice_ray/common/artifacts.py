@@ -97,11 +97,14 @@ def write_checked(path: str | Path, write: Callable[[Path], Any], **extra: Any
     return write_sidecar(path, **extra)
 
 
-def publish_dir(directory: str | Path, write: Callable[[Path], Any]) -> Path:
-    """Publish a directory whole: ``write(staging)`` fills a staging directory beside
-    ``directory``, every file it wrote gets a SHA-256 sidecar, and the staging directory is
-    renamed into place (an older ``directory`` is replaced). A failed write leaves no staging
-    directory and the old ``directory`` as it was."""
+def publish_dir(directory: str | Path, write: Callable[[Path], Any], *,
+                sidecars: bool = True) -> Path:
+    """Publish a directory whole, the one way every stage does it: ``write(staging)`` fills a
+    staging directory beside ``directory``; every file in it gets a SHA-256 sidecar, the one
+    checksum format of every artifact (a file copied in with its sidecar is checked against it
+    first, never re-signed blind); the staging directory is renamed into place (an older
+    ``directory`` is replaced). ``sidecars=False`` is for copies nothing later trusts (Ray's
+    logs). A failed write leaves no staging directory and the old ``directory`` as it was."""
     import shutil
 
     directory = Path(directory)
@@ -110,8 +113,16 @@ def publish_dir(directory: str | Path, write: Callable[[Path], Any]) -> Path:
     staging.mkdir(parents=True)
     try:
         write(staging)
-        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
-            write_sidecar(path)
+        files = sorted(p for p in staging.rglob("*")
+                       if p.is_file() and not p.name.endswith(SIDECAR_SUFFIX))
+        for path in files if sidecars else ():
+            name = f"{directory.name}/{path.relative_to(staging)}"
+            if sidecar_path(path).exists():  # copied in with its sidecar: checked, not laundered
+                record, why = verify(path)
+                if record is None:
+                    raise UnreadableFile(f"{name} fails its SHA-256 checksum ({why}): "
+                                         f"{directory} not published")
+            write_sidecar(path, file=name)
         shutil.rmtree(directory, ignore_errors=True)
         os.replace(staging, directory)
     finally:

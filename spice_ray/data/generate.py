@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.common.placement import DATAGEN, placement_resources
 from spice_ray.common.rng import SPLITS
@@ -234,9 +235,7 @@ def write_manifest(cfg: RunConfig, ds_dir: Path) -> dict[str, Any]:
         "raw_bytes_per_task": schema.raw_nbytes(cols),
         "splits": splits,
     }
-    tmp = ds_dir / f".{store.MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, ds_dir / store.MANIFEST)
+    atomic_write_text(ds_dir / store.MANIFEST, json.dumps(manifest, indent=1))
     return manifest
 
 

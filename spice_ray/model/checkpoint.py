@@ -7,28 +7,35 @@ Layout::
 
     <checkpoint>/
       meta.json         kind, architecture spec, run config, dataset content hash, epoch,
-                        metrics, and the SHA-256 of every file below
-      meta.json.sha256  the SHA-256 sidecar of meta.json (``spice_ray.common.artifacts``)
+                        metrics, and the names of the files below
       weights.pt        model state_dict (tensors only; torch.load(weights_only=True))
       optimizer.pt      optimizer (+ scheduler) state, for resuming (weights_only as well)
+      *.sha256          a SHA-256 sidecar per file, the format of every artifact
+                        (``spice_ray.common.artifacts.publish_dir`` writes the directory)
 
 Loading never unpickles arbitrary objects: ``weights_only=True`` only admits tensors and plain
-containers, and every file is checked against its checksum first (meta.json against its
-sidecar, the others against meta.json), so a corrupted, truncated or edited file is named
-instead of half-loaded: an edited ``spec`` or ``config`` would rebuild a different model.
+containers, and every file is checked against its sidecar first, so a corrupted, truncated or
+edited file is named instead of half-loaded: an edited ``spec`` or ``config`` would rebuild a
+different model. Checkpoints written before the sidecars (meta.json's ``files`` mapping each
+name to its SHA-256) still load, checked against that mapping.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from spice_ray.common.artifacts import UnreadableFile, file_sha256, read_json, verify, write_sidecar
+from spice_ray.common.artifacts import (
+    UnreadableFile,
+    file_sha256,
+    publish_dir,
+    read_json,
+    verify,
+    write_sidecar,
+)
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import EnvConfig, RunConfig
 
@@ -60,36 +67,32 @@ def save_checkpoint(
     Args:
         model: any module with ``KIND``, ``spec()`` and ``state_dict()`` (a TrunkModel).
     """
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save(state, tmp / WEIGHTS)
-    files = [WEIGHTS]
-    if optimizer_state is not None:
-        torch.save(optimizer_state, tmp / OPTIMIZER)
-        files.append(OPTIMIZER)
-    meta = {
-        "kind": model.KIND,
-        "spec": model.spec(),
-        "config": cfg.to_dict(),
-        "dataset_hash": dataset_hash,
-        "epoch": int(epoch),
-        "metrics": {k: float(v) for k, v in (metrics or {}).items()},
-        "files": {name: file_sha256(tmp / name) for name in files},
-        **(extra or {}),
-    }
-    write_meta(tmp, meta)
-    if directory.exists():
-        shutil.rmtree(directory)
-    os.replace(tmp, directory)
-    return directory
+
+    def write(tmp: Path) -> None:
+        torch.save(state, tmp / WEIGHTS)
+        files = [WEIGHTS]
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / OPTIMIZER)
+            files.append(OPTIMIZER)
+        meta = {
+            "kind": model.KIND,
+            "spec": model.spec(),
+            "config": cfg.to_dict(),
+            "dataset_hash": dataset_hash,
+            "epoch": int(epoch),
+            "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+            "files": files,
+            **(extra or {}),
+        }
+        (tmp / META).write_text(json.dumps(meta, indent=1))
+
+    # every file, meta.json included, gets its SHA-256 sidecar as every other artifact does
+    return publish_dir(directory, write)
 
 
 def write_meta(directory: str | Path, meta: dict[str, Any]) -> Path:
-    """Write a checkpoint's meta.json and then its SHA-256 sidecar; returns meta.json's path."""
+    """Write ``meta.json`` and its SHA-256 sidecar into an existing checkpoint directory."""
     path = Path(directory) / META
     path.write_text(json.dumps(meta, indent=1))
     write_sidecar(path)
@@ -115,28 +118,46 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     except UnreadableFile as exc:  # "<path> is corrupted (...)"
         raise CheckpointError(f"checkpoint file {exc}") from exc
     missing = [key for key in META_KEYS if key not in meta]
-    if missing or not isinstance(meta["spec"], dict) or not isinstance(meta["files"], dict):
+    files = meta.get("files")
+    if missing or not isinstance(meta["spec"], dict) or not (
+            isinstance(files, dict) or (isinstance(files, list)
+                                        and all(isinstance(f, str) for f in files))):
         raise CheckpointError(f"checkpoint file {path} is incomplete: "
                               f"{', '.join(missing) or 'spec or files'} missing or malformed")
     return meta
 
 
+def _checked_sha256(directory: Path, name: str, meta: dict[str, Any]) -> str:
+    """The SHA-256 of a checkpoint file, checked against its sidecar (or, for a checkpoint
+    written before sidecars, against meta.json's mapping); a CheckpointError names it."""
+    path = directory / name
+    if name not in meta["files"]:
+        raise CheckpointError(f"checkpoint file {path} is not listed in {directory / META}")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    if isinstance(meta["files"], dict):  # the format before sidecars
+        digest = file_sha256(path)
+        if digest != meta["files"][name]:
+            raise CheckpointError(f"checkpoint file {path} fails its SHA-256 checksum "
+                                  "(corrupted or truncated)")
+        return digest
+    record, reason = verify(path)
+    if record is None:
+        raise CheckpointError(f"checkpoint file {path} fails its SHA-256 checksum ({reason})")
+    return str(record["sha256"])
+
+
 def content_id(directory: str | Path) -> str:
     """A checkpoint by content, not by path: its job identity (or kind and epoch) and the
-    SHA-256 of its weights as recorded in meta.json."""
+    SHA-256 of its weights (checked against their sidecar)."""
     meta = read_meta(directory)
     who = meta.get("identity") or f"{meta.get('kind')}@{meta.get('epoch')}"
-    return f"{who}:{meta.get('files', {}).get(WEIGHTS)}"
+    return f"{who}:{_checked_sha256(Path(directory), WEIGHTS, meta)}"
 
 
 def _load_file(directory: Path, name: str, meta: dict[str, Any]) -> Any:
+    _checked_sha256(directory, name, meta)
     path = directory / name
-    expected = meta.get("files", {}).get(name)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint file {path} is missing")
-    if expected is None or file_sha256(path) != expected:
-        raise CheckpointError(f"checkpoint file {path} fails its SHA-256 checksum "
-                              "(corrupted or truncated)")
     state = torch.load(path, map_location="cpu", weights_only=True)
     if name == WEIGHTS:
         bad = [k for k, v in state.items()
@@ -186,5 +207,5 @@ def load_training_state(directory: str | Path) -> tuple[dict[str, Any], dict[str
     directory = Path(directory)
     meta = read_meta(directory)
     weights = _load_file(directory, WEIGHTS, meta)
-    opt = _load_file(directory, OPTIMIZER, meta) if OPTIMIZER in meta.get("files", {}) else None
+    opt = _load_file(directory, OPTIMIZER, meta) if OPTIMIZER in meta["files"] else None
     return meta, weights, opt

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from spice_ray import envs
 from spice_ray.common import runlock
+from spice_ray.common.artifacts import publish_dir
 from spice_ray.common.console import Console
 from spice_ray.common.errors import SpiceRayError, Stopped, current_stage
 from spice_ray.common.runlock import RunLock
@@ -241,18 +242,10 @@ def collect_ray_logs(run_dir: str | Path) -> Path | None:
         src = None
     if src is None or not src.is_dir():
         return None
-    dest = Path(run_dir) / "logs" / "ray"
-    tmp = dest.with_name(".ray.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        shutil.copytree(src, tmp, symlinks=True, ignore=shutil.ignore_patterns("*.sock"),
-                        copy_function=_copy_if_present)
-    except OSError:  # shutil.Error (some files failed) is one too
-        shutil.rmtree(tmp, ignore_errors=True)  # never a half copy; the old one stays
-        raise
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
+    # never a half copy: on an error (shutil.Error is an OSError) the old copy stays
+    return publish_dir(Path(run_dir) / "logs" / "ray", lambda tmp: shutil.copytree(
+        src, tmp, symlinks=True, ignore=shutil.ignore_patterns("*.sock"),
+        copy_function=_copy_if_present, dirs_exist_ok=True), sidecars=False)
 
 
 def _copy_if_present(src: str, dst: str) -> None:

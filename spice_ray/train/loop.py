@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from spice_ray.common.artifacts import publish_dir
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import RunConfig, config_hash, from_dict
 from spice_ray.data import store
@@ -363,10 +364,4 @@ def latest_intact(candidates: Iterable[Path], identity: str | None = None) -> Pa
 
 def publish_final(src: Path, final_dir: Path) -> Path:
     """Copy the last checkpoint to the run's ``final`` directory (atomically)."""
-    tmp = final_dir.with_name(f".{final_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    if final_dir.exists():
-        shutil.rmtree(final_dir)
-    os.replace(tmp, final_dir)
-    return final_dir
+    return publish_dir(final_dir, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
