@@ -297,3 +297,28 @@ def test_ctrl_c_during_ray_train_stops_the_run_with_status_130(smoke_bandit, tmp
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert any(line.startswith("stopped by SIGINT (Ctrl-C): every finished")
                for line in proc.stderr.splitlines()), proc.stderr[-3000:]
+
+
+def test_a_checkpoint_of_the_format_before_sidecars_still_loads(smoke_bandit, tmp_path) -> None:
+    """Checkpoints of earlier runs listed their checksums in meta.json; they load, checked."""
+    import json
+
+    from spice_ray.common.artifacts import file_sha256, sidecar_path
+
+    cfg, _ = smoke_bandit
+    model = build_model("dpt", cfg)
+    path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "hash", epoch=0)
+    now = ckpt.content_id(path)
+    assert now.endswith(file_sha256(path / ckpt.WEIGHTS))
+    meta = json.loads((path / ckpt.META).read_text())
+    meta["files"] = {ckpt.WEIGHTS: file_sha256(path / ckpt.WEIGHTS)}
+    ckpt.write_meta(path, meta)
+    sidecar_path(path / ckpt.WEIGHTS).unlink()
+    assert ckpt.content_id(path) == now  # the same identity, so cached tables stay current
+    loaded = load_model(path, kind="dpt")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))
+    weights = path / ckpt.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(ckpt.CheckpointError, match="weights.pt fails its SHA-256"):
+        load_model(path, kind="dpt")
