@@ -122,6 +122,22 @@ def test_the_shared_layer_imports_nothing_above_it() -> None:
             assert not bad, f"{name} imports {bad}"
 
 
+def test_the_numerical_kernels_name_nothing_above_them() -> None:
+    """``envs`` and ``fusion`` import only ``common`` and each other, type hints included
+    (the fusion reads its settings through a protocol, not the config class)."""
+    allowed = ("spice_ray.common", "spice_ray.envs", "spice_ray.fusion")
+    for name, path in _modules().items():
+        if not name.startswith(("spice_ray.envs", "spice_ray.fusion")):
+            continue
+        named = {node.module for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
+        named |= {alias.name for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Import) for alias in node.names}
+        bad = sorted(m for m in named if m.startswith("spice_ray")
+                     and not m.startswith(allowed))
+        assert not bad, f"{_rel(path)} names {bad}"
+
+
 def test_kernels_do_not_import_ray() -> None:
     for path in _modules().values():
         if _rel(path).startswith(KERNELS):

@@ -2,13 +2,13 @@
 
 The learned SPICE agent, the flat-prior and count-based references, the offline curve and the
 calibration diagnostic all call these two functions, so the fusion is written once. They take
-the fusion settings (a ``FusionConfig``: kernel, tau, target, td_n, gamma, bootstrap,
-noise_var, v_min) and plain tensors; they never see a model.
+the fusion settings (any object with the fields of :class:`FusionSettings`, as the run
+config's ``fusion`` section has) and plain tensors; they never see a model or a config class.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -21,25 +21,42 @@ from spice_ray.fusion.posterior import (
     weighted_action_stats,
 )
 
-if TYPE_CHECKING:
-    from spice_ray.config import FusionConfig
+
+class FusionSettings(Protocol):
+    """What the fusion reads of its settings (the run config's ``fusion`` section has these
+    fields and more); named here so that this kernel imports nothing above it."""
+
+    @property
+    def kernel(self) -> str: ...
+    @property
+    def tau(self) -> float: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def td_n(self) -> int: ...
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def noise_var(self) -> float: ...
+    @property
+    def v_min(self) -> float: ...
 
 STATS_DTYPE = torch.float64
 """Evidence, posteriors and action scores are float64 on the CPU (as in the baselines)."""
 
 
-def needs_nstep(fusion: FusionConfig) -> bool:
+def needs_nstep(fusion: FusionSettings) -> bool:
     """True when the targets differ from the immediate rewards (n > 1 or gamma > 0)."""
     return fusion.target == "nstep" and (fusion.td_n > 1 or fusion.gamma > 0)
 
 
-def needs_bootstrap(fusion: FusionConfig) -> bool:
+def needs_bootstrap(fusion: FusionSettings) -> bool:
     """True when the targets read max_a' Q-bar(s_{t+n}, a') (n-step with gamma > 0)."""
     return fusion.target == "nstep" and fusion.gamma > 0
 
 
 def context_evidence(
-    fusion: FusionConfig,
+    fusion: FusionSettings,
     actions: Tensor,
     rewards: Tensor,
     num_actions: int,
@@ -82,7 +99,7 @@ def context_evidence(
     return weighted_action_stats(weights, actions, targets, num_actions, mask)
 
 
-def fused_posterior(fusion: FusionConfig, prior_mean: Tensor, prior_std: Tensor,
+def fused_posterior(fusion: FusionSettings, prior_mean: Tensor, prior_std: Tensor,
                     counts: Tensor, weighted_mean: Tensor) -> Posterior:
     """The ensemble prior N(Q-bar, max(sigma_Q^2, v_min)) fused with the evidence, [..., A].
 
