@@ -208,9 +208,10 @@ def test_bad_set_fails_before_any_work(tmp_path) -> None:
 def test_dry_run_prints_the_plan(tmp_path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "paper",
-         "--out", str(tmp_path / "p"), "--dry-run"], capture_output=True, text=True, timeout=120)
+         "--experiments", "darkroom", "--out", str(tmp_path / "p"), "--dry-run"],
+        capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "101200 tasks" in proc.stdout and "stage 2 pretraining" in proc.stdout
+    assert "101100 tasks" in proc.stdout and "stage 2 pretraining" in proc.stdout
     assert "3 seeds" in proc.stdout and not (tmp_path / "p").exists()
     # times from optimiser steps timed in the dry run itself, per model and in all
     per_model = re.findall(r"(\d+) ms/step on CPU: ~([\dhmins ]+) of steps", proc.stdout)
