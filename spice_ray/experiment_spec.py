@@ -19,7 +19,7 @@ import pandas as pd
 
 from spice_ray import envs
 from spice_ray.agents import AgentSpec
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 from spice_ray.results.analysis import tuned_comparison
 
 
@@ -38,7 +38,7 @@ class ModelRef:
     importance weight that is identically 1): nothing is trained for it, and it is evaluated
     with that variant's checkpoints."""
 
-    def config(self, cfg: RunConfig) -> RunConfig:
+    def config(self, cfg: ExperimentConfig) -> ExperimentConfig:
         """``cfg`` with this variant's train settings."""
         return cfg.replace(train=dataclasses.replace(cfg.train, **self.train)) if self.train \
             else cfg
@@ -49,7 +49,7 @@ class Evaluation:
     """Agents evaluated under some protocols, with one model (per seed) or none."""
 
     name: str
-    agents: Callable[[RunConfig], list[AgentSpec]]
+    agents: Callable[[ExperimentConfig], list[AgentSpec]]
     protocols: tuple[str, ...]
     model: ModelRef | None = None
     """None: model-free agents, evaluated once (their rows' seed is -1)."""
@@ -60,7 +60,7 @@ class Select:
     """Rows of one evaluation that go into a table."""
 
     evaluation: str
-    where: Callable[[pd.DataFrame, RunConfig], pd.Series] | None = None
+    where: Callable[[pd.DataFrame, ExperimentConfig], pd.Series] | None = None
     """Optional row filter (rows, the experiment's config) -> bool mask."""
     variant: str | None = None
     """Relabel the rows' ``variant`` (e.g. the main model as the ablation's "all")."""
@@ -125,7 +125,7 @@ class Experiment:
     def evaluation(self, name: str) -> Evaluation:
         return next(e for e in self.evaluations if e.name == name)
 
-    def tables_for(self, cfg: RunConfig) -> list[Table]:
+    def tables_for(self, cfg: ExperimentConfig) -> list[Table]:
         """The tables this experiment writes under ``cfg`` (other-reading tables expanded)."""
         env = cfg.environment()
         out = []

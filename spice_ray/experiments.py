@@ -17,7 +17,7 @@ import pandas as pd
 
 from spice_ray import envs
 from spice_ray.agents import AgentSpec
-from spice_ray.config import FusionConfig, RunConfig
+from spice_ray.config import ExperimentConfig, FusionConfig
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
 from spice_ray.evaluate.calibration import ORACLE_METRICS
 from spice_ray.experiment_spec import Evaluation, Experiment, ModelRef, Select, Table
@@ -39,54 +39,54 @@ WEIGHT_VARIANTS = {  # name -> (use_iw, use_adv, use_epi); "all" is the main SPI
 # ---- agents ----------------------------------------------------------------------------------
 
 
-def _spice(cfg: RunConfig) -> list[AgentSpec]:
+def _spice(cfg: ExperimentConfig) -> list[AgentSpec]:
     return [AgentSpec("spice", fusion=cfg.fusion)]
 
 
-def _dpt(cfg: RunConfig) -> list[AgentSpec]:
+def _dpt(cfg: ExperimentConfig) -> list[AgentSpec]:
     return [AgentSpec.dpt(cfg.eval)]
 
 
-def _bandit_baselines(cfg: RunConfig) -> list[AgentSpec]:
+def _bandit_baselines(cfg: ExperimentConfig) -> list[AgentSpec]:
     return [AgentSpec(m) for m in ("emp", "ucb", "lcb", "ts")]
 
 
-def _flat_fusion(cfg: RunConfig) -> FusionConfig:
+def _flat_fusion(cfg: ExperimentConfig) -> FusionConfig:
     """SPICE's fusion for the model-free references: the same settings, on raw states."""
     return dataclasses.replace(cfg.fusion, kernel_space="state")
 
 
-def _spice_flat(cfg: RunConfig) -> list[AgentSpec]:
+def _spice_flat(cfg: ExperimentConfig) -> list[AgentSpec]:
     """SPICE's fusion and rule with a constant prior (the study fills in the prior)."""
     return [AgentSpec("spice-flat", fusion=_flat_fusion(cfg))]
 
 
-def _spice_theory(cfg: RunConfig) -> list[AgentSpec]:
+def _spice_theory(cfg: ExperimentConfig) -> list[AgentSpec]:
     """SPICE with the theory schedule beta_t = sqrt(2 log t)."""
     return [AgentSpec("spice", fusion=dataclasses.replace(cfg.fusion,
                                                           beta_schedule="sqrt2logt"))]
 
 
-def _count(cfg: RunConfig) -> list[AgentSpec]:
+def _count(cfg: ExperimentConfig) -> list[AgentSpec]:
     """Tabular posterior-UCB over exact states with the constant prior."""
     return [AgentSpec("count", fusion=dataclasses.replace(cfg.fusion, kernel="exact",
                                                           kernel_space="state"))]
 
 
-def _random(cfg: RunConfig) -> list[AgentSpec]:
+def _random(cfg: ExperimentConfig) -> list[AgentSpec]:
     return [AgentSpec("random")]
 
 
-def _hill_climb(cfg: RunConfig) -> list[AgentSpec]:
+def _hill_climb(cfg: ExperimentConfig) -> list[AgentSpec]:
     return [AgentSpec("hill-climb")]
 
 
-def _spice_betas(cfg: RunConfig) -> list[AgentSpec]:
+def _spice_betas(cfg: ExperimentConfig) -> list[AgentSpec]:
     return [AgentSpec("spice", fusion=dataclasses.replace(cfg.fusion, beta=b))
             for b in DARKROOM_BETAS]
 
 
-def _main_beta(rows: pd.DataFrame, cfg: RunConfig) -> pd.Series:
+def _main_beta(rows: pd.DataFrame, cfg: ExperimentConfig) -> pd.Series:
     return rows["config"].map(lambda c: json.loads(c)["beta"] == cfg.fusion.beta)
 
 
@@ -240,27 +240,28 @@ PRIOR_BETAS = (1.0, 2.0)
 onto a wrong arm dominate the mean, at beta = 2 they do not."""
 
 
-def _at_betas(method: str, state_kernel: bool = False) -> Callable[[RunConfig], list[AgentSpec]]:
+def _at_betas(method: str, state_kernel: bool = False
+              ) -> Callable[[ExperimentConfig], list[AgentSpec]]:
     """Agents of ``method`` at each of :data:`PRIOR_BETAS` (model-free methods compare raw
     states)."""
-    def agents(cfg: RunConfig) -> list[AgentSpec]:
+    def agents(cfg: ExperimentConfig) -> list[AgentSpec]:
         fusion = _flat_fusion(cfg) if state_kernel else cfg.fusion
         return [AgentSpec(method, fusion=dataclasses.replace(fusion, beta=b))
                 for b in PRIOR_BETAS]
     return agents
 
 
-def _count_at_betas(cfg: RunConfig) -> list[AgentSpec]:
+def _count_at_betas(cfg: ExperimentConfig) -> list[AgentSpec]:
     return [dataclasses.replace(s, fusion=dataclasses.replace(s.fusion, beta=b))
             for s in _count(cfg) for b in PRIOR_BETAS]
 
 
-def _together(*agents: Callable[[RunConfig], list[AgentSpec]]
-              ) -> Callable[[RunConfig], list[AgentSpec]]:
+def _together(*agents: Callable[[ExperimentConfig], list[AgentSpec]]
+              ) -> Callable[[ExperimentConfig], list[AgentSpec]]:
     return lambda cfg: [spec for make in agents for spec in make(cfg)]
 
 
-def _methods(*names: str) -> Callable[[RunConfig], list[AgentSpec]]:
+def _methods(*names: str) -> Callable[[ExperimentConfig], list[AgentSpec]]:
     return lambda cfg: [AgentSpec(m, fusion=cfg.fusion) for m in names]
 
 

@@ -24,7 +24,13 @@ from spice_ray import envs, tuning
 from spice_ray.common.artifacts import atomic_write_text, file_sha256, is_current
 from spice_ray.common.console import SILENT, Console, count, fmt_seconds
 from spice_ray.common.errors import enter_stage
-from spice_ray.config import ConfigError, RunConfig, config_hash, make_config, resolve_run_dir
+from spice_ray.config import (
+    ConfigError,
+    ExperimentConfig,
+    config_hash,
+    make_config,
+    resolve_run_dir,
+)
 from spice_ray.data import store
 from spice_ray.data.generate import generate_stage
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
@@ -58,7 +64,7 @@ log = logging.getLogger(__name__)
 class StudyPlan:
     """Validated configs of every experiment, built before any work starts."""
 
-    configs: dict[str, RunConfig]
+    configs: dict[str, ExperimentConfig]
     run_dir: Path
     experiments: tuple[str, ...] = DEFAULT_EXPERIMENTS
     timings: dict[str, float] = field(default_factory=dict)
@@ -235,7 +241,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
     return tables
 
 
-def _ppo_rows(cfg: RunConfig, data: dict) -> pd.DataFrame:
+def _ppo_rows(cfg: ExperimentConfig, data: dict) -> pd.DataFrame:
     """The single-task PPO reference (``eval.ppo_episodes > 0``; needs the ``ppo`` extra)."""
     import json
 
@@ -392,10 +398,8 @@ def describe_plan(plan: StudyPlan) -> str:
     lines.append("stage 2 pretraining (Ray Train; times from steps timed now, 1 thread):")
     train_seconds = 0.0
     for name, cfg in plan.configs.items():
-        models: tuple[ModelRef, ...] = tuple(m for m in EXPERIMENTS[name].models
-                                             if not m.same_as)
-        steps = cfg.train.epochs * steps_per_epoch(cfg)
-        tc = cfg.train
+        models: tuple[ModelRef, ...] = tuple(m for m in EXPERIMENTS[name].models if not m.same_as)
+        steps, tc = cfg.train.epochs * steps_per_epoch(cfg), cfg.train
         n_models, n_seeds = count(len(models), "model"), count(len(cfg.seeds), "seed")
         lines.append(f"  {name:9s} {n_models} x {n_seeds}, "
                      f"{tc.epochs} epochs, {steps} steps of batch {tc.batch_size} x "
@@ -407,10 +411,8 @@ def describe_plan(plan: StudyPlan) -> str:
         fits = not check_models([cfg])  # never build a model to time it that cannot fit
         for kind in sorted({m.kind for m in models}):
             size = model_estimate(cfg, kind)
-            if not fits:
-                lines.append(f"  {'':9s} {kind}: {size.params:,} parameters, ~"
-                             f"{human_bytes(size.worker_bytes)} per worker: does not fit "
-                             "(see the error below), not timed")
+            if not fits:  # the error below names it
+                lines.append(f"  {'':9s} {kind}: {size.params:,} parameters: does not fit")
                 continue
             step = step_seconds(cfg, kind, device="cuda" if gpu else "cpu")
             seconds = step * steps * len(cfg.seeds) * sum(m.kind == kind for m in models)

@@ -41,7 +41,7 @@ import pandas as pd
 from spice_ray.agents import AgentSpec
 from spice_ray.common.artifacts import atomic_write_text, is_current
 from spice_ray.common.console import SILENT, Console, count
-from spice_ray.config import EvalConfig, RunConfig, config_hash
+from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
 from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.experiments import EXPERIMENTS, Experiment
@@ -138,7 +138,7 @@ def choose(grid: list[Candidate], scores: pd.DataFrame) -> tuple[Candidate, list
     return grid[best], records
 
 
-def _flat_prior(cfg: RunConfig, dataset: Path) -> tuple[float, float]:
+def _flat_prior(cfg: ExperimentConfig, dataset: Path) -> tuple[float, float]:
     """The constant prior of the reference agents: the shrinkage prior the model trains with
     (the data's own when ``train.shrink_prior=data``)."""
     from spice_ray.train.prior import resolve_config
@@ -147,7 +147,8 @@ def _flat_prior(cfg: RunConfig, dataset: Path) -> tuple[float, float]:
     return float(train.shrink_prior_mean), float(train.shrink_prior_var)
 
 
-def agent_specs(exp: Experiment, cfg: RunConfig, dataset: Path) -> dict[str, list[AgentSpec]]:
+def agent_specs(exp: Experiment, cfg: ExperimentConfig, dataset: Path
+                ) -> dict[str, list[AgentSpec]]:
     """Every evaluation's agents, the flat prior filled in from the dataset."""
     out = {}
     for ev in exp.evaluations:
@@ -162,7 +163,7 @@ def agent_specs(exp: Experiment, cfg: RunConfig, dataset: Path) -> dict[str, lis
 
 
 
-def _run(cands: list[Candidate], source: str | None, cfg: RunConfig, data: dict, seed: int,
+def _run(cands: list[Candidate], source: str | None, cfg: ExperimentConfig, data: dict, seed: int,
          pool: EvalPool) -> pd.DataFrame:
     """Online rows of every candidate, one actor pass per distinct eval config."""
     by_eval: dict[EvalConfig, list[AgentSpec]] = {}
@@ -174,7 +175,7 @@ def _run(cands: list[Candidate], source: str | None, cfg: RunConfig, data: dict,
     return pd.concat(frames, ignore_index=True)
 
 
-def tune_experiment(name: str, cfg: RunConfig, dataset: Path, finals: Finals, pool: EvalPool,
+def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals, pool: EvalPool,
                     previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """Choose every tuned method's setting of experiment ``name`` on its validation tasks.
 
@@ -214,7 +215,7 @@ def tune_experiment(name: str, cfg: RunConfig, dataset: Path, finals: Finals, po
             "seeds": list(cfg.seeds), "score": SCORE, "methods": methods}
 
 
-def bases(specs: list[AgentSpec], cfg: RunConfig) -> list[AgentSpec]:
+def bases(specs: list[AgentSpec], cfg: ExperimentConfig) -> list[AgentSpec]:
     """One spec per method that acts online in ``cfg``'s environment (the first): the one its
     grid starts from."""
     env = cfg.environment()
@@ -225,7 +226,7 @@ def bases(specs: list[AgentSpec], cfg: RunConfig) -> list[AgentSpec]:
     return list(seen.values())
 
 
-def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: RunConfig, dataset: Path
+def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig, dataset: Path
                  ) -> dict[str, list[Candidate]]:
     """Per tuned evaluation, each method at its chosen setting (from a ``tune_experiment``
     record)."""
@@ -242,7 +243,7 @@ def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: RunConfig, datase
     return out
 
 
-def evaluate_tuned(name: str, cfg: RunConfig, dataset: Path, finals: Finals, pool: EvalPool,
+def evaluate_tuned(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals, pool: EvalPool,
                    record: dict[str, Any]) -> pd.DataFrame:
     """Every tuned method once, at its choice, on the eval tasks (rows for the
     ``<name>_tuned`` table)."""
@@ -258,7 +259,7 @@ def evaluate_tuned(name: str, cfg: RunConfig, dataset: Path, finals: Finals, poo
     return pd.concat(frames, ignore_index=True).assign(variant="")
 
 
-def task_groups(dataset: Path, cfg: RunConfig) -> dict[int, int] | None:
+def task_groups(dataset: Path, cfg: ExperimentConfig) -> dict[int, int] | None:
     """Eval task id -> its goal (as one integer) where tasks share goals (the darkrooms: about
     five tasks per held-out goal), None elsewhere."""
     data = store.load_split(dataset, "eval", limit=cfg.eval.num_tasks)
@@ -292,7 +293,7 @@ def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def tune_all(configs: dict[str, RunConfig], run_dir: Path, datasets: dict[str, Path],
+def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict[str, Path],
              finals: Finals, pool: EvalPool, console: Console = SILENT) -> dict[str, Any]:
     """The tuning stage: :func:`tune_experiment` for every experiment with tuned evaluations,
     ``results/tuning.json`` rewritten after each (an interrupted stage keeps what it chose;
@@ -316,7 +317,7 @@ def tune_all(configs: dict[str, RunConfig], run_dir: Path, datasets: dict[str, P
     return tuning
 
 
-def write_tuned_table(name: str, cfg: RunConfig, run_dir: Path, dataset: Path,
+def write_tuned_table(name: str, cfg: ExperimentConfig, run_dir: Path, dataset: Path,
                       finals: Finals, pool: EvalPool, record: dict[str, Any]) -> str | None:
     """Evaluate experiment ``name``'s tuned methods on the eval tasks and write its
     ``<name>_tuned`` table (skipped when current); returns the table's name."""

@@ -21,14 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 from spice_ray import sweep
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 
 GRIDS: dict[str, tuple[int, ...]] = {"smoke": (2, 4), "small": (2, 4, 7, 10),
                                      "paper": (2, 4, 7, 10)}
 """Per preset (``medium`` inherits ``small``'s)."""
 
 
-def search_space(cfg: RunConfig) -> dict[str, Any]:
+def search_space(cfg: ExperimentConfig) -> dict[str, Any]:
     """Tune param_space over the ensemble size."""
     from ray import tune
 

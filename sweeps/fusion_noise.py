@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from spice_ray import sweep
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 
 GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
     "smoke": {"noise_var": (0.04, 0.25), "v_min": (0.01,)},
@@ -31,7 +31,7 @@ GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
 """Per preset (``medium`` inherits ``small``'s)."""
 
 
-def search_space(cfg: RunConfig) -> dict[str, Any]:
+def search_space(cfg: ExperimentConfig) -> dict[str, Any]:
     """Tune param_space: noise_var x v_min (a full product; both always matter)."""
     from ray import tune
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from spice_ray import sweep
-from spice_ray.config import FusionConfig, RunConfig
+from spice_ray.config import ExperimentConfig, FusionConfig
 
 KERNELS = ("uniform", "cosine", "rbf")
 GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
@@ -81,7 +81,7 @@ def search_space(base: FusionConfig, preset: str, search: str = "grid",
                        "beta": tune.loguniform(0.1, 10.0)}}
 
 
-def space_of(cfg: RunConfig) -> dict[str, Any]:
+def space_of(cfg: ExperimentConfig) -> dict[str, Any]:
     """:func:`search_space` for a validated config (its environment, preset and search)."""
     return search_space(cfg.fusion, cfg.preset, cfg.sweep.search,
                         stateless=cfg.environment().stateless)

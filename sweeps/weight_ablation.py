@@ -17,14 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 from spice_ray import sweep
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 from spice_ray.experiments import WEIGHT_VARIANTS
 
 VARIANTS = (*WEIGHT_VARIANTS, "all")
 """none, iw, adv, epi (one weight each, or none) and all (the main SPICE model)."""
 
 
-def search_space(cfg: RunConfig | None = None) -> dict[str, Any]:
+def search_space(cfg: ExperimentConfig | None = None) -> dict[str, Any]:
     """Tune param_space over the weight variants (the same on every preset)."""
     from ray import tune
 

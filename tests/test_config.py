@@ -6,7 +6,7 @@ import pytest
 
 from spice_ray.config import (
     ConfigError,
-    RunConfig,
+    ExperimentConfig,
     load_config,
     make_config,
     parse_set,
@@ -116,6 +116,24 @@ def test_parse_helpers() -> None:
 
 
 def test_configs_are_frozen() -> None:
-    cfg = RunConfig()
+    cfg = ExperimentConfig()
     with pytest.raises(AttributeError):
         cfg.env.horizon = 3  # type: ignore[misc]
+
+
+def test_the_old_name_runconfig_still_imports_with_one_warning(monkeypatch) -> None:
+    """Renamed ExperimentConfig so it is never taken for Ray's RunConfig (tune's, train's)."""
+    import warnings
+
+    import spice_ray.config as config
+
+    monkeypatch.setattr(config, "_RENAMED_WARNED", [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from spice_ray.config import RunConfig
+
+        assert RunConfig is ExperimentConfig and config.RunConfig is ExperimentConfig
+    assert [str(w.message) for w in caught] == [
+        "spice_ray.config.RunConfig is renamed ExperimentConfig; the old name still works for now"]
+    with pytest.raises(AttributeError, match="has no attribute 'RunConfg'"):
+        config.RunConfg  # noqa: B018

@@ -14,7 +14,7 @@ from spice_ray.config.build import (
     resolve_run_dir,
 )
 from spice_ray.config.presets import PRESETS
-from spice_ray.config.run import EvalConfig, FusionConfig, RunConfig, SweepConfig
+from spice_ray.config.run import EvalConfig, ExperimentConfig, FusionConfig, SweepConfig
 from spice_ray.config.sections import (
     HEAD_KERNELS,
     PRESET_NAMES,
@@ -27,7 +27,23 @@ from spice_ray.config.sections import (
 )
 
 __all__ = ["HEAD_KERNELS", "PRESETS", "PRESET_NAMES", "ConfigError", "DataConfig", "EnvConfig",
-           "EvalConfig", "FusionConfig", "ModelConfig", "RunConfig", "SweepConfig",
+           "EvalConfig", "FusionConfig", "ModelConfig", "ExperimentConfig", "SweepConfig",
            "TrainConfig", "config_hash", "deep_merge", "env_from_dict",
            "from_dict", "load_config", "load_yaml",
            "make_config", "parse_set", "preset_dict", "resolve_run_dir", "to_plain"]
+
+_RENAMED_WARNED: list[str] = []
+
+
+def __getattr__(name: str):
+    """``RunConfig``, the old name of :class:`ExperimentConfig` (renamed so it is never taken
+    for Ray's ``RunConfig``): still importable, with one FutureWarning."""
+    if name == "RunConfig":
+        import warnings
+
+        if not _RENAMED_WARNED:
+            _RENAMED_WARNED.append(name)
+            warnings.warn("spice_ray.config.RunConfig is renamed ExperimentConfig; the old "
+                          "name still works for now", FutureWarning, stacklevel=2)
+        return ExperimentConfig
+    raise AttributeError(f"module 'spice_ray.config' has no attribute {name!r}")

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from spice_ray import envs
 from spice_ray.common.errors import EXCERPT_CHARS, Excerpt, excerpt
 from spice_ray.config.presets import PRESETS
-from spice_ray.config.run import RunConfig
+from spice_ray.config.run import ExperimentConfig
 from spice_ray.config.sections import (
     PRESET_NAMES,
     ConfigError,
@@ -235,7 +235,7 @@ def make_config(
     yaml_path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     extra: dict[str, Any] | None = None,
-) -> RunConfig:
+) -> ExperimentConfig:
     """Resolve defaults -> env defaults -> preset -> YAML -> ``extra`` -> ``--set`` overrides.
 
     Raises:
@@ -248,7 +248,7 @@ def make_config(
         named = given.get("env", {}).get("name") if isinstance(given.get("env"), dict) else None
         _refuse_contradiction(source, "env.name", named, env, "--env or --experiments")
     values = deep_merge(deep_merge(preset_dict(preset, env), file), extra or {})
-    return _build(RunConfig, deep_merge(values, sets))
+    return _build(ExperimentConfig, deep_merge(values, sets))
 
 
 def _refuse_contradiction(source: str, field: str, given: Any, chosen: str, flag: str) -> None:
@@ -287,13 +287,13 @@ def env_from_dict(values: dict[str, Any]) -> EnvConfig:
     return _build_env(dict(values))
 
 
-def from_dict(values: dict[str, Any]) -> RunConfig:
-    """Build a RunConfig from a complete or partial nested dict (e.g. a saved config.yaml)."""
-    return _build(RunConfig, values)
+def from_dict(values: dict[str, Any]) -> ExperimentConfig:
+    """Build an ExperimentConfig from a complete or partial nested dict (a saved config.yaml)."""
+    return _build(ExperimentConfig, values)
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Load a resolved config.yaml written by :meth:`RunConfig.write`."""
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Load a resolved config.yaml written by :meth:`ExperimentConfig.write`."""
     try:
         return from_dict(load_yaml(path))
     except ConfigError as exc:

@@ -195,7 +195,7 @@ class SweepConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class ExperimentConfig:
     """One experiment: an environment, its dataset, models, fusion and evaluation."""
 
     preset: Literal["smoke", "small", "medium", "paper"] = "small"
@@ -274,7 +274,7 @@ class RunConfig:
         path.write_text(self.to_yaml())
         return path
 
-    def replace(self, **sections: Any) -> RunConfig:
+    def replace(self, **sections: Any) -> ExperimentConfig:
         """A copy with whole sections or top-level fields replaced (validated again)."""
         return dataclasses.replace(self, **sections)
 

@@ -36,7 +36,7 @@ from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.common.placement import DATAGEN, placement_resources
 from spice_ray.common.rng import SPLITS
-from spice_ray.config import DataConfig, RunConfig, env_from_dict
+from spice_ray.config import DataConfig, ExperimentConfig, env_from_dict
 from spice_ray.data import schema, store
 from spice_ray.data.tasks import generate_tasks
 
@@ -119,7 +119,7 @@ def _finalise_shard(staging: Path, ds_dir: Path, part: int, split: str, index: i
     return store.write_shard(store.shard_path(ds_dir, split, index), table, compression)
 
 
-def find_missing_shards(cfg: RunConfig, ds_dir: Path, splits: tuple[str, ...],
+def find_missing_shards(cfg: ExperimentConfig, ds_dir: Path, splits: tuple[str, ...],
                         report: GenerationReport) -> list[tuple[str, int]]:
     """Check every expected shard; delete and return the (split, shard) pairs to generate."""
     missing: list[tuple[str, int]] = []
@@ -150,7 +150,7 @@ def find_missing_shards(cfg: RunConfig, ds_dir: Path, splits: tuple[str, ...],
     return missing
 
 
-def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]],
+def generate_shards(cfg: ExperimentConfig, ds_dir: Path, parts: list[tuple[str, int]],
                     on_shard: Callable[[], None] | None = None) -> None:
     """Generate the given (split, shard) parts with one Ray Data pipeline, then finalise them
     (``on_shard`` is called as each is written)."""
@@ -205,7 +205,7 @@ def generate_shards(cfg: RunConfig, ds_dir: Path, parts: list[tuple[str, int]],
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_manifest(cfg: RunConfig, ds_dir: Path) -> dict[str, Any]:
+def write_manifest(cfg: ExperimentConfig, ds_dir: Path) -> dict[str, Any]:
     """Checksum every shard and write manifest.json (atomically) last."""
     env, data = cfg.env, cfg.data
     cols = schema.columns(env)
@@ -239,7 +239,7 @@ def write_manifest(cfg: RunConfig, ds_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def _manifest_still_valid(ds_dir: Path, cfg: RunConfig) -> bool:
+def _manifest_still_valid(ds_dir: Path, cfg: ExperimentConfig) -> bool:
     try:
         man = store.load_manifest(ds_dir)
         for split in SPLITS:
@@ -249,7 +249,7 @@ def _manifest_still_valid(ds_dir: Path, cfg: RunConfig) -> bool:
         return False
 
 
-def generate_dataset(cfg: RunConfig, ds_dir: str | Path, splits: tuple[str, ...] = SPLITS,
+def generate_dataset(cfg: ExperimentConfig, ds_dir: str | Path, splits: tuple[str, ...] = SPLITS,
                      on_shard: Callable[[], None] | None = None) -> GenerationReport:
     """Generate (or resume, or verify) the dataset for ``cfg`` in ``ds_dir``; ``on_shard`` is
     called as each missing shard is written.
@@ -285,12 +285,12 @@ def generate_dataset(cfg: RunConfig, ds_dir: str | Path, splits: tuple[str, ...]
     return report
 
 
-def datasets_root(cfg: RunConfig) -> Path:
+def datasets_root(cfg: ExperimentConfig) -> Path:
     """``<out_dir>/datasets``: where a run keeps its datasets."""
     return Path(cfg.out_dir) / "datasets"
 
 
-def generate_stage(cfg: RunConfig, dataset_root: Path | None = None,
+def generate_stage(cfg: ExperimentConfig, dataset_root: Path | None = None,
                    console: Console = SILENT, label: str = "") -> GenerationReport:
     """The datasets stage of every entry point: generate (or resume, or verify) the dataset of
     ``cfg`` under ``<out_dir>/datasets``, with a progress bar named ``label`` on ``console``

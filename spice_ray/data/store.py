@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from spice_ray.common import artifacts
 from spice_ray.common.artifacts import file_sha256
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import DataConfig, EnvConfig, RunConfig, config_hash, env_from_dict
+from spice_ray.config import DataConfig, EnvConfig, ExperimentConfig, config_hash, env_from_dict
 from spice_ray.data import schema
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def dataset_spec(env: EnvConfig, data: DataConfig) -> dict[str, Any]:
             "data": data_fields}
 
 
-def dataset_dir(root: str | Path, cfg: RunConfig) -> Path:
+def dataset_dir(root: str | Path, cfg: ExperimentConfig) -> Path:
     """Default dataset directory under ``root``: ``<env>-<label>-<hash of spec>``."""
     spec = dataset_spec(cfg.env, cfg.data)
     label = cfg.data.label.replace(":", "")

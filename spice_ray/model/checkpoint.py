@@ -37,7 +37,7 @@ from spice_ray.common.artifacts import (
     write_sidecar,
 )
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import EnvConfig, RunConfig
+from spice_ray.config import EnvConfig, ExperimentConfig
 
 META = "meta.json"
 WEIGHTS = "weights.pt"
@@ -55,7 +55,7 @@ class CheckpointError(SpiceRayError, RuntimeError):
 def save_checkpoint(
     directory: str | Path,
     model: Any,
-    cfg: RunConfig,
+    cfg: ExperimentConfig,
     dataset_hash: str,
     epoch: int,
     metrics: dict[str, float] | None = None,

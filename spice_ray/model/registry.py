@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from spice_ray.config import EnvConfig, RunConfig
+from spice_ray.config import EnvConfig, ExperimentConfig
 from spice_ray.model.checkpoint import CheckpointError, load_state
 from spice_ray.model.dpt import DptModel
 from spice_ray.model.spice import SpiceModel
@@ -35,7 +35,7 @@ def model_class(kind: str) -> type[TrunkModel]:
         raise ValueError(f"model kind {kind!r} is invalid: one of {', '.join(MODELS)}") from None
 
 
-def build_model(kind: str, cfg: RunConfig, generator: torch.Generator | None = None
+def build_model(kind: str, cfg: ExperimentConfig, generator: torch.Generator | None = None
                 ) -> TrunkModel:
     """A freshly initialised model of ``kind`` for ``cfg``'s environment and sizes."""
     return model_class(kind)(cfg.model, cfg.env.num_actions, cfg.env.state_dim,

@@ -24,7 +24,7 @@ from spice_ray.common.runlock import RunLock
 from spice_ray.config import (
     PRESET_NAMES,
     ConfigError,
-    RunConfig,
+    ExperimentConfig,
     make_config,
     resolve_run_dir,
 )
@@ -62,7 +62,7 @@ def out_path(text: str) -> Path:
     return Path(text)
 
 
-def config_from_args(args: argparse.Namespace, env: str | None = None) -> RunConfig:
+def config_from_args(args: argparse.Namespace, env: str | None = None) -> ExperimentConfig:
     """Resolve the config from parsed flags; exits with status 2 and the field's name if bad."""
     try:
         run_dir = resolve_run_dir(args.out, args.preset, args.config, args.overrides)
@@ -79,7 +79,7 @@ def fail(message: str, status: int = 2) -> NoReturn:
     raise SystemExit(status)
 
 
-def start_run(address: str | None, cfgs: Sequence[RunConfig], run_dir: str | Path,
+def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: str | Path,
               stages: Sequence[str] = ("datasets", "pretrain", "evaluate"),
               extra_requests: Callable[[], Sequence[Any]] | None = None,
               console: Console | None = None, verbose: bool = False) -> RunLock:
@@ -140,7 +140,7 @@ def _collect_quietly(run_dir: Path) -> None:
         log.info("could not copy Ray's logs to %s/logs/ray: %s", run_dir, str(why)[:300])
 
 
-def _requests(cfgs: Sequence[RunConfig], stages: Sequence[str],
+def _requests(cfgs: Sequence[ExperimentConfig], stages: Sequence[str],
               extra: Callable[[], Sequence[Any]] | None) -> list[Any]:
     from spice_ray.common.placement import DATAGEN, TRAINER, placement_resources
     from spice_ray.runtime.resources import gpus_available, stage_requests

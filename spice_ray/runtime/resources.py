@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spice_ray.common.placement import TRAINER, declared_labels
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 
 RAY_DATA_CPUS = 1.0
 """CPUs a data-streaming stage leaves free: each Ray Data read/write task asks for one."""
@@ -174,7 +174,8 @@ def check_requests(requests: Iterable[Request], cap: Capacity) -> list[str]:
     return list(dict.fromkeys(msg for r in requests if (msg := check_request(r, cap))))
 
 
-def stage_requests(cfg: RunConfig, stages: Sequence[str] = ("datasets", "pretrain", "evaluate"),
+def stage_requests(cfg: ExperimentConfig,
+                   stages: Sequence[str] = ("datasets", "pretrain", "evaluate"),
                    use_gpu: bool | None = None, labels: Mapping[str, Mapping[str, float]] = {}
                    ) -> list[Request]:
     """The requests ``cfg``'s stages make.
@@ -208,7 +209,7 @@ def stage_requests(cfg: RunConfig, stages: Sequence[str] = ("datasets", "pretrai
     return out
 
 
-def sweep_request(cfg: RunConfig, bundles: Sequence[Mapping[str, float]]) -> Request:
+def sweep_request(cfg: ExperimentConfig, bundles: Sequence[Mapping[str, float]]) -> Request:
     """A sweep trial's placement group (all bundles at once)."""
     s = cfg.sweep
     return Request(f"sweep.actors_per_trial={s.actors_per_trial} x sweep.actor_cpus="
@@ -230,7 +231,7 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} PiB"
 
 
-def dataset_estimate(cfg: RunConfig) -> tuple[int, int, int]:
+def dataset_estimate(cfg: ExperimentConfig) -> tuple[int, int, int]:
     """(tasks, bytes on disk at most, (split, shard) entries) of ``cfg``'s dataset.
 
     Uncompressed bytes: an upper bound of what the zstd shards take.
@@ -262,7 +263,7 @@ def _existing_parent(path: Path) -> Path:
     return path
 
 
-def check_sizes(cfgs: Iterable[RunConfig], run_dir: str | Path,
+def check_sizes(cfgs: Iterable[ExperimentConfig], run_dir: str | Path,
                 free_disk: int | None = None, free_memory: int | None = None) -> list[str]:
     """Refuse datasets that cannot fit on ``run_dir``'s disk, or whose generation plan and
     eval split cannot fit in memory; one line each, naming the fields and both numbers.
@@ -328,7 +329,7 @@ class ModelSize:
         return self.state_bytes + self.activation_bytes
 
 
-def model_estimate(cfg: RunConfig, kind: str) -> ModelSize:
+def model_estimate(cfg: ExperimentConfig, kind: str) -> ModelSize:
     """Parameters and memory per Train worker of a ``kind`` model for ``cfg``."""
     import torch
 
@@ -349,7 +350,7 @@ def model_estimate(cfg: RunConfig, kind: str) -> ModelSize:
                      4 * (m.n_layer * per_layer + heads), batch)
 
 
-def check_models(cfgs: Iterable[RunConfig], free_memory: int | None = None,
+def check_models(cfgs: Iterable[ExperimentConfig], free_memory: int | None = None,
                  gpu_memory: int | None = None) -> list[str]:
     """Refuse, before any work, models whose training cannot fit in a worker: all
     ``train.num_workers`` CPU workers of a job in this machine's available memory (or one
@@ -392,7 +393,7 @@ def check_models(cfgs: Iterable[RunConfig], free_memory: int | None = None,
     return errors
 
 
-def size_problems(cfgs: Iterable[RunConfig], run_dir: str | Path, address: str | None
+def size_problems(cfgs: Iterable[ExperimentConfig], run_dir: str | Path, address: str | None
                   ) -> list[str]:
     """What cannot fit, known before Ray starts (a run and its dry run check the same):
     datasets on the run directory's disk and in memory, and, on this machine (no ``address``:

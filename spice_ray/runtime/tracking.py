@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 """The Python package each tracker needs (all in the ``track`` extra)."""
@@ -66,13 +66,13 @@ def flat_params(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def mlflow_uri(cfg: RunConfig) -> str:
+def mlflow_uri(cfg: ExperimentConfig) -> str:
     """``track_uri``, or a SQLite store ``<out_dir>/mlflow.db`` (MLflow's local backend; its
     plain-file store needs ``MLFLOW_ALLOW_FILE_STORE=true`` since MLflow 3)."""
     return cfg.track_uri or f"sqlite:///{Path(cfg.out_dir).resolve() / 'mlflow.db'}"
 
 
-def mlflow_artifacts(cfg: RunConfig) -> str:
+def mlflow_artifacts(cfg: ExperimentConfig) -> str:
     """Where new MLflow experiments keep artifacts: ``<out_dir>/mlartifacts``."""
     return (Path(cfg.out_dir).resolve() / "mlartifacts").as_uri()
 
@@ -112,7 +112,7 @@ class _TensorBoard:
 
 
 class _MLflow:
-    def __init__(self, cfg: RunConfig, group: str, name: str, params: Mapping[str, Any]
+    def __init__(self, cfg: ExperimentConfig, group: str, name: str, params: Mapping[str, Any]
                  ) -> None:
         from ray.air.integrations.mlflow import setup_mlflow
 
@@ -133,7 +133,7 @@ class _MLflow:
 
 
 class _Wandb:
-    def __init__(self, cfg: RunConfig, group: str, name: str, params: Mapping[str, Any]
+    def __init__(self, cfg: ExperimentConfig, group: str, name: str, params: Mapping[str, Any]
                  ) -> None:
         from ray.air.integrations.wandb import setup_wandb
 
@@ -157,7 +157,7 @@ class _Wandb:
         self.run.finish()
 
 
-def start(cfg: RunConfig, group: str, name: str, params: Mapping[str, Any] | None = None
+def start(cfg: ExperimentConfig, group: str, name: str, params: Mapping[str, Any] | None = None
           ) -> Run | None:
     """A run of ``cfg.track`` named ``name`` in ``group`` (an experiment), or None for
     ``track=none``.
@@ -192,7 +192,7 @@ class TrainTracker:
         self.run.log({f"epoch/{k}": float(v) for k, v in metrics.items()}, self._step)
 
 
-def log_study(cfg: RunConfig, run_dir: Path, name: str = "study",
+def log_study(cfg: ExperimentConfig, run_dir: Path, name: str = "study",
               metrics: Mapping[str, float] | None = None,
               params: Mapping[str, Any] | None = None) -> None:
     """The study's result tables, figures and report as artifacts of one run ``name``, with
@@ -213,7 +213,7 @@ def log_study(cfg: RunConfig, run_dir: Path, name: str = "study",
         run.finish()
 
 
-def tune_callbacks(cfg: RunConfig, name: str) -> list[Any]:
+def tune_callbacks(cfg: ExperimentConfig, name: str) -> list[Any]:
     """Tune's logger callbacks for ``cfg.track`` (sweep ``name``): every trial's reported
     metrics and parameters."""
     if cfg.track == "none":

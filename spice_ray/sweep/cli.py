@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from spice_ray.common.console import Console
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 from spice_ray.sweep.driver import SweepResult
 from spice_ray.sweep.resources import trial_bundles
 
@@ -47,7 +47,7 @@ def sweep_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"resume": not args.fresh, "curve_points": args.curve_points or None}
 
 
-def start_sweep(args: argparse.Namespace, cfgs: Sequence[RunConfig],
+def start_sweep(args: argparse.Namespace, cfgs: Sequence[ExperimentConfig],
                 train_in_trial: bool = False, console: Console | None = None) -> Any:
     """:func:`spice_ray.runtime.cli.start_run` for a sweep: its datasets, pretraining and each
     trial's placement group must fit the cluster, its tracker and searcher must be installed.
@@ -89,7 +89,7 @@ def preset_grid(grids: Mapping[str, T], preset: str) -> T:
                      f"{', '.join(grids)})")
 
 
-def main(name: str, space: Callable[[RunConfig], dict[str, Any]], doc: str | None = None, *,
+def main(name: str, space: Callable[[ExperimentConfig], dict[str, Any]], doc: str | None = None, *,
          retrain: bool = False, env: str | None = None, both: tuple[str, ...] = (),
          argv: list[str] | None = None) -> None:
     """The whole command line of a sweep script: each ``sweeps/*.py`` holds only its grids

@@ -1,7 +1,7 @@
 """The sweep driver: build or restore the Tuner, guard the restore, gather the tables.
 
 One Tune trial evaluates ONE configuration: :func:`sweep_trainable` builds the trial's
-:class:`~spice_ray.config.RunConfig` from the base config and the trial's overrides
+:class:`~spice_ray.config.ExperimentConfig` from the base config and the trial's overrides
 (:func:`apply_params`), runs SPICE online on the eval tasks of every training seed with
 :func:`~spice_ray.evaluate.actors.evaluate_parallel` (``sweep.actors_per_trial`` actors of
 ``sweep.actor_cpus`` CPUs each), reports the final regret (mean and SEM over tasks, seeds averaged
@@ -59,7 +59,7 @@ import pandas as pd
 
 from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import SILENT, Console
-from spice_ray.config import RunConfig, config_hash
+from spice_ray.config import ExperimentConfig, config_hash
 from spice_ray.results.summary import summarise
 from spice_ray.runtime import tracking
 from spice_ray.sweep.params import (
@@ -110,7 +110,7 @@ class SweepResult:
     seconds: float
 
 
-def _inputs_hash(name: str, cfg: RunConfig, search_space: Mapping[str, Any],
+def _inputs_hash(name: str, cfg: ExperimentConfig, search_space: Mapping[str, Any],
                  checkpoints: Mapping[int, str] | None, dataset_dir: Path,
                  curve_points: int | None) -> str:
     """What a sweep's results depend on, by content (a moved run directory stays current)."""
@@ -258,7 +258,7 @@ def summarise_sweep(table: pd.DataFrame) -> pd.DataFrame:
                 "seeds", "trials", "horizon", "config"]].reset_index(drop=True)
 
 
-def _searcher(cfg: RunConfig) -> Any:
+def _searcher(cfg: ExperimentConfig) -> Any:
     """Tune's search algorithm for ``sweep.search`` (None: Tune's grid/random variants)."""
     if cfg.sweep.search == "optuna":
         try:
@@ -275,7 +275,7 @@ def _searcher(cfg: RunConfig) -> Any:
     return None
 
 
-def _scheduler(cfg: RunConfig) -> Any:
+def _scheduler(cfg: ExperimentConfig) -> Any:
     """ASHA over the trial's reported chunks (``sweep.scheduler=asha``), else FIFO."""
     if cfg.sweep.scheduler != "asha":
         return None
@@ -287,7 +287,7 @@ def _scheduler(cfg: RunConfig) -> Any:
 
 def run_sweep(
     name: str,
-    base_cfg: RunConfig,
+    base_cfg: ExperimentConfig,
     search_space: Mapping[str, Any],
     checkpoints: Mapping[int, str | Path] | None,
     dataset_dir: str | Path,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import RunConfig, deep_merge, from_dict
+from spice_ray.config import ExperimentConfig, deep_merge, from_dict
 from spice_ray.experiments import WEIGHT_VARIANTS
 
 PARAM_SECTIONS = ("fusion", "model", "train", "eval")
@@ -33,7 +33,7 @@ class SweepFault(RuntimeError):
 
 
 
-def apply_params(base: RunConfig, params: Mapping[str, Any]) -> RunConfig:
+def apply_params(base: ExperimentConfig, params: Mapping[str, Any]) -> ExperimentConfig:
     """The base config with a trial's overrides applied and validated.
 
     Args:

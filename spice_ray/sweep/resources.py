@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 
 if TYPE_CHECKING:
     from ray.tune import PlacementGroupFactory
@@ -24,7 +24,7 @@ RESERVE_CPUS = 1.0
 """CPUs :func:`auto_max_concurrent` keeps free for Ray's own tasks and the driver."""
 
 
-def trial_bundles(cfg: RunConfig, train_in_trial: bool = False,
+def trial_bundles(cfg: ExperimentConfig, train_in_trial: bool = False,
                   cluster: Mapping[str, float] | None = None) -> list[dict[str, float]]:
     """Placement-group bundles of one trial: a head bundle for the trial actor, then one bundle
     per evaluation actor (``sweep.actor_cpus`` CPUs, plus ``eval.actor_gpus`` GPUs if set).
@@ -50,7 +50,7 @@ def trial_bundles(cfg: RunConfig, train_in_trial: bool = False,
     return [head] + [dict(actor) for _ in range(cfg.sweep.actors_per_trial)]
 
 
-def trial_resources(cfg: RunConfig, train_in_trial: bool = False) -> PlacementGroupFactory:
+def trial_resources(cfg: ExperimentConfig, train_in_trial: bool = False) -> PlacementGroupFactory:
     """The trial's :class:`ray.tune.PlacementGroupFactory` (see :func:`trial_bundles`)."""
     from ray import tune
 

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.common.console import SILENT, Console
-from spice_ray.config import RunConfig, from_dict
+from spice_ray.config import ExperimentConfig, from_dict
 from spice_ray.results.summary import summarise
 from spice_ray.sweep.params import (
     SweepError,
@@ -74,7 +74,7 @@ def downsample(rows: pd.DataFrame, points: int | None) -> pd.DataFrame:
     return pd.concat(keep, ignore_index=True)
 
 
-def resolve_checkpoint(cfg: RunConfig, seed: int, dataset_dir: str | Path,
+def resolve_checkpoint(cfg: ExperimentConfig, seed: int, dataset_dir: str | Path,
                        train_in_trial: bool = False) -> Path:
     """The SPICE checkpoint of ``cfg`` and ``seed`` (for retraining sweeps).
 
@@ -99,7 +99,7 @@ def resolve_checkpoint(cfg: RunConfig, seed: int, dataset_dir: str | Path,
 
 
 def evaluate_chunks(
-    cfg: RunConfig,
+    cfg: ExperimentConfig,
     dataset_dir: str | Path,
     checkpoints: Mapping[int, str] | None = None,
     curve_points: int | None = None,
@@ -187,7 +187,7 @@ def sweep_trainable(
 
     Args:
         config: the trial's parameters (see :func:`apply_params`).
-        base: the base RunConfig as a dict (absolute ``out_dir``).
+        base: the base ExperimentConfig as a dict (absolute ``out_dir``).
         dataset_dir: absolute dataset directory.
         checkpoints: {seed: absolute checkpoint dir}, or None for retraining sweeps.
         curve_points: steps kept per curve.
@@ -228,7 +228,7 @@ def sweep_trainable(
 
 
 def make_trainable(
-    cfg: RunConfig,
+    cfg: ExperimentConfig,
     dataset_dir: str | Path,
     checkpoints: Mapping[int, str | Path] | None,
     curve_points: int | None = None,
@@ -248,7 +248,7 @@ def make_trainable(
 
 
 
-def ensure_models(cfg: RunConfig, kind: str = "spice", console: Console = SILENT
+def ensure_models(cfg: ExperimentConfig, kind: str = "spice", console: Console = SILENT
                   ) -> tuple[Path, dict[int, str]]:
     """Generate the dataset and pretrain ``kind`` for every seed (each skipped when current).
 
@@ -266,7 +266,7 @@ def ensure_models(cfg: RunConfig, kind: str = "spice", console: Console = SILENT
     return ds_dir, finals
 
 
-def pretrain_grid(cfg: RunConfig, search_space: Mapping[str, Any], dataset_dir: str | Path,
+def pretrain_grid(cfg: ExperimentConfig, search_space: Mapping[str, Any], dataset_dir: str | Path,
                   console: Console = SILENT) -> list[Path]:
     """Pretrain SPICE for every trial's model/train settings and every seed, before a
     retraining sweep (each skipped when current; identical models trained once)."""

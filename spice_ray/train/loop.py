@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from spice_ray.common.artifacts import publish_dir
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import RunConfig, config_hash, from_dict
+from spice_ray.config import ExperimentConfig, config_hash, from_dict
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model
@@ -52,7 +52,7 @@ class TrainJob:
     seed: int
 
     @property
-    def cfg(self) -> RunConfig:
+    def cfg(self) -> ExperimentConfig:
         return from_dict(self.config)
 
     def identity(self) -> str:
@@ -66,7 +66,7 @@ class TrainJob:
                                                    "checkpoint_every")}})
 
 
-def steps_per_epoch(cfg: RunConfig) -> int:
+def steps_per_epoch(cfg: ExperimentConfig) -> int:
     """Optimiser steps per epoch, whatever the number of workers (each takes its share of a
     ``train.batch_size`` batch)."""
     return max(1, cfg.data.num_train_tasks // cfg.train.batch_size)
@@ -141,7 +141,7 @@ def unwrap(model: nn.Module) -> TrunkModel:
     return model.module if hasattr(model, "module") else model  # type: ignore[return-value]
 
 
-def compute_loss(model: nn.Module, batch: dict[str, Any], job_kind: str, cfg: RunConfig,
+def compute_loss(model: nn.Module, batch: dict[str, Any], job_kind: str, cfg: ExperimentConfig,
                  device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one batch and return (loss, detached components)."""
     tokens = make_tokens(batch, cfg.env, device=device)

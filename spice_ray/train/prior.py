@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 from spice_ray.data import store
 
 
-def data_shrink_prior(cfg: RunConfig, dataset_dir: str | Path) -> tuple[float, float]:
+def data_shrink_prior(cfg: ExperimentConfig, dataset_dir: str | Path) -> tuple[float, float]:
     """Mean and variance of the train split's TD(n) reward targets (no bootstrap term):
     sum_{i<n, t+i<=T} gamma^i r_{t+i}, over every transition whose n rewards are in context.
     Computed once per (split content, n, gamma) in a process.
@@ -62,7 +62,7 @@ def _target_stats(dataset_dir: str, content: str, n: int, gamma: float,
     return mean, max(total_sq / max(count, 1) - mean * mean, 1e-6)
 
 
-def resolve_config(cfg: RunConfig, dataset_dir: str | Path) -> RunConfig:
+def resolve_config(cfg: ExperimentConfig, dataset_dir: str | Path) -> ExperimentConfig:
     """``cfg`` with what depends on the data filled in: ``train.shrink_prior="data"`` sets
     ``shrink_prior_mean`` / ``shrink_prior_var`` from :func:`data_shrink_prior`."""
     if cfg.train.shrink_prior != "data":

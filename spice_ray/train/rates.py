@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.model.registry import build_model
 from spice_ray.train.loop import compute_loss
@@ -22,7 +22,7 @@ _MEASURED: dict[str, float] = {}
 """Step times already measured in this process, by what they depend on."""
 
 
-def step_seconds(cfg: RunConfig, kind: str, steps: int = 1, device: str = "cpu") -> float:
+def step_seconds(cfg: ExperimentConfig, kind: str, steps: int = 1, device: str = "cpu") -> float:
     """Median seconds of one optimiser step of a ``kind`` model for ``cfg`` on ``device``
     (after one warm-up step), with each worker's share of ``train.batch_size``; measured once
     per model size, environment shape (actions, state width, horizon) and batch in a
@@ -35,7 +35,7 @@ def step_seconds(cfg: RunConfig, kind: str, steps: int = 1, device: str = "cpu")
     return _MEASURED[key]
 
 
-def _measure(cfg: RunConfig, kind: str, steps: int, device: str) -> float:
+def _measure(cfg: ExperimentConfig, kind: str, steps: int, device: str) -> float:
     workers = max(1, cfg.train.num_workers)
     batch_size = math.ceil(cfg.train.batch_size / workers)
     batch = generate_tasks(cfg.env, cfg.data, "train", np.arange(batch_size))

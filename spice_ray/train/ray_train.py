@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from spice_ray.common.console import SILENT, Bar, Console
 from spice_ray.common.placement import TRAINER, placement_resources
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.tokens import make_tokens
@@ -203,7 +203,7 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
             "fit_seconds": time.perf_counter() - t0}
 
 
-def threads_per_worker(cfg: RunConfig, workers: int | None = None) -> int:
+def threads_per_worker(cfg: ExperimentConfig, workers: int | None = None) -> int:
     """Torch threads of each of ``workers`` Train workers (default ``train.num_workers``): the
     cluster's CPUs shared out, at most 8. A model's weights depend on it bit for bit (CPU
     matrix products split their work by thread)."""
@@ -376,7 +376,7 @@ def final_is_current(final_dir: Path, job: TrainJob) -> bool:
     return False
 
 
-def plan_job(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
+def plan_job(cfg: ExperimentConfig, kind: str, seed: int, dataset_dir: str | Path,
              checkpoints_root: str | Path | None = None) -> tuple[TrainJob, Path]:
     """The job for one model and its run directory ``<root>/<dataset>/<kind>-<id>-seed<k>``.
 
@@ -394,7 +394,7 @@ def plan_job(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
     return job, root / dataset_dir.name / f"{kind}-{job.identity()[:8]}-seed{seed}"
 
 
-def pretrain(cfg: RunConfig, kind: str, seed: int, dataset_dir: str | Path,
+def pretrain(cfg: ExperimentConfig, kind: str, seed: int, dataset_dir: str | Path,
              checkpoints_root: str | Path | None = None, console: Console = SILENT,
              label: str = "") -> Path:
     """Pretrain one model (skipped when its final checkpoint is current); returns ``final``.

@@ -24,7 +24,7 @@ import torch
 from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import SILENT, Bar, Console, count
 from spice_ray.common.placement import TRAINER, placement_resources
-from spice_ray.config import RunConfig
+from spice_ray.config import ExperimentConfig
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.runtime.resources import gpus_available
@@ -202,7 +202,7 @@ class ModelSpec:
     """One model of :func:`pretrain_many`: its config (a variant's train settings applied),
     kind, seed and display name."""
 
-    cfg: RunConfig
+    cfg: ExperimentConfig
     kind: str
     seed: int
     name: str = ""
