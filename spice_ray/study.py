@@ -194,7 +194,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         "data": store.split_id(dataset, "eval")})
     if _tables_done(plan.run_dir, name, tables, inputs):
         log.info("[evaluate] %s: tables are current, skipped", name)
-        console.line(f"  {name}: {len(tables)} tables are current, skipped")
+        console.line(f"  {name}: {count(len(tables), 'table')} current, skipped")
         return tables
     data = store.load_split(dataset, "eval", limit=cfg.eval.num_tasks)
     rows: dict[str, list[pd.DataFrame]] = {ev.name: [] for ev in exp.evaluations}
