@@ -178,3 +178,27 @@ def test_every_environment_is_a_registered_gymnasium_env() -> None:
         e.reset(seed=1)
         _, reward, terminated, truncated, info = e.step(e.action_space.sample())
         assert np.isfinite(reward) and np.isfinite(info["regret"]) and not terminated
+
+
+def test_a_vector_env_plays_consecutive_tasks_each_as_its_own_env() -> None:
+    """gymnasium.make_vec gives tasks task, task + 1, ... (not copies of one), and each
+    sub-environment steps exactly as the single environment of its task seeded s + i."""
+    import gymnasium
+
+    import spice_ray.envs.gym  # noqa: F401  (registers the ids)
+
+    vec = gymnasium.make_vec("spice_ray/bandit-v0", num_envs=3, task=2, preset="smoke")
+    obs, _ = vec.reset(seed=5)
+    assert obs.shape == (3, 1) and vec.single_action_space.n == 5
+    actions = np.array([0, 3, 4])
+    _, rewards, _, _, infos = vec.step(actions)
+    for i in range(3):
+        one = gymnasium.make("spice_ray/bandit-v0", task=2 + i, preset="smoke")
+        one.reset(seed=5 + i)
+        _, r, _, _, info = one.step(int(actions[i]))
+        assert rewards[i] == r and infos["regret"][i] == info["regret"]
+    means = [gymnasium.make("spice_ray/bandit-v0", task=t, preset="smoke").unwrapped.tasks.means
+             for t in (2, 3)]
+    assert not np.array_equal(means[0], means[1])  # two tasks, not one task twice
+    with pytest.raises(ValueError, match="num_envs must be >= 1, not 0"):
+        gymnasium.make_vec("spice_ray/bandit-v0", num_envs=0, preset="smoke")

@@ -37,3 +37,20 @@ def gym_env(name: str, task: int = 0, split: str = "eval", preset: str = "small"
     env = cfg.environment()
     tasks = env.eval_tasks(generate_tasks(cfg.env, cfg.data, split, np.array([int(task)])))
     return TaskEnv(env, tasks, 0, horizon)
+
+
+def gym_vector_env(num_envs: int, name: str, task: int = 0, split: str = "eval",
+                   preset: str = "small", horizon: int | None = None) -> Any:
+    """``num_envs`` consecutive tasks ``task, task + 1, ...`` of ``split`` as one Gymnasium
+    vector environment (each its own task, not copies of one); the vector entry point of
+    ``gymnasium.make_vec("spice_ray/<name>-v0", num_envs=8, split=..., preset=...)``.
+    ``reset(seed=s)`` seeds sub-environment i with s + i, as Gymnasium's vector envs do."""
+    from functools import partial
+
+    import gymnasium
+
+    if int(num_envs) < 1:
+        raise ValueError(f"num_envs must be >= 1, not {num_envs!r}")
+    return gymnasium.vector.SyncVectorEnv(
+        [partial(gym_env, name, int(task) + i, split, preset, horizon)
+         for i in range(int(num_envs))])

@@ -5,6 +5,7 @@ Every environment is registered with Gymnasium when this module is imported::
     import gymnasium, spice_ray.envs.gym
     env = gymnasium.make("spice_ray/darkroom-v0", task=3, split="eval", preset="small")
     # or, without the import: gymnasium.make("spice_ray.envs.gym:spice_ray/darkroom-v0")
+    envs = gymnasium.make_vec("spice_ray/darkroom-v0", num_envs=8, split="eval")  # tasks 0-7
 
 gives task 3 of the darkroom's eval split at the small preset, the same task as the study's.
 
@@ -96,6 +97,7 @@ def register_gym_envs() -> list[str]:
         env_id = f"{GYM_NAMESPACE}/{name}-v0"
         if env_id not in gymnasium.registry:
             gymnasium.register(id=env_id, entry_point="spice_ray.data.tasks:gym_env",
+                               vector_entry_point="spice_ray.data.tasks:gym_vector_env",
                                kwargs={"name": name})
         ids.append(env_id)
     return ids
