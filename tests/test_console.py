@@ -189,3 +189,24 @@ def test_signals_end_a_run_in_one_line_with_the_signals_exit_status(capsys) -> N
         assert "run the same command again to resume" in err[0]
         assert out.getvalue().startswith("  model 1/1: stopped (")
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_what_a_library_prints_goes_to_the_log_not_the_console(caplog) -> None:
+    import contextlib
+    import io
+    import logging
+
+    from spice_ray.common.console import Console, printed_to_log
+
+    out = io.StringIO()
+    console = Console(stream=out, live=False)
+    caplog.set_level(logging.INFO)
+    with contextlib.redirect_stdout(io.StringIO()) as terminal:
+        with printed_to_log(logging.getLogger("lib")):
+            print("banner\n\nmore", end="")
+            console.line("ours")
+            print(" and the rest")
+        print("after")
+    assert [r.getMessage() for r in caplog.records if r.name == "lib"] == [
+        "banner", "more and the rest"]
+    assert out.getvalue() == "ours\n" and terminal.getvalue() == "after\n"

@@ -210,10 +210,16 @@ def test_search_spaces_are_checked_counted_and_hashed_stably() -> None:
 
 
 @pytest.mark.ray
-def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any]) -> None:
+def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any], capfd, caplog) -> None:
     """Four Optuna trials over beta, each reporting its running regret after each quarter of
-    the tasks; ASHA stops at least one, and the tables say which."""
+    the tasks; ASHA stops at least one, and the tables say which. Tune's banner and Optuna's
+    INFO lines go to the log, not the terminal."""
+    import logging
+
     from ray import tune
+
+    caplog.set_level(logging.INFO)
+    capfd.readouterr()
 
     cfg = models["cfg"].replace(sweep=dataclasses.replace(
         models["cfg"].sweep, search="optuna", scheduler="asha", num_samples=4,
@@ -221,6 +227,10 @@ def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any]) -> None:
     space = {"fusion": {"beta": tune.loguniform(0.01, 100.0)}}
     result = run_sweep("optuna_asha", cfg, space, models["ckpts"], models["ds"], models["out"],
                        curve_points=5)
+    printed = "".join(capfd.readouterr())
+    for line in ("Configuration for experiment", "View detailed results here",
+                 "A new study created"):
+        assert line not in printed and line in caplog.text, (line, printed[-2000:])
     trials = result.trials
     assert len(trials) == 4 and trials["fusion.beta"].nunique() == 4
     assert (trials["chunks"] == 4).all()
@@ -356,3 +366,13 @@ def test_every_sweep_script_is_its_grids_and_one_shared_command_line(monkeypatch
     assert preset_grid(_script("ensemble_size")["GRIDS"], "medium") == (2, 4, 7, 10)
     with pytest.raises(ValueError, match="no grid for preset 'smoke'"):
         preset_grid({"paper": 1}, "smoke")
+
+
+def test_the_console_shows_sweep_parameters_rounded_and_flat() -> None:
+    from spice_ray.sweep.cli import shown_params
+    from spice_ray.sweep.params import params_json
+
+    cell = params_json({"fusion": {"beta": 1.1423254155608376, "kernel": "rbf", "tau": 0.5}})
+    assert shown_params(cell) == "fusion.beta=1.142, fusion.kernel=rbf, fusion.tau=0.5"
+    assert shown_params(params_json({"fusion": {"v_min": 1.5e-05}})) == "fusion.v_min=1.5e-05"
+    assert shown_params("not json") == "not json"

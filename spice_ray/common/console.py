@@ -10,12 +10,13 @@ work is moving. Library code reports through a :class:`Console` it is handed (or
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from tqdm import tqdm
@@ -182,3 +183,41 @@ class _Discard(io.TextIOBase):
 
 SILENT = Console(stream=_Discard(), live=False, heartbeat_s=float("inf"))
 """The console of library calls made without one (tests, notebooks): prints nothing."""
+
+
+class _LogLines(io.TextIOBase):
+    """A text stream whose lines become INFO records of ``logger``."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger, self.pending = logger, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            if line.strip():
+                self.logger.info("%s", line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending.strip():
+            self.logger.info("%s", self.pending)
+        self.pending = ""
+
+
+@contextlib.contextmanager
+def printed_to_log(logger: logging.Logger, enabled: bool = True) -> Iterator[None]:
+    """What a library prints on this process's stdout inside the block becomes INFO lines of
+    ``logger`` (so the run's log, not the terminal); a :class:`Console` keeps writing to the
+    stream it was made with. ``enabled=False`` leaves stdout alone."""
+    if not enabled:
+        yield
+        return
+    stream = _LogLines(logger)
+    try:
+        with contextlib.redirect_stdout(stream):
+            yield
+    finally:
+        stream.flush()

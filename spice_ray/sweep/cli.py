@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -17,13 +18,28 @@ from spice_ray.sweep.resources import trial_bundles
 T = TypeVar("T")
 
 
+def shown_params(params: str) -> str:
+    """A ``params`` JSON cell for reading: floats to 4 significant digits, sections flattened
+    (``fusion.beta=1.142, fusion.kernel=uniform``); the tables keep the exact values."""
+    def flat(value: Any, prefix: str = "") -> list[str]:
+        if isinstance(value, dict):
+            return [item for k in sorted(value) for item in flat(value[k], f"{prefix}{k}.")]
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return [f"{prefix[:-1]}={shown}"]
+
+    try:
+        return ", ".join(flat(json.loads(params)))
+    except (TypeError, ValueError):
+        return str(params)
+
+
 def format_best(summary: pd.DataFrame, top: int = 5) -> str:
-    """The ``top`` configurations as text lines (rank, final regret +- SEM, params)."""
+    """The ``top`` configurations as text lines (rank, final regret +- SEM, params rounded)."""
     lines = []
     for row in summary.head(top).itertuples(index=False):
         stopped = "" if row.complete else ", stopped early"
         lines.append(f"  #{row.rank:<3d} final regret {row.mean:9.4f} +- {row.sem:7.4f} "
-                     f"(n={row.n}, seeds={row.seeds}{stopped})  {row.params}")
+                     f"(n={row.n}, seeds={row.seeds}{stopped})  {shown_params(row.params)}")
     return "\n".join(lines)
 
 

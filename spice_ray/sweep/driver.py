@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from spice_ray.common.artifacts import atomic_write_text
-from spice_ray.common.console import SILENT, Console
+from spice_ray.common.console import SILENT, Console, printed_to_log
 from spice_ray.config import ExperimentConfig, config_hash
 from spice_ray.results.summary import summarise
 from spice_ray.runtime import tracking
@@ -262,11 +262,14 @@ def _searcher(cfg: ExperimentConfig) -> Any:
     """Tune's search algorithm for ``sweep.search`` (None: Tune's grid/random variants)."""
     if cfg.sweep.search == "optuna":
         try:
-            import optuna  # noqa: F401
+            import optuna
             from ray.tune.search.optuna import OptunaSearch
         except ImportError as exc:
             raise SweepError("sweep.search=optuna needs the optuna package: pip install "
                              "'spice-ray[search]'") from exc
+        # Optuna's own INFO lines ("A new study created ...") go to the run's log, not stderr
+        optuna.logging.disable_default_handler()
+        optuna.logging.enable_propagation()
         return OptunaSearch(seed=cfg.sweep.seed)
     if cfg.sweep.search == "random":
         from ray.tune.search import BasicVariantGenerator
@@ -392,7 +395,9 @@ def run_sweep(
                 callbacks=[callbacks.TrialProgress(name, num_trials),
                            *tracking.tune_callbacks(cfg, name)]),
         )
-    grid = tuner.fit()
+    # Tune's banner, "View detailed results here" and TensorBoard hint: to the run's log
+    with printed_to_log(logging.getLogger("spice_ray.sweep.tune"), enabled=verbose == 0):
+        grid = tuner.fit()
     if grid.num_errors:
         failed = [f"{(r.metrics or {}).get('trial_id', '?')} {params_json(r.config or {})}: "
                   f"{type(r.error).__name__}: {str(r.error).strip().splitlines()[-1:]}"
