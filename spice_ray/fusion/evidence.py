@@ -26,20 +26,14 @@ class FusionSettings(Protocol):
     """What the fusion reads of its settings (the run config's ``fusion`` section has these
     fields and more); named here so that this kernel imports nothing above it."""
 
-    @property
-    def kernel(self) -> str: ...
-    @property
-    def tau(self) -> float: ...
-    @property
-    def target(self) -> str: ...
-    @property
-    def td_n(self) -> int: ...
-    @property
-    def gamma(self) -> float: ...
-    @property
-    def noise_var(self) -> float: ...
-    @property
-    def v_min(self) -> float: ...
+    kernel: str
+    tau: float
+    target: str
+    td_n: int
+    gamma: float
+    noise_var: float
+    v_min: float
+
 
 STATS_DTYPE = torch.float64
 """Evidence, posteriors and action scores are float64 on the CPU (as in the baselines)."""
