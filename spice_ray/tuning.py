@@ -11,8 +11,8 @@ The grid (:func:`candidates`):
 
 - posterior-UCB methods (SPICE, the flat and oracle priors, Count-UCB, Bayes posterior-UCB):
   beta in :data:`BETAS` and the theory schedule beta_t = sqrt(2 log t);
-- and, for fused methods with a smooth kernel over states (darkroom), the bandwidth tau in
-  :data:`TAUS` (every pair);
+- and, for fused methods whose kernel reads a bandwidth (``fusion.BANDWIDTH_KERNELS``: the RBF)
+  over states (darkroom), the bandwidth tau in :data:`TAUS` (every pair);
 - UCB and LinUCB: the exploration constant c in :data:`UCB_C`.
 
 Methods without a hyperparameter (DPT, TS, Random, ...) run once on validation too, so every
@@ -45,6 +45,7 @@ from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
 from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.experiments import EXPERIMENTS, Experiment
+from spice_ray.fusion import BANDWIDTH_KERNELS
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import Finals
 from spice_ray.results.schema import NO_SEED
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 BETAS = (0.5, 1.0, 2.0, 4.0)
 """Fixed beta values of the grid (the theory schedule is one more point)."""
 TAUS = (0.3, 0.5, 0.7, 1.0)
-"""Kernel bandwidths of the grid (smooth kernels over states only)."""
+"""Kernel bandwidths of the grid (kernels that read one, over states only)."""
 UCB_C = (0.5, 1.0, 2.0, 4.0)
 """UCB's and LinUCB's exploration constants of the grid."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
@@ -83,7 +84,7 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig) -> list[Candidate]:
     """Every grid point of ``spec`` (see the module docstring), in grid order."""
     info = spec.info
     if info.fused or "beta" in info.settings:
-        smooth = info.fused and spec.fusion.kernel not in ("uniform", "exact") \
+        smooth = info.fused and spec.fusion.kernel in BANDWIDTH_KERNELS \
             and spec.fusion.kernel_space == "state"
         points = [(("beta", b),) for b in BETAS] + [(("beta_schedule", "sqrt2logt"),)]
         if smooth:

@@ -24,9 +24,11 @@ kernel weighs every transition alike: its grid is beta and the schedule only. Pe
 
 `small` is cut down so that both envs finish in ~15 min on 2 cores (about 5-25 s per trial).
 
-Search instead of enumerate: ``--set sweep.search=optuna`` (Tune's Optuna searcher, seeded by
-sweep.seed) or ``random`` samples kernel, tau, beta and schedule from ranges
-(:func:`search_space`), ``sweep.num_samples`` trials; ``--set sweep.scheduler=asha`` lets
+Search instead of enumerate: ``--set sweep.search=optuna`` (Optuna's TPE through Tune, seeded by
+sweep.seed) or ``random`` (Optuna's uniform sampler) samples kernel, tau, beta and schedule from
+ranges (:func:`search_space`), ``sweep.num_samples`` trials at most: tau only for the RBF and beta
+only for the fixed schedule, and a configuration drawn twice runs once (the search ends early
+when it finds nothing new); ``--set sweep.scheduler=asha`` lets
 Tune's ASHA stop trials whose running regret after a chunk of the tasks is poor:
 
     python sweeps/kernel_beta.py --env darkroom --set sweep.search=optuna \
@@ -39,6 +41,8 @@ from typing import Any
 
 from spice_ray import sweep
 from spice_ray.config import ExperimentConfig, FusionConfig
+from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
+from spice_ray.sweep.params import Conditional
 
 KERNELS = ("uniform", "cosine", "rbf")
 GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
@@ -59,26 +63,35 @@ def fusion_grid(base: FusionConfig, taus: tuple[float, ...], betas: tuple[float,
     """
     kernels = ([{"kernel": base.kernel, "tau": base.tau}] if stateless else
                [{"kernel": k, "tau": float(t)} for k in KERNELS
-                for t in (taus if k == "rbf" else (base.tau,))])
+                for t in (taus if k in BANDWIDTH_KERNELS else (base.tau,))])
     schedules = ([{"beta_schedule": "fixed", "beta": float(b)} for b in betas]
-                 + [{"beta_schedule": "sqrt2logt", "beta": base.beta}])
+                 + [{"beta_schedule": s, "beta": base.beta} for s in sorted(BETA_FREE_SCHEDULES)])
     return [k | s for k in kernels for s in schedules]
 
 
 def search_space(base: FusionConfig, preset: str, search: str = "grid",
                  stateless: bool = False) -> dict[str, Any]:
     """The Tune param_space: one grid over the fusion overrides of :func:`fusion_grid`, or
-    (``sweep.search`` random or optuna) samplers over the same ranges: kernel, log-uniform
-    tau in [0.05, 5] and beta in [0.1, 10], and the beta schedule."""
+    (``sweep.search`` random or optuna) a conditional space over the same ranges: the kernel,
+    log-uniform tau in [0.05, 5] for a kernel that reads it, the beta schedule, and log-uniform
+    beta in [0.1, 10] for a schedule that reads it (the others keep the base value, unused)."""
     from ray import tune
 
     if search == "grid":
         return {"fusion": tune.grid_search(fusion_grid(base, **sweep.preset_grid(GRIDS, preset),
                                                        stateless=stateless))}
     kernel = ({"kernel": base.kernel, "tau": base.tau} if stateless else
-              {"kernel": tune.choice(list(KERNELS)), "tau": tune.loguniform(0.05, 5.0)})
-    return {"fusion": {**kernel, "beta_schedule": tune.choice(["fixed", "sqrt2logt"]),
-                       "beta": tune.loguniform(0.1, 10.0)}}
+              {"kernel": tune.choice(list(KERNELS)),
+               "tau": Conditional(tune.loguniform(0.05, 5.0),
+                                  when={"fusion.kernel": tuple(sorted(BANDWIDTH_KERNELS))},
+                                  otherwise=base.tau)})
+    schedules = ("fixed", "sqrt2logt")
+    return {"fusion": {**kernel, "beta_schedule": tune.choice(list(schedules)),
+                       "beta": Conditional(tune.loguniform(0.1, 10.0),
+                                           when={"fusion.beta_schedule": tuple(
+                                               s for s in schedules
+                                               if s not in BETA_FREE_SCHEDULES)},
+                                           otherwise=base.beta)}}
 
 
 def space_of(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -4,6 +4,7 @@ sweep, trial resources and concurrency. One smoke bandit dataset and checkpoint 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -193,8 +194,20 @@ def test_search_spaces_are_checked_counted_and_hashed_stably() -> None:
     check_space(sampled, "optuna")
     with pytest.raises(SweepError, match="'fusion.beta' is a random sampler; set sweep.search"):
         check_space(sampled, "grid")
-    with pytest.raises(SweepError, match="'fusion.beta' is a grid search, which Optuna"):
-        check_space(grid, "optuna")
+    mixed = {"fusion": {"beta": tune.grid_search([0.5, 1.0]), "tau": tune.uniform(0.1, 1.0)}}
+    for search in ("optuna", "random"):
+        with pytest.raises(SweepError, match="'fusion.beta' is a grid search, which a sampled"):
+            check_space(mixed, search)
+    from spice_ray.sweep.params import Conditional
+    backwards = {"fusion": {"tau": Conditional(tune.uniform(0.1, 1.0),
+                                               when={"fusion.kernel": ("rbf",)}, otherwise=0.5),
+                            "kernel": tune.choice(["rbf", "uniform"])}}
+    with pytest.raises(SweepError, match="'fusion.tau' is sampled when 'fusion.kernel' has"):
+        check_space(backwards, "random")
+    forwards = {"fusion": dict(reversed(list(backwards["fusion"].items())))}
+    check_space(forwards, "random")
+    assert '"conditional":' in space_json(forwards) and '"otherwise":0.5' in \
+        space_json(forwards)
     with pytest.raises(SweepError, match="needs random samplers"):
         check_space(grid, "random")
     with pytest.raises(SweepError, match="not known before Tune samples them"):
@@ -211,9 +224,10 @@ def test_search_spaces_are_checked_counted_and_hashed_stably() -> None:
 
 @pytest.mark.ray
 def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any], capfd, caplog) -> None:
-    """Four Optuna trials over beta, each reporting its running regret after each quarter of
-    the tasks; ASHA stops at least one, and the tables say which. Tune's banner and Optuna's
-    INFO lines go to the log, not the terminal."""
+    """Four Optuna trials over the schedule and beta (drawn for the fixed schedule only), each
+    reporting its running regret after each quarter of the tasks; ASHA stops at least one, and
+    the tables say which; no configuration runs twice. Tune's banner and Optuna's INFO lines
+    go to the log, not the terminal."""
     import logging
 
     from ray import tune
@@ -224,7 +238,13 @@ def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any], capfd, ca
     cfg = models["cfg"].replace(sweep=dataclasses.replace(
         models["cfg"].sweep, search="optuna", scheduler="asha", num_samples=4,
         max_concurrent_trials=1, seed=3))
-    space = {"fusion": {"beta": tune.loguniform(0.01, 100.0)}}
+    from spice_ray.sweep.params import Conditional
+
+    base_beta = cfg.fusion.beta
+    space = {"fusion": {"beta_schedule": tune.choice(["fixed", "sqrt2logt"]),
+                        "beta": Conditional(tune.loguniform(0.01, 100.0),
+                                            when={"fusion.beta_schedule": ("fixed",)},
+                                            otherwise=base_beta)}}
     result = run_sweep("optuna_asha", cfg, space, models["ckpts"], models["ds"], models["out"],
                        curve_points=5)
     printed = "".join(capfd.readouterr())
@@ -232,7 +252,9 @@ def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any], capfd, ca
                  "A new study created"):
         assert line not in printed and line in caplog.text, (line, printed[-2000:])
     trials = result.trials
-    assert len(trials) == 4 and trials["fusion.beta"].nunique() == 4
+    assert len(trials) == 4 and trials["params"].nunique() == 4
+    fixed = trials["fusion.beta_schedule"] == "fixed"
+    assert (trials.loc[~fixed, "fusion.beta"] == base_beta).all() and (~fixed).sum() <= 1
     assert (trials["chunks"] == 4).all()
     stopped = trials[trials["stopped_early"]]
     assert len(stopped) >= 1 and (stopped["chunk"] < 4).all()
@@ -255,19 +277,108 @@ def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any], capfd, ca
 def test_optuna_searcher_is_seeded_by_the_config() -> None:
     from ray import tune
 
-    from spice_ray.sweep.driver import _searcher
+    from spice_ray.sweep.search import make_searcher
 
     space = {"fusion": {"beta": tune.loguniform(0.01, 100.0)}}
 
-    def first_suggestions(seed: int) -> list[float]:
-        cfg = make_config("smoke", "bandit", overrides=["sweep.search=optuna",
-                                                        f"sweep.seed={seed}"])
-        searcher = _searcher(cfg)
-        searcher.set_search_properties("regret_mean", "min", space)
+    def first_suggestions(search: str, seed: int) -> list[float]:
+        searcher = make_searcher(search, space, seed, "regret_mean")
         return [searcher.suggest(f"t{i}")["fusion"]["beta"] for i in range(3)]
 
-    assert first_suggestions(3) == first_suggestions(3)
-    assert first_suggestions(3) != first_suggestions(4)
+    for search in ("optuna", "random"):
+        assert first_suggestions(search, 3) == first_suggestions(search, 3)
+        assert first_suggestions(search, 3) != first_suggestions(search, 4)
+    assert make_searcher("grid", space, 3, "regret_mean") is None
+
+
+def _kernel_beta_space(env: str) -> tuple[dict[str, Any], Any]:
+    cfg = make_config("small", env, overrides=["sweep.search=random"])
+    return _script("kernel_beta")["space_of"](cfg), cfg.fusion
+
+
+def test_a_sampled_kernel_beta_space_draws_only_the_settings_a_config_reads() -> None:
+    """tau is drawn for the RBF only and beta for the fixed schedule only; the others carry the
+    base value, so a configuration reached twice has one set of parameters."""
+    from spice_ray.sweep.params import check_space
+    from spice_ray.sweep.search import make_searcher
+
+    space, base = _kernel_beta_space("darkroom")
+    check_space(space, "random")
+    searcher = make_searcher("random", space, 0, "regret_mean")
+    drawn = [searcher.suggest(f"t{i}")["fusion"] for i in range(60)]
+    for d in drawn:
+        assert set(d) == {"kernel", "tau", "beta_schedule", "beta"}
+        assert (d["tau"] == base.tau) == (d["kernel"] != "rbf"), d
+        assert (d["beta"] == base.beta) == (d["beta_schedule"] == "sqrt2logt"), d
+    assert {d["kernel"] for d in drawn} == {"uniform", "cosine", "rbf"}
+    assert {d["beta_schedule"] for d in drawn} == {"fixed", "sqrt2logt"}
+    # never the same configuration twice (none finished yet: the repeats wait for them)
+    keys = [json.dumps(d, sort_keys=True) for d in drawn]
+    assert len(set(keys)) == len(keys)
+
+
+def test_a_configuration_drawn_again_is_not_run_and_the_searcher_learns_its_result() -> None:
+    """The bandit's space under sqrt2logt is one configuration: it runs once; a repeat is told
+    the first result, and a space with nothing new left ends the search."""
+    import optuna
+    from ray import tune
+    from ray.tune.search import Searcher
+
+    from spice_ray.sweep.search import make_searcher
+
+    space, base = _kernel_beta_space("bandit")
+    searcher = make_searcher("random", space, 1, "regret_mean")
+    seen = []
+    for i in range(12):
+        config = searcher.suggest(f"t{i}")
+        seen.append(json.dumps(config, sort_keys=True))
+        searcher.on_trial_complete(f"t{i}", {"regret_mean": float(i)})
+    assert len(set(seen)) == 12
+    sqrt = [k for k in seen if '"sqrt2logt"' in k]
+    assert sqrt == [json.dumps({"fusion": {"beta": base.beta, "beta_schedule": "sqrt2logt",
+                                           "kernel": base.kernel, "tau": base.tau}},
+                               sort_keys=True)]
+    assert searcher.repeats > 0  # 12 uniform draws of 2 schedules repeat sqrt2logt
+    study = searcher.searcher._ot_study
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 12 + searcher.repeats
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    told = {t.value for t in trials if t.params.get("fusion/beta_schedule") == "sqrt2logt"}
+    assert told == {float(seen.index(sqrt[0]))}  # every repeat told the one result
+
+    # two configurations in all: the third suggestion ends the search; repeats of one still
+    # running wait for its result
+    tiny = make_searcher("random", {"fusion": {"kernel": tune.choice(["rbf", "uniform"])}}, 0,
+                         "regret_mean")
+    tiny.max_redraws = 20
+    first, second = tiny.suggest("a"), tiny.suggest("b")
+    assert first != second and tiny.suggest("c") == Searcher.FINISHED
+    assert tiny.repeats == 20
+    tiny.on_trial_complete("a", {"regret_mean": 1.0})
+    tiny.on_trial_complete("b", None, error=True)
+    states = {t.state for t in tiny.searcher._ot_study.get_trials(deepcopy=False)}
+    assert optuna.trial.TrialState.RUNNING not in states
+
+
+def test_a_restored_searcher_does_not_repeat_what_it_ran(tmp_path: Path) -> None:
+    from spice_ray.sweep.params import params_json
+    from spice_ray.sweep.search import make_searcher
+
+    space, _ = _kernel_beta_space("bandit")
+    searcher = make_searcher("optuna", space, 2, "regret_mean")
+    before = []
+    for i in range(6):
+        before.append(params_json(searcher.suggest(f"t{i}")))
+        searcher.on_trial_complete(f"t{i}", {"regret_mean": 10.0 - i})
+    from ray.tune.search import SearchGenerator
+
+    SearchGenerator(searcher).save_to_dir(str(tmp_path), "s1")  # as Tune saves an experiment
+    again = make_searcher("optuna", space, 2, "regret_mean")
+    SearchGenerator(again).restore_from_dir(str(tmp_path))
+    assert sorted(again.results) == sorted(before)
+    after = [params_json(again.suggest(f"u{i}")) for i in range(6)]
+    assert not set(after) & set(before) and len(set(after)) == 6
+    assert len(again.searcher._ot_study.get_trials(deepcopy=False)) >= 12
 
 
 def test_a_trial_reads_the_split_the_config_names(monkeypatch) -> None:

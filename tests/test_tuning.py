@@ -30,10 +30,14 @@ def test_every_method_with_a_beta_gets_the_same_grid() -> None:
     assert [(c.spec.fusion.beta_schedule, c.spec.fusion.beta) for c in spice[:4]] == [
         ("fixed", 0.5), ("fixed", 1.0), ("fixed", 2.0), ("fixed", 4.0)]
     assert spice[4].spec.fusion.beta_schedule == "sqrt2logt"
-    # a smooth kernel over states adds its bandwidth: every (beta, tau) pair
+    # a kernel that reads a bandwidth, over states, adds it: every (beta, tau) pair
     dark = candidates(AgentSpec("spice", fusion=DARKROOM.fusion), DARKROOM.eval)
-    assert len(dark) == 5 * len(TAUS)
+    assert DARKROOM.fusion.kernel == "rbf" and len(dark) == 5 * len(TAUS)
     assert {c.spec.fusion.tau for c in dark} == set(TAUS)
+    # kernels that ignore tau get no tau axis (its points would be identical runs)
+    for kernel in ("exact", "cosine", "uniform"):
+        other = dataclasses.replace(DARKROOM.fusion, kernel=kernel)
+        assert len(candidates(AgentSpec("spice", fusion=other), DARKROOM.eval)) == 5, kernel
     exact = dataclasses.replace(DARKROOM.fusion, kernel="exact")
     assert len(candidates(AgentSpec("count", fusion=exact), DARKROOM.eval)) == 5
     ucb = candidates(AgentSpec("ucb"), BANDIT.eval)

@@ -150,11 +150,13 @@ class SweepConfig:
     actor_cpus: float = 0.5
     """CPUs per evaluation actor inside a trial's placement group (> 0)."""
     num_samples: int = 1
-    """Repeats of the grid (grid search), or trials to sample (random, optuna); >= 1."""
+    """Repeats of the grid (grid search), or trials to sample (random, optuna: at most, a
+    configuration drawn again is not run); >= 1."""
     search: Literal["grid", "random", "optuna"] = "grid"
-    """How trials are chosen: every point of a ``tune.grid_search`` space (grid); Tune's
-    random sampling of ``tune.uniform``/``loguniform``/``choice`` (random); or Tune's Optuna
-    searcher, TPE seeded by ``sweep.seed`` (optuna, needs the ``optuna`` package)."""
+    """How trials are chosen: every point of a ``tune.grid_search`` space (grid); or samples
+    of ``tune.uniform``/``loguniform``/``choice`` (and conditional) keys drawn through Tune's
+    Optuna searcher, uniformly (random) or by TPE (optuna), seeded by ``sweep.seed``; both need
+    the ``optuna`` package, and neither runs one configuration twice."""
     scheduler: Literal["fifo", "asha"] = "fifo"
     """fifo runs every trial to the end; asha (Tune's ASHA) stops a trial whose running
     regret after a chunk is in the worse 1 - 1/reduction_factor of its rung."""

@@ -11,6 +11,7 @@ from spice_ray.fusion.evidence import (
     needs_nstep,
 )
 from spice_ray.fusion.kernels import (
+    BANDWIDTH_KERNELS,
     KERNELS,
     cosine_weights,
     exact_weights,
@@ -32,6 +33,7 @@ from spice_ray.fusion.posterior import (
 )
 from spice_ray.fusion.rules import (
     ACTION_RULES,
+    BETA_FREE_SCHEDULES,
     BETA_SCHEDULES,
     argmax_lowest,
     argmax_ties,
@@ -49,6 +51,8 @@ from spice_ray.fusion.rules import (
 
 __all__ = [
     "ACTION_RULES",
+    "BANDWIDTH_KERNELS",
+    "BETA_FREE_SCHEDULES",
     "BETA_SCHEDULES",
     "register_rule",
     "STATS_DTYPE",

@@ -123,6 +123,9 @@ KERNELS = {
 }
 """The kernel registry: name -> weights(query, context, tau, mask). ``FusionConfig.kernel``
 takes its allowed names from here; a new kernel is one function and one entry."""
+BANDWIDTH_KERNELS = frozenset({"rbf"})
+"""Kernels that read ``tau``; every other kernel ignores it (a sweep or a tuning grid does not
+vary tau for them: the runs would be identical)."""
 
 
 def kernel_weights(

@@ -22,6 +22,9 @@ ActionRule = str
 """A key of :data:`ACTION_RULES`."""
 BetaSchedule = Literal["fixed", "sqrt2logt", "sqrt_log_sat"]
 BETA_SCHEDULES = ("fixed", "sqrt2logt", "sqrt_log_sat")
+BETA_FREE_SCHEDULES = frozenset({"sqrt2logt"})
+"""Schedules that ignore ``beta`` (see :func:`beta_at`); a sweep or a tuning grid does not vary
+beta with them: the runs would be identical."""
 
 
 def argmax_lowest(scores: Tensor) -> Tensor:

@@ -71,9 +71,9 @@ def start_sweep(args: argparse.Namespace, cfgs: Sequence[ExperimentConfig],
     from spice_ray.runtime.cli import fail, start_run
     from spice_ray.runtime.resources import sweep_request
     for cfg in cfgs:
-        if cfg.sweep.search == "optuna" and importlib.util.find_spec("optuna") is None:
-            fail("sweep.search=optuna needs the optuna package: pip install "
-                 "'spice-ray[search]'")
+        if cfg.sweep.search != "grid" and importlib.util.find_spec("optuna") is None:
+            fail(f"sweep.search={cfg.sweep.search} needs the optuna package (both sampled "
+                 "searches run through it): pip install 'spice-ray[search]'")
     first = cfgs[0]
     return start_run(args.address, cfgs, first.out_dir, stages=("datasets", "pretrain"),
                      extra_requests=lambda: [sweep_request(c, trial_bundles(c, train_in_trial))

@@ -258,26 +258,6 @@ def summarise_sweep(table: pd.DataFrame) -> pd.DataFrame:
                 "seeds", "trials", "horizon", "config"]].reset_index(drop=True)
 
 
-def _searcher(cfg: ExperimentConfig) -> Any:
-    """Tune's search algorithm for ``sweep.search`` (None: Tune's grid/random variants)."""
-    if cfg.sweep.search == "optuna":
-        try:
-            import optuna
-            from ray.tune.search.optuna import OptunaSearch
-        except ImportError as exc:
-            raise SweepError("sweep.search=optuna needs the optuna package: pip install "
-                             "'spice-ray[search]'") from exc
-        # Optuna's own INFO lines ("A new study created ...") go to the run's log, not stderr
-        optuna.logging.disable_default_handler()
-        optuna.logging.enable_propagation()
-        return OptunaSearch(seed=cfg.sweep.seed)
-    if cfg.sweep.search == "random":
-        from ray.tune.search import BasicVariantGenerator
-
-        return BasicVariantGenerator(random_state=cfg.sweep.seed)
-    return None
-
-
 def _scheduler(cfg: ExperimentConfig) -> Any:
     """ASHA over the trial's reported chunks (``sweep.scheduler=asha``), else FIFO."""
     if cfg.sweep.scheduler != "asha":
@@ -311,7 +291,9 @@ def run_sweep(
         base_cfg: the config every trial starts from (seeds, eval sizes, sweep resources).
         search_space: Tune ``param_space`` over the trial parameters (see
             :func:`apply_params`): ``tune.grid_search`` with ``sweep.search=grid``, samplers
-            (``tune.uniform``, ``loguniform``, ``choice``) with ``random`` or ``optuna``.
+            (``tune.uniform``, ``loguniform``, ``choice``, and
+            :class:`~spice_ray.sweep.params.Conditional` keys) with ``random`` or ``optuna``,
+            which never run one configuration twice (:mod:`spice_ray.sweep.search`).
         checkpoints: {seed: SPICE checkpoint dir} shared by all trials, or None when trials
             retrain (see :func:`resolve_checkpoint`).
         dataset_dir: dataset with the eval split (and train split for retraining).
@@ -361,6 +343,7 @@ def run_sweep(
     callbacks.attach(name, console)
 
     restored = bool(resume and tune.Tuner.can_restore(str(exp_dir)))
+    searcher: Any = None  # a new sampled search's; a restored one is Tune's own copy
     if restored:
         recorded = check_restorable(exp_dir, inputs_file, inputs)
         log.info("[sweep %s] restoring %s (finished trials are kept)", name, exp_dir)
@@ -380,13 +363,18 @@ def run_sweep(
         atomic_write_text(inputs_file, json.dumps(
             {"inputs": inputs, "max_concurrent_trials": concurrency,
              "space": json.loads(space_json(search_space))}, indent=1))
+        from spice_ray.sweep.search import make_searcher
+
+        searcher = make_searcher(cfg.sweep.search, search_space, cfg.sweep.seed,
+                                 OPTIMISE_METRIC)
         tuner = tune.Tuner(
             trainable,
-            param_space=dict(search_space),
+            # a sampled search draws from its searcher's own (conditional) space
+            param_space=dict(search_space) if searcher is None else {},
             tune_config=tune.TuneConfig(metric=OPTIMISE_METRIC, mode="min",
                                         num_samples=cfg.sweep.num_samples,
                                         max_concurrent_trials=concurrency,
-                                        search_alg=_searcher(cfg), scheduler=_scheduler(cfg),
+                                        search_alg=searcher, scheduler=_scheduler(cfg),
                                         reuse_actors=True),
             run_config=tune.RunConfig(
                 name=name, storage_path=str(sweeps), verbose=verbose,
@@ -398,6 +386,9 @@ def run_sweep(
     # Tune's banner, "View detailed results here" and TensorBoard hint: to the run's log
     with printed_to_log(logging.getLogger("spice_ray.sweep.tune"), enabled=verbose == 0):
         grid = tuner.fit()
+    if getattr(searcher, "repeats", 0):
+        log.info("[sweep %s] %d draws repeated a configuration already run; they were told "
+                 "its result, not run", name, searcher.repeats)
     if grid.num_errors:
         failed = [f"{(r.metrics or {}).get('trial_id', '?')} {params_json(r.config or {})}: "
                   f"{type(r.error).__name__}: {str(r.error).strip().splitlines()[-1:]}"

@@ -32,6 +32,30 @@ class SweepFault(RuntimeError):
     """Raised on purpose by a trial selected by the fault-injection switch (tests)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Conditional:
+    """A sampled key of a search space that exists only under a condition on keys before it.
+
+    ``{"fusion": {"beta_schedule": tune.choice(["fixed", "sqrt2logt"]),
+    "beta": Conditional(tune.loguniform(0.1, 10), when={"fusion.beta_schedule": ("fixed",)},
+    otherwise=1.0)}}`` samples beta only for the fixed schedule; with sqrt2logt (which ignores
+    beta) the trial carries ``otherwise``, so two trials that run the same configuration have the
+    same parameters, and the searcher learns nothing about a beta that was never used. Only
+    ``sweep.search=random|optuna`` take one (:mod:`spice_ray.sweep.search`).
+    """
+
+    domain: Any
+    """The Tune domain sampled when the condition holds (``tune.loguniform``, ``choice``...)."""
+    when: Mapping[str, tuple[Any, ...]]
+    """Dotted key -> the values under which this key is sampled (every key must match); each
+    key comes earlier in the space."""
+    otherwise: Any
+    """The value when the condition fails: the setting the configuration does not read."""
+
+    def holds(self, values: Mapping[str, Any]) -> bool:
+        """Whether the condition holds for the dotted values drawn so far."""
+        return all(values.get(key) in allowed for key, allowed in self.when.items())
+
 
 def apply_params(base: ExperimentConfig, params: Mapping[str, Any]) -> ExperimentConfig:
     """The base config with a trial's overrides applied and validated.
@@ -85,9 +109,14 @@ def _is_grid(value: Any) -> bool:
     return isinstance(value, Mapping) and set(value) == {"grid_search"}
 
 
-def _is_sampler(value: Any) -> bool:
+def _is_domain(value: Any) -> bool:
     """A Tune search-space domain (``tune.uniform``, ``loguniform``, ``choice``, ...)."""
     return hasattr(value, "sample") and hasattr(value, "get_sampler")
+
+
+def _is_sampler(value: Any) -> bool:
+    """A key Tune or the searcher samples: a domain, or a :class:`Conditional` one."""
+    return _is_domain(value) or isinstance(value, Conditional)
 
 
 def _walk(space: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -112,23 +141,34 @@ def grids(space: Mapping[str, Any]) -> list[str]:
 
 
 def check_space(space: Mapping[str, Any], search: str) -> None:
-    """Refuse a space the search cannot run: samplers in a grid search, grid searches in an
-    Optuna search (Optuna samples every key), or a random search with nothing to sample.
+    """Refuse a space the search cannot run: samplers in a grid search, grid searches in a
+    sampled search (the searcher samples every key), a random search with nothing to sample,
+    or a :class:`Conditional` whose condition names a key that does not come before it.
 
     Raises:
         SweepError: naming the key and the setting to change.
     """
     sampled, gridded = samplers(space), grids(space)
+    seen: set[str] = set()
+    for key, value in _walk(space):
+        if isinstance(value, Conditional):
+            later = [k for k in value.when if k not in seen]
+            if later:
+                raise SweepError(f"search space key {key!r} is sampled when {later[0]!r} has "
+                                 "given values, but that key does not come before it; put it "
+                                 "earlier in the space")
+        seen.add(key)
     if search == "grid" and sampled:
         raise SweepError(f"search space key {sampled[0]!r} is a random sampler; set "
                          "sweep.search=random or sweep.search=optuna to sample it")
-    if search == "optuna" and gridded:
-        raise SweepError(f"search space key {gridded[0]!r} is a grid search, which Optuna "
-                         "cannot sample; use tune.choice([...]) for it")
     if search in ("random", "optuna") and not sampled:
         raise SweepError(f"sweep.search={search} needs random samplers (tune.uniform, "
                          "tune.loguniform, tune.choice) in the search space; this one is a "
                          "grid: use sweep.search=grid")
+    if search in ("random", "optuna") and gridded:
+        raise SweepError(f"search space key {gridded[0]!r} is a grid search, which a sampled "
+                         f"search (sweep.search={search}) cannot run; use tune.choice([...]) "
+                         "for it")
 
 
 def count_trials(space: Mapping[str, Any], num_samples: int) -> int:
@@ -145,7 +185,11 @@ def space_json(space: Mapping[str, Any]) -> str:
     their memory address): the same space gives the same text in every process."""
 
     def describe(value: Any) -> Any:
-        if _is_sampler(value):
+        if isinstance(value, Conditional):
+            return {"conditional": describe(value.domain),
+                    "when": {k: list(v) for k, v in sorted(value.when.items())},
+                    "otherwise": value.otherwise}
+        if _is_domain(value):
             out = {"domain": type(value).__name__,
                    "sampler": type(value.get_sampler()).__name__}
             for attr in ("lower", "upper", "categories"):
