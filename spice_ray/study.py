@@ -379,8 +379,9 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     write_timing(run_dir, plan.timings, plan.units)
     console.stage(6, 6, "report", str(report))
     if first.track != "none":
-        tracking.log_study(first, run_dir, "study", *tuning.headline(run_dir, list(plan.configs)))
-        console.line(f"  tables, figures and report logged to {first.track}")
+        tracking.log_study(first, run_dir, "study", *tuning.headline(run_dir, list(plan.configs)),
+                           checkpoints=finals)
+        console.line(f"  tables, figures, report and final checkpoints logged to {first.track}")
     return report
 
 

@@ -98,12 +98,27 @@ def test_mlflow_study_artifacts(tmp_path) -> None:
     (tmp_path / "results" / "bandit_online.parquet").write_bytes(b"PAR1")
     (tmp_path / "report.md").write_text("# report\n")
     cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}", "track=mlflow"])
+    final, dpt = tmp_path / "checkpoints" / "final", tmp_path / "checkpoints" / "dpt"
+    for path in (final, dpt):
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"weights")
+        (path / "meta.json").write_text("{}")
     log_study(cfg, tmp_path, metrics={"bandit/SPICE/final_regret": 6.5},
-              params={"bandit/SPICE/beta": 2.0})
+              params={"bandit/SPICE/beta": 2.0},
+              checkpoints={("bandit", "spice", "all", 0): final,
+                           ("bandit", "spice", "none", 0): final,  # a variant trained as another
+                           ("bandit", "dpt", "", 0): dpt})  # a kind without variants
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("spice-ray-study").experiment_id])[0]
     assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == [
-        "bandit_online.parquet", "report.md"]
+        "bandit_online.parquet", "checkpoints", "report.md"]
+    model = "checkpoints/bandit/spice/all/seed0"
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/bandit/spice")
+            ] == ["checkpoints/bandit/spice/all"]  # logged once
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/bandit/dpt")
+            ] == ["checkpoints/bandit/dpt/seed0"]
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id, model)) == [
+        f"{model}/meta.json", f"{model}/model.safetensors"]
     # the headline numbers line runs up in MLflow's compare view
     assert run.data.metrics == {"bandit/SPICE/final_regret": 6.5}
     assert run.data.params["bandit/SPICE/beta"] == "2.0"
@@ -119,3 +134,30 @@ def test_wandb_offline_run_is_written(ray_local, tmp_path, monkeypatch) -> None:
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     assert any(runs[0].glob("run-*.wandb"))  # the run's records, for `wandb sync`
+
+
+@_needs("tensorboard")
+def test_tensorboard_study_has_hparams(tmp_path) -> None:
+    """The study's chosen settings and headline metrics reach TensorBoard's HParams view."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    from spice_ray.runtime.tracking import log_study
+
+    (tmp_path / "report.md").write_text("# report\n")
+    cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}", "track=tensorboard"])
+    log_study(cfg, tmp_path, metrics={"bandit/SPICE/final_regret": 6.5},
+              params={"bandit/SPICE/beta": 2.0},
+              checkpoints={("bandit", "spice", "all", 0): tmp_path})
+    acc = EventAccumulator(str(tmp_path / "tensorboard" / "study" / "study")).Reload()
+    assert [e.value for e in acc.Scalars("bandit/SPICE/final_regret")] == [6.5]
+    content = acc.PluginTagToContent("hparams")
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"])
+    assert [m.name.tag for m in experiment.experiment.metric_infos] == [
+        "bandit/SPICE/final_regret"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(
+        content["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["bandit/SPICE/beta"].number_value == 2.0
+    assert start.hparams["fusion.beta"].number_value == cfg.fusion.beta
+    texts = acc.Tensors("checkpoints/bandit/spice/all/seed0/text_summary")
+    assert texts[0].tensor_proto.string_val[0].decode() == str(tmp_path)

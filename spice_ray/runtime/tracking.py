@@ -6,10 +6,14 @@ What is tracked:
   loss components (``train/loss``, ``train/policy``, ``train/td``, ``train/shrink``,
   ``train/anchor``), the policy-weight factors' statistics (``train/weight_mean``,
   ``train/weight_max``, ``train/q_std_mean``), the gradient norm and learning rate, and each
-  epoch's train/validation means (``epoch/*``); the run's parameters are its flattened config;
+  epoch's train/validation means (``epoch/*``); the run's parameters are its flattened config
+  (TensorBoard: the HParams view);
 * **sweeps** (the driver, Tune's own logger callbacks, :func:`tune_callbacks`): every trial's
   reported metrics (running regret after each chunk) and parameters;
-* **the study** (:func:`log_study`): the result tables, figures and report as artifacts.
+* **the study** (:func:`log_study`): its headline numbers as metrics and the settings chosen on
+  validation tasks as parameters (MLflow's compare view, TensorBoard's HParams view), the
+  result tables, figures and report as artifacts, and every final checkpoint as a model
+  artifact.
 
 Backends, each through the integration its project or Ray ships: TensorBoard with torch's
 ``SummaryWriter`` (and Tune's ``TBXLoggerCallback``) under ``<out_dir>/tensorboard``; MLflow with
@@ -90,24 +94,38 @@ class Run(Protocol):
 
     def artifact(self, path: Path) -> None: ...
 
+    def model(self, path: Path, name: str) -> None:
+        """A checkpoint directory as a model artifact named ``name``."""
+
     def finish(self) -> None: ...
 
 
 class _TensorBoard:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, params: Mapping[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.params = dict(params)
+        self.metric_names: dict[str, None] = {}
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
+            self.metric_names.setdefault(key)
 
     def artifact(self, path: Path) -> None:
         text = path.read_text() if path.suffix in (".md", ".txt", ".yaml") else str(path)
         self.writer.add_text(path.name, text)
 
+    def model(self, path: Path, name: str) -> None:
+        self.writer.add_text(f"checkpoints/{name}", str(path))  # no artifact store
+
     def finish(self) -> None:
+        if self.params:  # the HParams view: this run's parameters beside its metrics' tags
+            from torch.utils.tensorboard.summary import hparams
+
+            for summary in hparams(self.params, dict.fromkeys(self.metric_names, 0.0)):
+                self.writer.file_writer.add_summary(summary)
         self.writer.close()
 
 
@@ -127,6 +145,9 @@ class _MLflow:
 
     def artifact(self, path: Path) -> None:
         self.mlflow.log_artifact(str(path))
+
+    def model(self, path: Path, name: str) -> None:
+        self.mlflow.log_artifacts(str(path), artifact_path=f"checkpoints/{name}")
 
     def finish(self) -> None:
         self.mlflow.end_run()
@@ -153,6 +174,13 @@ class _Wandb:
         art.add_file(str(path))
         self.run.log_artifact(art)
 
+    def model(self, path: Path, name: str) -> None:
+        import wandb
+
+        art = wandb.Artifact(name.replace("/", "-"), type="model")
+        art.add_dir(str(path))
+        self.run.log_artifact(art)
+
     def finish(self) -> None:
         self.run.finish()
 
@@ -170,7 +198,7 @@ def start(cfg: ExperimentConfig, group: str, name: str, params: Mapping[str, Any
     check_available(cfg.track)
     params = flat_params(params if params is not None else cfg.to_dict())
     if cfg.track == "tensorboard":
-        return _TensorBoard(Path(cfg.out_dir).resolve() / "tensorboard" / group / name)
+        return _TensorBoard(Path(cfg.out_dir).resolve() / "tensorboard" / group / name, params)
     if cfg.track == "mlflow":
         return _MLflow(cfg, group, name, params)
     return _Wandb(cfg, group, name, params)
@@ -194,10 +222,15 @@ class TrainTracker:
 
 def log_study(cfg: ExperimentConfig, run_dir: Path, name: str = "study",
               metrics: Mapping[str, float] | None = None,
-              params: Mapping[str, Any] | None = None) -> None:
+              params: Mapping[str, Any] | None = None,
+              checkpoints: Mapping[tuple[str, str, str, int], Path] | None = None) -> None:
     """The study's result tables, figures and report as artifacts of one run ``name``, with
-    its headline ``metrics`` (logged at step 0: a compare view lines runs up by them) and
-    ``params`` (e.g. the settings chosen on validation tasks) beside the config's."""
+    its headline ``metrics`` (logged at step 0: a compare view lines runs up by them),
+    ``params`` (e.g. the settings chosen on validation tasks) beside the config's (TensorBoard:
+    its HParams view), and its final ``checkpoints``
+    ({(experiment, model kind, variant, seed): directory}, each directory once) as model
+    artifacts ``<experiment>/<kind>[/<variant>]/seed<k>`` (TensorBoard, which stores none:
+    their paths)."""
     run = start(cfg, name, name, params={**flat_params(cfg.to_dict()), **(params or {})})
     if run is None:
         return
@@ -209,6 +242,12 @@ def log_study(cfg: ExperimentConfig, run_dir: Path, name: str = "study",
         for path in files:
             if path.exists():
                 run.artifact(path)
+        logged: set[Path] = set()
+        for (exp, kind, variant, seed), path in sorted((checkpoints or {}).items()):
+            if Path(path).resolve() not in logged:  # a variant trained as another is one
+                logged.add(Path(path).resolve())
+                parts = (exp, kind, variant) if variant else (exp, kind)  # "": the kind's own
+                run.model(Path(path), "/".join(parts) + f"/seed{seed}")
     finally:
         run.finish()
 
