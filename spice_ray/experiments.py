@@ -161,7 +161,8 @@ DARKROOM = Experiment(
               ("online_return", "distribution"), "Darkroom", analysis=prior_contribution,
               other_readings=True),
         Table("darkroom_visits", "darkroom: state visits per task and cell (x = x * size + y) "
-              "over the online horizon", ("visits",),
+              "over the online horizon, and each task's start and goal cell (start_cell, "
+              "goal_cell: value = x * size + y)", ("visits", "start_cell", "goal_cell"),
               (Select("spice", _main_beta), *(Select(e) for e in ("dpt", "flat", "count",
                                                                   "random"))),
               ("visits",), "Darkroom"),

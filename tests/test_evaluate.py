@@ -276,6 +276,19 @@ def test_darkroom_learned_agents_run_and_add_up() -> None:
     visits = df[df["metric"] == "visits"]  # one count per step, over the grid's cells
     assert visits["x"].between(0, DENV.params.grid_size ** 2 - 1).all()
     assert (visits.groupby(["method", "rule", "config", "task_id"])["value"].sum() == 40).all()
+    # the visit map's marks: each task's start and goal cell (x * size + y), once per agent
+    tasks, size = DENV.eval_tasks(data), DENV.params.grid_size
+    for metric, cells in (("start_cell", tasks.starts), ("goal_cell", tasks.goals)):
+        rows = df[df["metric"] == metric]
+        assert len(rows) == visits.groupby(["method", "rule", "config", "task_id"]).ngroups
+        got = rows.groupby("task_id")["value"].agg(["min", "max"])
+        want = (cells[:, 0] * size + cells[:, 1]).astype(float)
+        np.testing.assert_array_equal(got["min"].to_numpy(), want)
+        np.testing.assert_array_equal(got["max"].to_numpy(), want)
+        assert (rows["x"] == 0).all()
+    start = visits.merge(df[df["metric"] == "start_cell"][["method", "task_id", "value"]],
+                         on=["method", "task_id"], suffixes=("", "_start"))
+    assert (start.loc[start["x"] == start["value_start"], "value"] >= 1).all()
 
 
 def test_offline_curve_has_at_least_20_points() -> None:

@@ -187,6 +187,11 @@ class Environment(ABC):
         """Grid cells [..., 2] of states, for visit maps; None when states have no layout."""
         return None
 
+    def landmarks(self, tasks: Any) -> dict[str, np.ndarray] | None:
+        """Cells [B, 2] a visit map marks for each task (e.g. {"start": ..., "goal": ...});
+        None when the environment has none."""
+        return None
+
     def value_samples(self, batch: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """True action values of a dataset batch's tasks (any shape), when the dataset stores
         them: the flat prior of ``train.shrink_prior=data`` is then their pooled moments

@@ -394,3 +394,7 @@ class Darkroom(Environment):
 
     def positions(self, states: np.ndarray) -> np.ndarray:
         return np.asarray(states, dtype=np.int64)
+
+    def landmarks(self, tasks: DarkroomTasks) -> dict[str, np.ndarray]:
+        return {"start": np.asarray(tasks.starts, np.int64),
+                "goal": np.asarray(tasks.goals, np.int64)}

@@ -195,4 +195,8 @@ def online_rows(
                 visits = visit_counts(env, run.states)
                 if visits is not None:
                     add("visits", visits, np.arange(visits.shape[1]))
+                    size = env.params.grid_size
+                    for mark, cells in (env.landmarks(tasks) or {}).items():  # the map's marks
+                        add(f"{mark}_cell", (cells[:, :1] * size + cells[:, 1:]).astype(float),
+                            np.zeros(1, np.int64))
     return concat_rows(frames)

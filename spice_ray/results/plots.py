@@ -299,6 +299,9 @@ def plot_final_distribution(df: pd.DataFrame, path: Path, title: str,
 def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Path:
     """Where each agent went: visit counts on the grid for the first ``tasks`` tasks (rows)
     and each method (columns), seed 0 (or the lowest seed)."""
+    marks = df[df["metric"].isin(["start_cell", "goal_cell"])]
+    marks = {(str(m), int(t)): int(v) for m, t, v in
+             marks[["metric", "task_id", "value"]].drop_duplicates().itertuples(index=False)}
     sub = df[(df["metric"] == "visits")]
     sub = sub[sub["seed"] == sub.groupby("method")["seed"].transform("min")]
     methods = sorted(sub["method"].unique(), key=_order)
@@ -320,9 +323,16 @@ def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Pat
             if c == 0:
                 ax.set_ylabel(f"task {task}", fontsize=8)
             fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
+            for mark, style_ in (("start_cell", {"marker": "s", "facecolors": "none",
+                                                 "edgecolors": "white", "s": 60}),
+                                 ("goal_cell", {"marker": "*", "color": "red", "s": 90})):
+                if (mark, int(task)) in marks:
+                    cell = marks[(mark, int(task))]
+                    ax.scatter([cell // size], [cell % size], linewidths=1.2, **style_)
     fig.suptitle(f"{title}: state visits per cell (x right, y up)", fontsize=10)
-    return _save(fig, path, "colour: visits of the cell in the task's rollout (each model's "
-                            "lowest training seed)")
+    shown = " white square: start; red star: goal;" if marks else ""
+    return _save(fig, path, f"colour: visits of the cell in the task's rollout (each model's "
+                            f"lowest training seed);{shown} one map per task and method")
 
 
 def plot_aggregate(agg, path: Path) -> Path:
