@@ -95,10 +95,14 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert figures == declared and all((run_dir / "figures" / f).stat().st_size > 5_000
                                        for f in figures)
     assert {"bandit_online_distribution.png", "darkroom_visits.png"} <= set(figures)
-    visits = load(run_dir, "darkroom_visits")
+    table = load(run_dir, "darkroom_visits")
+    visits = table[table["metric"] == "visits"]
     horizon = plan.configs["darkroom"].eval.online_horizon
     per_task = visits.groupby(["method", "config", "seed", "task_id"])["value"].sum()
     assert (per_task == horizon).all()  # one cell per step: where each action was taken
+    marks = table[table["metric"] != "visits"]  # the map's start and goal, one per rollout
+    assert set(marks["metric"]) == {"start_cell", "goal_cell"}
+    assert len(marks) == 2 * len(per_task)
     text = report.read_text()
     study_order = [t.name for t in study_tables(plan)]
     places = [text.index(f"## {name}\n") for name in study_order]
