@@ -45,7 +45,7 @@ from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
 from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.experiments import EXPERIMENTS, Experiment
-from spice_ray.fusion import BANDWIDTH_KERNELS
+from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import Finals
 from spice_ray.results.schema import NO_SEED
@@ -86,7 +86,8 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig) -> list[Candidate]:
     if info.fused or "beta" in info.settings:
         smooth = info.fused and spec.fusion.kernel in BANDWIDTH_KERNELS \
             and spec.fusion.kernel_space == "state"
-        points = [(("beta", b),) for b in BETAS] + [(("beta_schedule", "sqrt2logt"),)]
+        points = [(("beta", b),) for b in BETAS] + [(("beta_schedule", schedule),)
+                                                     for schedule in sorted(BETA_FREE_SCHEDULES)]
         if smooth:
             points = [p + (("tau", t),) for p in points for t in TAUS]
         out = []

@@ -106,6 +106,11 @@ def run_online(agent: Agent, env, tasks, horizon: int, noise: np.ndarray,
     return Rollout(states_log, actions, rewards)
 
 
+def cell_index(cells: np.ndarray, size: int) -> np.ndarray:
+    """Grid cells [..., 2] as one index each, x * size + y: a visit map's cell numbering."""
+    return cells[..., 0] * size + cells[..., 1]
+
+
 def visit_counts(env, states: np.ndarray) -> np.ndarray | None:
     """How often each grid cell was visited, [B, size * size] (cell index x * size + y), for
     environments whose states have grid positions; None otherwise."""
@@ -113,7 +118,7 @@ def visit_counts(env, states: np.ndarray) -> np.ndarray | None:
     size = getattr(env.params, "grid_size", None)
     if cells is None or size is None:
         return None
-    index = cells[..., 0] * size + cells[..., 1]  # (B, N)
+    index = cell_index(cells, size)  # (B, N)
     counts = np.zeros((len(index), size * size))
     np.add.at(counts, (np.arange(len(index))[:, None], index), 1.0)
     return counts
@@ -195,8 +200,7 @@ def online_rows(
                 visits = visit_counts(env, run.states)
                 if visits is not None:
                     add("visits", visits, np.arange(visits.shape[1]))
-                    size = env.params.grid_size
                     for mark, cells in (env.landmarks(tasks) or {}).items():  # the map's marks
-                        add(f"{mark}_cell", (cells[:, :1] * size + cells[:, 1:]).astype(float),
-                            np.zeros(1, np.int64))
+                        index = cell_index(cells, env.params.grid_size)  # (B,)
+                        add(f"{mark}_cell", index[:, None].astype(float), np.zeros(1, np.int64))
     return concat_rows(frames)

@@ -35,12 +35,17 @@ MAX_REDRAWS = 200
 """Draws a suggestion may take to find a configuration not yet run before the search ends."""
 
 
-def _suggest(trial: Any, name: str, domain: Any) -> Any:
-    """One value of a Tune ``domain`` from an Optuna trial, under ``name``."""
-    import optuna
+def _distribution(domain: Any) -> Any:
+    """The Optuna distribution of a Tune ``domain`` (Tune's own conversion)."""
     from ray.tune.search.optuna import OptunaSearch
 
-    dist = OptunaSearch.convert_search_space({"x": domain})["x"]  # Tune's own conversion
+    return OptunaSearch.convert_search_space({"x": domain})["x"]
+
+
+def _suggest(trial: Any, name: str, dist: Any) -> Any:
+    """One value of an Optuna distribution from an Optuna trial, under ``name``."""
+    import optuna
+
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         return trial.suggest_categorical(name, dist.choices)
     if isinstance(dist, optuna.distributions.IntDistribution):
@@ -58,6 +63,9 @@ class SpaceSampler:
 
     def __init__(self, space: Mapping[str, Any]) -> None:
         self.items = _walk(space)
+        self.distributions = {  # converted once, not at every draw
+            key: _distribution(value.domain if isinstance(value, Conditional) else value)
+            for key, value in self.items if _is_sampler(value)}
 
     def __call__(self, trial: Any) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -66,10 +74,8 @@ class SpaceSampler:
             name = key.replace(".", "/")
             if isinstance(value, Conditional) and not value.holds(values):
                 values[key] = constants[name] = value.otherwise
-            elif isinstance(value, Conditional):
-                values[key] = _suggest(trial, name, value.domain)
-            elif _is_sampler(value):
-                values[key] = _suggest(trial, name, value)
+            elif key in self.distributions:
+                values[key] = _suggest(trial, name, self.distributions[key])
             else:
                 values[key] = constants[name] = value
         return constants
