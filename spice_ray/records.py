@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,16 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     return path
 
 
+def busy_seconds(fits: Mapping[Any, float], worker: Mapping[Any, int]) -> float:
+    """Fit seconds of the busiest worker of a together job: a worker trains its models one
+    after another and the workers run side by side (a model without a worker counts on
+    worker 0)."""
+    per: dict[int, float] = {}
+    for name, seconds in fits.items():
+        per[worker.get(name, 0)] = per.get(worker.get(name, 0), 0.0) + seconds
+    return max(per.values(), default=0.0)
+
+
 def timing_notes(experiments: list[str], units: list[dict[str, Any]]) -> list[str]:
     """One sentence per experiment: where its pretraining and evaluation time went (start-up
     and data against the seconds inside training, per model)."""
@@ -45,13 +56,18 @@ def timing_notes(experiments: list[str], units: list[dict[str, Any]]) -> list[st
         if not mine:
             continue
         train = [u for u in mine if u["stage"] == "pretrain"]
-        fits = [u["seconds"] for u in train if u.get("part") == "fit"]
+        fit_units = [u for u in train if u.get("part") == "fit"]
+        fits = [u["seconds"] for u in fit_units]
         other = sum(u["seconds"] for u in train) - sum(fits)
+        busy = busy_seconds({i: u["seconds"] for i, u in enumerate(fit_units)},
+                            {i: u.get("worker", 0) for i, u in enumerate(fit_units)})
+        workers = len({u.get("worker", 0) for u in fit_units})
         evals = sum(u["seconds"] for u in mine if u["stage"] == "evaluate")
-        parts = [f"{name}: pretraining {other + sum(fits):.0f} s"]
+        parts = [f"{name}: pretraining {other + busy:.0f} s"]
         if fits:
+            side = f", {workers} workers side by side" if workers > 1 else ""
             parts.append(f"({other:.0f} s start-up and data, {count(len(fits), 'model')} "
-                         f"{min(fits):.0f}-{max(fits):.0f} s each)")
+                         f"{min(fits):.0f}-{max(fits):.0f} s each{side})")
         out.append(" ".join(parts) + f", evaluation {evals:.0f} s")
     return ["Time per experiment (this invocation; `logs/timing.json` has every unit): "
             + "; ".join(out)] if out else []

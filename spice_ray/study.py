@@ -27,6 +27,7 @@ from spice_ray.common.errors import enter_stage
 from spice_ray.config import (
     ConfigError,
     ExperimentConfig,
+    TrainConfig,
     config_hash,
     make_config,
     resolve_run_dir,
@@ -36,7 +37,13 @@ from spice_ray.data.generate import generate_stage
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, ModelRef, Table
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.records import Finals, timing_notes, write_checkpoint_index, write_timing
+from spice_ray.records import (
+    Finals,
+    busy_seconds,
+    timing_notes,
+    write_checkpoint_index,
+    write_timing,
+)
 from spice_ray.results import aggregate, plots
 from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
@@ -148,14 +155,15 @@ def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = 
         for m in models:  # variants that train exactly as another: its checkpoints
             for seed in cfg.seeds if m.same_as else ():
                 finals[(name, m.kind, m.variant, seed)] = finals[(name, m.kind, m.same_as, seed)]
-        fits = timing["models"]
+        fits, worker = timing["models"], timing["worker"]
         plan.units += [{"stage": "pretrain", "experiment": name, "what": what, "part": "fit",
-                        "seconds": sec} for what, sec in fits.items()]
+                        "worker": worker.get(what, 0), "seconds": sec}
+                       for what, sec in fits.items()]
         plan.units.append({"stage": "pretrain", "experiment": name,
                            "what": "start-up and data" if fits else
                            f"{count(len(specs), 'model')}, {count(timing['jobs'], 'job')}",
                            "part": "start-up" if fits else "jobs",
-                           "seconds": timing["seconds"] - sum(fits.values())})
+                           "seconds": timing["seconds"] - busy_seconds(fits, worker)})
     return finals
 
 
@@ -385,6 +393,15 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     return report
 
 
+def side_by_side_seconds(model_seconds: list[float], tc: TrainConfig) -> float:
+    """Wall seconds of training models of these step seconds (in the job's order): with
+    ``train.together``, model i on worker i mod n, the slowest worker's sum; otherwise one
+    after another (data-parallel workers share each model's batch, which the per-worker step
+    time already counts)."""
+    n = max(1, tc.num_workers) if tc.together else 1
+    return max((sum(model_seconds[i::n]) for i in range(n)), default=0.0)
+
+
 def describe_plan(plan: StudyPlan) -> str:
     """What ``run_study`` would do: stages, resources, expected sizes and rough times."""
     lines = [f"run directory: {plan.run_dir}", ""]
@@ -410,21 +427,29 @@ def describe_plan(plan: StudyPlan) -> str:
                      f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
         gpu = tc.use_gpu and torch.cuda.is_available()
         fits = not check_models([cfg])  # never build a model to time it that cannot fit
+        step_of: dict[str, float] = {}
+        gpus_per_model = 1 if tc.together else max(1, tc.num_workers)
         for kind in sorted({m.kind for m in models}):
             size = model_estimate(cfg, kind)
             if not fits:  # the error below names it
                 lines.append(f"  {'':9s} {kind}: {size.params:,} parameters: does not fit")
                 continue
-            step = step_seconds(cfg, kind, device="cuda" if gpu else "cpu")
+            step = step_of[kind] = step_seconds(cfg, kind, device="cuda" if gpu else "cpu")
             seconds = step * steps * len(cfg.seeds) * sum(m.kind == kind for m in models)
-            train_seconds += seconds
             lines.append(f"  {'':9s} {kind}: {size.params:,} parameters, ~"
                          f"{human_bytes(size.worker_bytes)} per worker (weights, gradients, "
                          f"AdamW {human_bytes(size.state_bytes)}; activations "
                          f"{human_bytes(size.activation_bytes)}); {step * 1e3:.0f} ms/step "
                          f"on {'GPU' if gpu else 'CPU'}: ~{fmt_seconds(seconds)} of steps"
-                         + (f", {seconds * max(1, tc.num_workers) / 3600:.2f} GPU-hours"
+                         + (f", {seconds * gpus_per_model / 3600:.2f} GPU-hours"
                             if gpu else ""))
+        if step_of:
+            wall = side_by_side_seconds([step_of[m.kind] * steps for m in models
+                                         for _ in cfg.seeds], tc)
+            train_seconds += wall
+            if tc.together and tc.num_workers > 1:
+                lines.append(f"  {'':9s} side by side on {tc.num_workers} workers: "
+                             f"~{fmt_seconds(wall)}")
     lines.append(f"  all models: ~{fmt_seconds(train_seconds)} of steps, plus each job's "
                  "start (~20-40 s on 2 cores)"
                  + ("; train.use_gpu asks for GPUs, none in this process: CPU rates shown"

@@ -32,6 +32,7 @@ from spice_ray.envs.labels import parse_label
         ("data.num_train_tasks=0", "data.num_train_tasks"),
         ("train.gamma=1.2", "train.gamma"),
         ("train.lr=0", "train.lr"),
+        ("train.threads=-1", "train.threads"),
         ("fusion.kernel=gauss", "fusion.kernel"),
         ("fusion.noise_var=-1", "fusion.noise_var"),
         ("eval.num_tasks=100000", "eval.num_tasks"),

@@ -221,6 +221,8 @@ def test_dry_run_prints_the_plan(tmp_path) -> None:
     per_model = re.findall(r"(\d+) ms/step on CPU: ~([\dhmins ]+) of steps", proc.stdout)
     assert per_model and all(int(ms) > 0 for ms, _ in per_model), proc.stdout
     assert "all models: ~" in proc.stdout and "CPU rates shown" in proc.stdout
+    # the paper's 4 workers each train whole models (train.together), side by side
+    assert "side by side on 4 workers: ~" in proc.stdout, proc.stdout
 
 
 def _fixture_table(run_dir: Path) -> pd.DataFrame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -201,28 +202,34 @@ def _weights(final: Path) -> bytes:
 @pytest.mark.ray
 def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path, monkeypatch
                                                          ) -> None:
-    """Two models of one dataset in one Ray Train job (``train.together``), the first worker
-    attempt killed in epoch 1 of each model in turn: both resume from their own checkpoints,
-    and each model's weights equal, bit for bit, the same model trained alone in its own job,
-    whose first attempt is killed in epoch 1 as well: it resumes from its checkpoint, not from
-    scratch, and cleans its workers' scratch."""
+    """Two models of one dataset in one Ray Train job (``train.together``) on two one-thread
+    workers side by side, every worker's first attempt killed in epoch 1: both resume from
+    their own checkpoints, and each model's weights equal, bit for bit, the same model trained
+    alone in its own one-worker job with one thread, whose first attempt is killed in epoch 1
+    as well: it resumes from its checkpoint, not from scratch, and cleans its workers'
+    scratch."""
+    from spice_ray.records import busy_seconds
     from spice_ray.train.together import FIT_TIMING, ModelSpec, pretrain_many
 
     _, ds = smoke_bandit
-    sets = ["train.num_workers=1", "train.epochs=3", "train.checkpoint_every=1",
-            "train.max_failures=2", f"out_dir={tmp_path}"]
-    cfg = make_config("smoke", "bandit", overrides=sets)
+    sets = ["train.epochs=3", "train.checkpoint_every=1", "train.max_failures=2",
+            f"out_dir={tmp_path}"]
+    cfg = make_config("smoke", "bandit", overrides=[*sets, "train.num_workers=2"])
     monkeypatch.setenv(FAULT_ENV, "1")
     specs = [ModelSpec(cfg, "spice", 0, "spice seed 0"), ModelSpec(cfg, "dpt", 1, "dpt seed 1")]
     finals, timing = pretrain_many(specs, ds, label="together")
     monkeypatch.delenv(FAULT_ENV)
     assert timing["jobs"] == 1 and set(timing["models"]) == {"spice seed 0", "dpt seed 1"}
-    assert timing["seconds"] > sum(timing["models"].values()) > 0
+    assert timing["worker"] == {"spice seed 0": 0, "dpt seed 1": 1}  # side by side
+    busy = busy_seconds(timing["models"], timing["worker"])
+    assert busy == max(timing["models"].values()) and timing["seconds"] > busy > 0
     for final in finals:
-        assert ckpt.read_meta(final)["epoch"] == 2 and (final.parent / FIT_TIMING).exists()
+        assert ckpt.read_meta(final)["epoch"] == 2
+        assert json.loads((final.parent / FIT_TIMING).read_text())["threads"] == 1
     assert isinstance(load_model(finals[1], kind="dpt"), DptModel)
-    alone = make_config("smoke", "bandit", overrides=[*sets, "train.together=false",
-                                                      f"out_dir={tmp_path / 'alone'}"])
+    alone = make_config("smoke", "bandit", overrides=[
+        *sets, "train.together=false", "train.num_workers=1", "train.threads=1",
+        f"out_dir={tmp_path / 'alone'}"])
     job, run_dir = plan_job(alone, "spice", 0, ds)
     assert run_dir.name == finals[0].parent.name  # one identity: the switch is not in it
     monkeypatch.setenv(FAULT_ENV, "1")  # the first attempt dies in epoch 1, after ckpt 0
@@ -233,6 +240,32 @@ def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path
     assert _weights(res.final) == _weights(finals[0])
     # a second call finds every model current and starts no job
     assert pretrain_many(specs, ds)[1]["jobs"] == 0
+
+
+def test_side_by_side_workers_wall_is_the_busiest_workers() -> None:
+    """A together job's workers train models i mod n side by side: its wall (the dry run's
+    estimate, and the timing record's start-up = wall - busiest worker) is the busiest
+    worker's sum; data-parallel workers take the models one after another."""
+    from spice_ray.records import busy_seconds, timing_notes
+    from spice_ray.study import side_by_side_seconds
+
+    two = make_config("small", "darkroom").train
+    assert two.num_workers == 2 and two.together
+    assert side_by_side_seconds([1.0, 2.0, 3.0], two) == 4.0  # worker 0: 1 + 3, worker 1: 2
+    one = make_config("small", "bandit").train
+    assert one.num_workers == 1 and side_by_side_seconds([1.0, 2.0, 3.0], one) == 6.0
+    ddp = make_config("small", "darkroom", overrides=["train.together=false"]).train
+    assert side_by_side_seconds([1.0, 2.0, 3.0], ddp) == 6.0
+    assert busy_seconds({"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 0, "b": 1, "c": 0}) == 4.0
+    units = [{"stage": "pretrain", "experiment": "d", "what": w, "part": "fit",
+              "worker": k, "seconds": sec} for w, k, sec in (("a", 0, 10.0), ("b", 1, 20.0),
+                                                              ("c", 0, 30.0))]
+    units.append({"stage": "pretrain", "experiment": "d", "what": "start-up and data",
+                  "part": "start-up", "seconds": 5.0})
+    assert timing_notes(["d"], units) == [
+        "Time per experiment (this invocation; `logs/timing.json` has every unit): d: "
+        "pretraining 45 s (5 s start-up and data, 3 models 10-30 s each, 2 workers side by "
+        "side), evaluation 0 s"]
 
 
 def test_darkroom_iw_variant_trains_exactly_as_none(ray_local, tmp_path) -> None:

@@ -50,7 +50,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "data": {"num_train_tasks": 5_000, "num_val_tasks": 200, "shard_size": 2_500,
                      "batch_size": 500},
             "model": {"n_layer": 3, "n_embd": 32, "head_hidden": 32},
-            "train": {"epochs": 10, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 10},
+            # two one-thread workers train whole models side by side: 1.31x the model-steps
+            # per second of one two-thread worker on these models (benchmarks/bench_cores.py;
+            # the bandits' T = 500 models gain 1.10x, and lose where 3 models split 2 + 1)
+            "train": {"epochs": 10, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 10,
+                      "num_workers": 2},
         },
     },
     "paper": {
@@ -67,7 +71,8 @@ PRESETS["medium"] = {**PRESETS["small"], "darkroom": {
     "data": {"num_train_tasks": 10_000, "num_val_tasks": 200, "shard_size": 2_500,
              "batch_size": 500},
     "model": {"n_layer": 3, "n_embd": 32, "head_hidden": 32},
-    "train": {"epochs": 20, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 10},
+    "train": {"epochs": 20, "batch_size": 32, "lr": 1e-3, "checkpoint_every": 10,
+              "num_workers": 2},
 }}
 
 for _scale in PRESETS.values():

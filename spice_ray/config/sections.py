@@ -259,14 +259,19 @@ class TrainConfig:
     shrink_noise_var: float = 0.09
     """sigma^2 of the shrinkage posterior (> 0)."""
     num_workers: int = 1
-    """Ray Train workers (>= 0; 0 runs the loop in the driver process). With ``together`` and
-    several seeds, each worker trains whole models (seed i on worker i mod n); otherwise the
+    """Ray Train workers (>= 0; 0 runs the loop in the driver process). With ``together`` each
+    worker trains whole models (model i on worker i mod n), side by side; otherwise the
     workers share one model's batches (data-parallel)."""
+    threads: int = 0
+    """Torch threads of each Train worker (>= 0; 0: the cluster's CPUs shared out over the
+    workers, at most 8). A model's weights depend on it bit for bit: CPU matrix products split
+    their work by thread."""
     together: bool = True
-    """Train every seed of a model in one Ray Train job, one after another on its workers, so
-    the job's start-up (worker group, dataset read, warm-up) is paid once per model instead of
-    once per seed. Each seed's weights equal, bit for bit, those of the seed trained alone
-    with the same threads per model (``num_workers=1``: the same)."""
+    """Train every model and seed of an experiment in one Ray Train job, so the job's start-up
+    (worker group, dataset read, warm-up) is paid once per experiment instead of once per
+    model. Each model's weights equal, bit for bit, those of the model trained alone on one
+    worker with the same threads (``train.together=false train.num_workers=1
+    train.threads=<the together worker's>``; with ``num_workers=1``: the same job)."""
     use_gpu: bool = False
     """One GPU per Train worker, bf16 autocast."""
     worker_cpus: float = 0.5
@@ -297,6 +302,7 @@ class TrainConfig:
         _check(self.head_targets in ("mean", "bootstrap"), "train.head_targets",
                self.head_targets, "one of mean, bootstrap")
         _check(self.num_workers >= 0, "train.num_workers", self.num_workers, "an integer >= 0")
+        _check(self.threads >= 0, "train.threads", self.threads, "an integer >= 0")
         _check(self.max_failures >= 0, "train.max_failures", self.max_failures, ">= 0")
 
 

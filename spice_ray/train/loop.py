@@ -56,13 +56,14 @@ class TrainJob:
         return from_dict(self.config)
 
     def identity(self) -> str:
-        """Hash of everything that determines the trained weights."""
+        """Hash of everything that determines what the model learns; not how the steps are
+        computed (workers, threads, device), which changes the weights only in rounding."""
         c = self.config
         return config_hash({"kind": self.kind, "seed": self.seed, "data": self.dataset_hash,
                             "env": c["env"], "model": c["model"],
                             "train": {k: v for k, v in c["train"].items()
-                                      if k not in ("num_workers", "use_gpu", "worker_cpus",
-                                                   "together", "max_failures",
+                                      if k not in ("num_workers", "threads", "use_gpu",
+                                                   "worker_cpus", "together", "max_failures",
                                                    "checkpoint_every")}})
 
 

@@ -29,14 +29,16 @@ def step_seconds(cfg: ExperimentConfig, kind: str, steps: int = 1, device: str =
     process."""
     env = cfg.env
     key = repr((kind, device, steps, cfg.model, env.num_actions, env.state_dim, env.horizon,
-                cfg.train.batch_size, cfg.train.num_workers, cfg.train.head_targets))
+                cfg.train.batch_size, cfg.train.num_workers, cfg.train.together,
+                cfg.train.head_targets))
     if key not in _MEASURED:
         _MEASURED[key] = _measure(cfg, kind, steps, device)
     return _MEASURED[key]
 
 
 def _measure(cfg: ExperimentConfig, kind: str, steps: int, device: str) -> float:
-    workers = max(1, cfg.train.num_workers)
+    # data-parallel workers share a batch; together, each worker steps whole models
+    workers = 1 if cfg.train.together else max(1, cfg.train.num_workers)
     batch_size = math.ceil(cfg.train.batch_size / workers)
     batch = generate_tasks(cfg.env, cfg.data, "train", np.arange(batch_size))
     threads = torch.get_num_threads()

@@ -204,11 +204,13 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def threads_per_worker(cfg: ExperimentConfig, workers: int | None = None) -> int:
-    """Torch threads of each of ``workers`` Train workers (default ``train.num_workers``): the
-    cluster's CPUs shared out, at most 8. A model's weights depend on it bit for bit (CPU
-    matrix products split their work by thread)."""
+    """Torch threads of each of ``workers`` Train workers (default ``train.num_workers``):
+    ``train.threads`` when set, else the cluster's CPUs shared out, at most 8. A model's
+    weights depend on it bit for bit (CPU matrix products split their work by thread)."""
     import ray
 
+    if cfg.train.threads:
+        return cfg.train.threads
     cpus = ray.cluster_resources().get("CPU", 1.0)
     n = max(1, cfg.train.num_workers if workers is None else workers)
     return max(1, min(math.floor(cpus / n), 8))

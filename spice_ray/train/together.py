@@ -2,11 +2,13 @@
 
 Each worker of the job trains whole models, one after another (model i on worker i mod n), so
 the job's fixed start-up -- worker group, dataset read into the object store, compile warm-up --
-is paid once for all of them instead of once per model. A model's batches, threads and
-checkpoints are those it would have alone on a one-worker job, so its weights are the same bit
-for bit (tested). The CPU does not gain from running seeds side by side or vectorised (measured
-on 2 cores: a batch three times larger costs 2.76x, and two one-thread processes side by side
-step no faster than one two-thread process), so the workers do not share a model's steps.
+is paid once for all of them instead of once per model, and with n workers n models train side
+by side. A model's batches, threads and checkpoints are those it would have alone on a
+one-worker job with the same threads, so its weights are the same bit for bit (tested). On 2
+cores, two one-thread workers side by side make 1.31x the model-steps per second of one
+two-thread worker on the darkroom's models and 1.10x on the bandit's (``benchmarks/
+bench_cores.py``); a batch three times larger costs about three times one seed's step, so
+seeds are not vectorised into one model.
 """
 
 from __future__ import annotations
@@ -140,8 +142,9 @@ def train_models_worker(config: dict[str, Any]) -> dict[str, Any]:
 def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = None) -> None:
     """Train ``models`` ((name, job, run directory); one dataset and one ``train`` placement)
     in one TorchTrainer whose workers each train whole models: ``min(len(models),
-    train.num_workers)`` workers, model i on worker i mod n, with the threads each would have
-    alone on that many workers. Each publishes ``<run_dir>/final``.
+    train.num_workers)`` workers, model i on worker i mod n, each with
+    :func:`threads_per_worker` threads for that many workers. Each publishes
+    ``<run_dir>/final``.
 
     Raises:
         TrainingDiverged: naming every model whose training diverged (after the others ran).
@@ -218,8 +221,10 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
     Train job (:func:`train_together`), one progress bar and one summary line for all of
     them; otherwise each is :func:`pretrain`-ed on its own.
 
-    The timing record: ``{"seconds": wall, "models": {name: fit seconds}, "jobs": n}`` (fit
-    seconds of together jobs only), so a job's start-up is ``seconds - sum(models)``.
+    The timing record: ``{"seconds": wall, "models": {name: fit seconds}, "worker": {name:
+    the worker that trained it}, "jobs": n}`` (fit seconds of together jobs only); a worker's
+    models train one after another and the workers side by side, so a job's start-up is
+    ``seconds`` minus the busiest worker's fits (``records.busy_seconds``).
     """
     t0 = time.perf_counter()
     planned = [(m, *plan_job(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root))
@@ -228,14 +233,15 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
     if not tc.together or tc.num_workers == 0:
         finals = [pretrain(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root, console,
                            f"{label} {m.name}".strip()) for m in models]
-        return finals, {"seconds": time.perf_counter() - t0, "models": {},
+        return finals, {"seconds": time.perf_counter() - t0, "models": {}, "worker": {},
                         "jobs": len(models)}
     todo = [(m.name or f"{m.kind} seed {m.seed}", job, run_dir)
             for m, job, run_dir in planned if not final_is_current(run_dir / "final", job)]
     finals = [run_dir / "final" for _, _, run_dir in planned]
     if not todo:
         console.line(f"  {label}: {count(len(models), 'checkpoint')} current, skipped")
-        return finals, {"seconds": time.perf_counter() - t0, "models": {}, "jobs": 0}
+        return finals, {"seconds": time.perf_counter() - t0, "models": {}, "worker": {},
+                        "jobs": 0}
     for _, job, run_dir in todo:
         run_dir.mkdir(parents=True, exist_ok=True)
         job.cfg.write(run_dir)  # as trained: data-derived values filled in
@@ -259,4 +265,7 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
                                       ["fit_seconds"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    return finals, {"seconds": time.perf_counter() - t0, "models": fit_seconds, "jobs": 1}
+    return finals, {"seconds": time.perf_counter() - t0, "models": fit_seconds,
+                    "worker": {name: i % workers for i, (name, _, _) in enumerate(todo)},
+                    "jobs": 1}
+
