@@ -102,3 +102,35 @@ def test_aggregate_figure_is_drawn(tmp_path) -> None:
     path = plot_aggregate(agg.aggregate(agg.normalised_scores({"a": A, "b": B}), reps=50),
                           tmp_path / "agg.png")
     assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def _curve_rows(curves: dict[str, list[float]], metric: str) -> pd.DataFrame:
+    """Two tasks, one seed; each method's curve over x = 1, 2, ... (the task's offset 0, 1)."""
+    return pd.DataFrame([{"method": m, "variant": "", "rule": "r", "config": "{}", "seed": 0,
+                          "task_id": task, "metric": metric, "x": i + 1, "value": v + task}
+                         for m, values in curves.items() for i, v in enumerate(values)
+                         for task in (0, 1)])
+
+
+def test_a_curve_hidden_under_another_is_named_and_the_zoom_names_what_it_shows(
+        tmp_path, monkeypatch) -> None:
+    """Offline, a flat prior's greedy arm is Thompson sampling's posterior mean: its curve lay
+    exactly under TS's with no word of it. And the zoomed panel named TS on a table without
+    it."""
+    import matplotlib.pyplot as plt
+
+    from spice_ray.results import plots
+
+    df = _curve_rows({"SPICE (flat prior)": [0.3, 0.2, 0.1], "TS": [0.3, 0.2, 0.1],
+                      "UCB": [0.3, 0.25, 0.2]}, "suboptimality")
+    fig, ax = plt.subplots()
+    assert plots._curves(ax, df, "suboptimality") == [
+        "SPICE (flat prior) equals TS at every point (hidden under it)"]
+    plt.close(fig)
+    saved = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path, note=None: saved.update(
+        titles=[a.get_title() for a in fig.axes], note=note) or plt.close(fig))
+    online = _curve_rows({"SPICE": [1.0, 2.0, 3.0], "UCB": [1.0, 2.5, 4.0],
+                          "DPT": [10.0, 50.0, 100.0]}, "cumulative_regret")
+    plots.plot_online(online, tmp_path / "o.png", "t")
+    assert "zoomed to UCB, SPICE" in saved["titles"] and "hidden" not in saved["note"]

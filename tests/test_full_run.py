@@ -103,6 +103,18 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     marks = table[table["metric"] != "visits"]  # the map's start and goal, one per rollout
     assert set(marks["metric"]) == {"start_cell", "goal_cell"}
     assert len(marks) == 2 * len(per_task)
+    # the DPT* diagnosis replays the study's episode protocol: the same return per task as
+    # its table; with "stay" forced on the goal the agent never leaves it and loses nothing
+    from tools.dpt_star_episode import EXPERIMENT, STAY, episode_inputs, play
+
+    model, env, data, horizon = episode_inputs(run_dir, seed=0)
+    star = load(run_dir, EXPERIMENT)
+    star = star[(star.method == "DPT") & (star.seed == 0) & (star.x == star.x.max())
+                & (star.metric == "cumulative_return")].sort_values("task_id")
+    as_acts, stays = play(model, env, data, horizon, False), play(model, env, data, horizon, True)
+    np.testing.assert_array_equal(as_acts["return"], star["value"].to_numpy())
+    assert (stays["return"] >= as_acts["return"]).all()
+    assert stays["on_goal"].sum() == stays["on_goal"][STAY]
     text = report.read_text()
     study_order = [t.name for t in study_tables(plan)]
     places = [text.index(f"## {name}\n") for name in study_order]

@@ -136,14 +136,23 @@ def _order(label: str) -> tuple[int, str]:
     return (METHOD_ORDER.index(head) if head else len(METHOD_ORDER), label)
 
 
-def _curves(ax, df: pd.DataFrame, metric: str, logx: bool = False) -> None:
+def _curves(ax, df: pd.DataFrame, metric: str, logx: bool = False) -> list[str]:
+    """Draw one mean curve with its SEM band per label; returns a note for every curve that
+    is exactly another drawn after it (so hidden under it), e.g. a flat prior's greedy choice
+    offline, which is Thompson sampling's posterior mean."""
     sub = df[df["metric"] == metric]
     summ = summarise(sub, ["method", "variant", "rule", "config", "x"])
     summ["label"] = curve_labels(summ)
     settings: dict[str | None, int] = {}
+    drawn: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    hidden: dict[str, str] = {}
     for label in sorted(summ["label"].unique(), key=_order):
         s = summ[summ["label"] == label].sort_values("x")
         x, m, e = s["x"].to_numpy(), s["mean"].to_numpy(), s["sem"].fillna(0).to_numpy()
+        for other, (ox, om) in drawn.items():
+            if other not in hidden and np.array_equal(ox, x) and np.array_equal(om, m):
+                hidden[other] = label
+        drawn[label] = (x, m)
         head = method_of(label)
         st = style(label, settings.get(head, 0))
         settings[head] = settings.get(head, 0) + 1
@@ -154,6 +163,16 @@ def _curves(ax, df: pd.DataFrame, metric: str, logx: bool = False) -> None:
         ax.set_xscale("log")
         _plain_log_ticks(ax)
     ax.grid(alpha=0.3)
+    return [f"{under} equals {over} at every point (hidden under it)"
+            for under, over in hidden.items()]
+
+
+def _notes(note: str, *extra: list[str]) -> str:
+    """A figure's band note and its curve notes (each once), one line each."""
+    lines = [note]
+    for notes in extra:
+        lines += [n for n in notes if n not in lines]
+    return "\n".join(lines)
 
 
 def _save(fig, path: Path, note: str | None = None) -> Path:
@@ -174,10 +193,10 @@ def _save(fig, path: Path, note: str | None = None) -> Path:
 def plot_offline(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Offline suboptimality vs context length h (log x)."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    _curves(ax, df, "suboptimality", logx=True)
+    hidden = _curves(ax, df, "suboptimality", logx=True)
     ax.set(xlabel="context length h", ylabel="suboptimality  mu* - mu(a_hat)", title=title)
     _legend(ax)
-    return _save(fig, path, band_note(df[df["metric"] == "suboptimality"]))
+    return _save(fig, path, _notes(band_note(df[df["metric"] == "suboptimality"]), hidden))
 
 
 def plot_online(df: pd.DataFrame, path: Path, title: str, zoom_methods=("UCB", "TS", "SPICE")
@@ -186,7 +205,7 @@ def plot_online(df: pd.DataFrame, path: Path, title: str, zoom_methods=("UCB", "
     fig, (full, zoom) = plt.subplots(1, 2, figsize=(10, 4))
     online = df[df["metric"] == "cumulative_regret"]
     for ax in (full, zoom):
-        _curves(ax, online, "cumulative_regret")
+        hidden = _curves(ax, online, "cumulative_regret")
         ax.set(xlabel="step t", ylabel="cumulative regret")
     fig.suptitle(title, fontsize=11)
     full.set_title("full scale", fontsize=9)
@@ -194,12 +213,13 @@ def plot_online(df: pd.DataFrame, path: Path, title: str, zoom_methods=("UCB", "
     best = summarise(last[last["method"].isin(zoom_methods)], ["method"])
     if not best.empty and 1.6 * float(best["mean"].max()) < 0.8 * full.get_ylim()[1]:
         zoom.set_ylim(0, 1.6 * float(best["mean"].max()))
-        zoom.set_title(f"zoomed to {', '.join(zoom_methods)}", fontsize=9)
+        shown = [m for m in zoom_methods if m in set(best["method"])]
+        zoom.set_title(f"zoomed to {', '.join(shown)}", fontsize=9)
         _legend(zoom)
     else:  # nothing worth zooming into: one panel
         fig.delaxes(zoom)
         _legend(full)
-    return _save(fig, path, band_note(online))
+    return _save(fig, path, _notes(band_note(online), hidden))
 
 
 def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
@@ -227,21 +247,23 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
 def plot_online_return(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Online cumulative return (left) and cumulative regret (right)."""
     fig, (ret, reg) = plt.subplots(1, 2, figsize=(10, 4))
-    _curves(ret, df, "cumulative_return")
+    hidden = _curves(ret, df, "cumulative_return")
     ret.set(xlabel="step t", ylabel="cumulative return", title=f"{title}: return")
-    _curves(reg, df, "cumulative_regret")
+    hidden_regret = _curves(reg, df, "cumulative_regret")
     reg.set(xlabel="step t", ylabel="cumulative regret", title=f"{title}: regret")
     _legend(reg)
-    return _save(fig, path, band_note(df[df["metric"] == "cumulative_regret"]))
+    return _save(fig, path, _notes(band_note(df[df["metric"] == "cumulative_regret"]),
+                                   hidden, hidden_regret))
 
 
 def plot_weights(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Darkroom weight ablation: cumulative regret per SPICE variant and DPT."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    _curves(ax, df, "cumulative_regret")
+    hidden = _curves(ax, df, "cumulative_regret")
     ax.set(xlabel="step t", ylabel="cumulative regret", title=title)
     _legend(ax)
-    return _save(fig, path, band_note(df[df["metric"] == "cumulative_regret"]))
+    return _save(fig, path, _notes(band_note(df[df["metric"] == "cumulative_regret"]),
+                                   hidden))
 
 
 def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
@@ -265,7 +287,7 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
             npri.plot(s["x"], s["mean"], label=label)
             npri.fill_between(s["x"], s["mean"] - s["sem"], s["mean"] + s["sem"], alpha=0.2)
     npri.set(xscale="log", yscale="log", xlabel="context length h",
-             title=f"{title}: prior strength")
+             ylabel="pseudo-counts (log)", title=f"{title}: prior strength")
     npri.legend(fontsize=8)
     npri.grid(alpha=0.3)
     cov.grid(alpha=0.3)
