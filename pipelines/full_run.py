@@ -21,10 +21,11 @@ import sys
 
 from spice_ray.common.console import Console
 from spice_ray.config import ConfigError
+from spice_ray.dryrun import describe_plan
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
 from spice_ray.runtime import resources
 from spice_ray.runtime.cli import add_config_args, run_main, start_run
-from spice_ray.study import describe_plan, plan_study, run_study
+from spice_ray.study import plan_study, run_study
 
 log = logging.getLogger("spice_ray.full_run")
 

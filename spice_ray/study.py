@@ -18,16 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
 from spice_ray import envs, tuning
 from spice_ray.common.artifacts import atomic_write_text, file_sha256, is_current
-from spice_ray.common.console import SILENT, Console, count, fmt_seconds
+from spice_ray.common.console import SILENT, Console, count
 from spice_ray.common.errors import enter_stage
 from spice_ray.config import (
     ConfigError,
     ExperimentConfig,
-    TrainConfig,
     config_hash,
     make_config,
     resolve_run_dir,
@@ -35,7 +33,7 @@ from spice_ray.config import (
 from spice_ray.data import store
 from spice_ray.data.generate import generate_stage
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
-from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, ModelRef, Table
+from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Table
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import (
     Finals,
@@ -49,9 +47,6 @@ from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
 from spice_ray.runtime import tracking
-from spice_ray.runtime.resources import check_models, dataset_estimate, human_bytes, model_estimate
-from spice_ray.train.loop import steps_per_epoch
-from spice_ray.train.rates import step_seconds
 from spice_ray.train.together import ModelSpec, pretrain_many
 from spice_ray.tuning import (
     SCORE,
@@ -391,85 +386,3 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
                            checkpoints=finals)
         console.line(f"  tables, figures, report and final checkpoints logged to {first.track}")
     return report
-
-
-def side_by_side_seconds(model_seconds: list[float], tc: TrainConfig) -> float:
-    """Wall seconds of training models of these step seconds (in the job's order): with
-    ``train.together``, model i on worker i mod n, the slowest worker's sum; otherwise one
-    after another (data-parallel workers share each model's batch, which the per-worker step
-    time already counts)."""
-    n = max(1, tc.num_workers) if tc.together else 1
-    return max((sum(model_seconds[i::n]) for i in range(n)), default=0.0)
-
-
-def describe_plan(plan: StudyPlan) -> str:
-    """What ``run_study`` would do: stages, resources, expected sizes and rough times."""
-    lines = [f"run directory: {plan.run_dir}", ""]
-    total_bytes = 0
-    lines.append("stage 1 datasets (Ray Data tasks):")
-    for name, cfg in plan.configs.items():
-        n, size, _ = dataset_estimate(cfg)
-        total_bytes += size
-        lines.append(f"  {name:9s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, "
-                     f"{cfg.data.concurrent_tasks} tasks at once x {cfg.data.task_cpus} CPU, "
-                     f"~{n / 4000:.0f} s at the 2-core rate of 4000 tasks/s")
-    lines.append("stage 2 pretraining (Ray Train; times from steps timed now, 1 thread):")
-    train_seconds = 0.0
-    for name, cfg in plan.configs.items():
-        models: tuple[ModelRef, ...] = tuple(m for m in EXPERIMENTS[name].models if not m.same_as)
-        steps, tc = cfg.train.epochs * steps_per_epoch(cfg), cfg.train
-        n_models, n_seeds = count(len(models), "model"), count(len(cfg.seeds), "seed")
-        lines.append(f"  {name:9s} {n_models} x {n_seeds}, "
-                     f"{tc.epochs} epochs, {steps} steps of batch {tc.batch_size} x "
-                     f"T={cfg.env.horizon} each; "
-                     + ("all in one job, " if tc.together and tc.num_workers else "")
-                     + f"{tc.num_workers} workers "
-                     f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
-        gpu = tc.use_gpu and torch.cuda.is_available()
-        fits = not check_models([cfg])  # never build a model to time it that cannot fit
-        step_of: dict[str, float] = {}
-        gpus_per_model = 1 if tc.together else max(1, tc.num_workers)
-        for kind in sorted({m.kind for m in models}):
-            size = model_estimate(cfg, kind)
-            if not fits:  # the error below names it
-                lines.append(f"  {'':9s} {kind}: {size.params:,} parameters: does not fit")
-                continue
-            step = step_of[kind] = step_seconds(cfg, kind, device="cuda" if gpu else "cpu")
-            seconds = step * steps * len(cfg.seeds) * sum(m.kind == kind for m in models)
-            lines.append(f"  {'':9s} {kind}: {size.params:,} parameters, ~"
-                         f"{human_bytes(size.worker_bytes)} per worker (weights, gradients, "
-                         f"AdamW {human_bytes(size.state_bytes)}; activations "
-                         f"{human_bytes(size.activation_bytes)}); {step * 1e3:.0f} ms/step "
-                         f"on {'GPU' if gpu else 'CPU'}: ~{fmt_seconds(seconds)} of steps"
-                         + (f", {seconds * gpus_per_model / 3600:.2f} GPU-hours"
-                            if gpu else ""))
-        if step_of:
-            wall = side_by_side_seconds([step_of[m.kind] * steps for m in models
-                                         for _ in cfg.seeds], tc)
-            train_seconds += wall
-            if tc.together and tc.num_workers > 1:
-                lines.append(f"  {'':9s} side by side on {tc.num_workers} workers: "
-                             f"~{fmt_seconds(wall)}")
-    lines.append(f"  all models: ~{fmt_seconds(train_seconds)} of steps, plus each job's "
-                 "start (~20-40 s on 2 cores)"
-                 + ("; train.use_gpu asks for GPUs, none in this process: CPU rates shown"
-                    if any(c.train.use_gpu for c in plan.configs.values())
-                    and not torch.cuda.is_available() else ""))
-    lines.append("stage 3 tuning on validation tasks (Ray actors):")
-    for name, cfg in plan.configs.items():
-        exp = EXPERIMENTS[name]
-        points = [len(tuning.candidates(s, cfg.eval)) for ev in exp.tuned
-                  for s in tuning.bases(exp.evaluation(ev).agents(cfg), cfg)]
-        seeds = len(cfg.seeds)
-        lines.append(f"  {name:9s} {count(len(points), 'method')}, "
-                     f"{count(sum(points), 'grid point')} (x {count(seeds, 'seed')} where "
-                     f"trained) on {min(cfg.eval.num_tasks, cfg.data.num_val_tasks)} validation "
-                     "tasks")
-    lines.append("stage 4 evaluation (Ray actors):")
-    for name, cfg in plan.configs.items():
-        lines.append(f"  {name:9s} {cfg.eval.num_tasks} tasks, H={cfg.eval.online_horizon}, "
-                     f"{cfg.eval.num_actors} actors x {cfg.eval.actor_cpus} CPU"
-                     + (f" + {cfg.eval.actor_gpus} GPU" if cfg.eval.actor_gpus else ""))
-    lines += ["stage 5 figures, stage 6 report.md", "",
-              f"datasets on disk: ~{human_bytes(total_bytes)}"]
-    return "\n".join(lines)

@@ -246,8 +246,8 @@ def test_side_by_side_workers_wall_is_the_busiest_workers() -> None:
     """A together job's workers train models i mod n side by side: its wall (the dry run's
     estimate, and the timing record's start-up = wall - busiest worker) is the busiest
     worker's sum; data-parallel workers take the models one after another."""
+    from spice_ray.dryrun import side_by_side_seconds
     from spice_ray.records import busy_seconds, timing_notes
-    from spice_ray.study import side_by_side_seconds
 
     two = make_config("small", "darkroom").train
     assert two.num_workers == 2 and two.together
