@@ -16,10 +16,11 @@ On a GPU (--device cuda) the steps run under bf16 autocast.
 Then (``--seeds S``, default 3; 0 skips it) S seeds of SPICE at the paper's config on Ray Train,
 CPU, one Train worker as the small study runs them: each seed in its own job, one after
 another (``train.together=false``), against all S in one job (``train.together``), each wall
-time including its job's start-up. Printed: both walls and their ratio, and the fixed start-up
-per model (job wall minus the seconds inside ``fit``) before and after. Target (issue 19):
-ratio >= 2x. The ratio grows as a model's compute shrinks against the start-up; the line says
-at how many steps per model it was measured.
+time including its job's start-up, and all S in one job on two one-thread workers side by
+side (``train.num_workers=2``, as the small darkroom experiments train). Printed: the walls and
+their ratios, and the fixed start-up per model (job wall minus the seconds inside ``fit``)
+before and after. Target (issue 19): ratio >= 2x. The ratio grows as a model's compute shrinks
+against the start-up; the line says at how many steps per model it was measured.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def random_batch(batch: int, horizon: int, arms: int, seed: int = 0) -> dict[str
     probs = rng.dirichlet(np.ones(arms), size=batch).astype(np.float32)
     return {"actions": rng.integers(arms, size=(batch, horizon), dtype=np.uint8),
             "rewards": rng.normal(0.5, 0.3, size=(batch, horizon)).astype(np.float32),
-            "behaviour_probs": probs, "label": rng.integers(arms, size=batch, dtype=np.uint8)}
+            "behaviour_probs": probs, "label": rng.integers(arms, size=batch, dtype=np.uint8),
+            "task_id": np.arange(batch, dtype=np.int64)}  # the loss keys head targets by task
 
 
 def time_steps(model, kind, cfg, batch, steps: int, device: torch.device) -> float:
@@ -114,6 +116,12 @@ def bench_seeds(seeds: int, train_tasks: int, epochs: int, batch: int) -> None:
         _, timing = pretrain_many(specs, ds, root / "together")
         together = timing["seconds"]
         together_fit = sum(timing["models"].values())
+        side_cfg = make_config("paper", "bandit", overrides=[*sets, "train.num_workers=2"],
+                               extra={"out_dir": str(root)})
+        side_specs = [ModelSpec(side_cfg, "spice", seed, f"seed {seed}")
+                      for seed in range(seeds)]
+        _, side_timing = pretrain_many(side_specs, ds, root / "side")
+        side = side_timing["seconds"]
     ray.shutdown()
     print(f"{seeds} SPICE seeds, paper config (T=500, {cfg.model.n_layer} layers, width "
           f"{cfg.model.n_embd}, K={cfg.model.ensemble_size}), {steps} steps of batch {batch} "
@@ -123,7 +131,9 @@ def bench_seeds(seeds: int, train_tasks: int, epochs: int, batch: int) -> None:
     print(f"  one job for all:   {together:7.1f} s ({together_fit:.1f} s in fit; start-up "
           f"{(together - together_fit) / seeds:.1f} s per model, "
           f"{together - together_fit:.1f} s per job)")
+    print(f"  one job, 2 one-thread workers side by side: {side:7.1f} s")
     print(f"one job per seed / together:      {alone / together:.2f}x (target >= 2x)")
+    print(f"one job per seed / together on 2 workers: {alone / side:.2f}x (target >= 2x)")
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ def describe_plan(plan: StudyPlan) -> str:
                      f"{tc.epochs} epochs, {steps} steps of batch {tc.batch_size} x "
                      f"T={cfg.env.horizon} each; "
                      + ("all in one job, " if tc.together and tc.num_workers else "")
-                     + f"{tc.num_workers} workers "
+                     + f"{count(tc.num_workers, 'worker')} "
                      f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
         gpu = tc.use_gpu and torch.cuda.is_available()
         fits = not check_models([cfg])  # never build a model to time it that cannot fit
