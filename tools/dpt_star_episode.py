@@ -40,13 +40,15 @@ def play(model, env, data: dict[str, np.ndarray], horizon: int, stay_on_goal: bo
     state = np.zeros_like(goals)
     ret = np.zeros(len(goals))
     reached = np.zeros(len(goals), dtype=bool)
-    on_goal_actions = []
+    on_goal_actions, stay_probs = [], []
     for _ in range(horizon):
         batch = dict(data)
         batch["query_state"] = state.astype(data["query_state"].dtype)
         with torch.no_grad():
-            action = model(make_tokens(batch, env)).logits[:, -1].argmax(-1).numpy()
+            logits = model(make_tokens(batch, env)).logits[:, -1]
+        action = logits.argmax(-1).numpy()
         on = (state == goals).all(1)
+        stay_probs.append(torch.softmax(logits.float(), -1)[:, STAY].numpy()[on])
         if stay_on_goal:
             action = np.where(on, STAY, action)
         on_goal_actions.append(action[on])
@@ -54,17 +56,18 @@ def play(model, env, data: dict[str, np.ndarray], horizon: int, stay_on_goal: bo
         hit = (state == goals).all(1)
         reached |= hit
         ret += hit
-    return {"return": ret, "reached": reached,
+    return {"return": ret, "reached": reached, "stay_prob": np.concatenate(stay_probs),
             "on_goal": np.bincount(np.concatenate(on_goal_actions).astype(np.int64),
                                    minlength=darkroom.NUM_ACTIONS)}
 
 
-def episode_inputs(run: Path, seed: int = 0):
-    """(model, env config, eval tasks, horizon) of the run's DPT* of training seed ``seed``."""
+def episode_inputs(run: Path, seed: int = 0, split: str = "eval"):
+    """(model, env config, tasks of ``split``, horizon) of the run's DPT* of training seed
+    ``seed``."""
     cfg = load_config(Path(run) / "configs" / f"{EXPERIMENT}.yaml")
     final = DptPolicy.checkpoint_of(run, EXPERIMENT, "dpt", seed)
     dataset = Path(run) / "datasets" / final.parent.parent.name
-    data = load_split(dataset, "eval", limit=cfg.eval.num_tasks)
+    data = load_split(dataset, split, limit=cfg.eval.num_tasks)
     return load_model(final, cfg.env, "dpt"), cfg.env, data, cfg.eval.online_horizon
 
 
@@ -73,10 +76,12 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", type=Path, help="a study's run directory")
     p.add_argument("--seed", type=int, default=0, help="training seed of the model")
+    p.add_argument("--split", choices=("train", "validation", "eval"), default="eval",
+                   help="whose tasks: held-out goals (eval, validation) or the training goals")
     args = p.parse_args()
-    model, env, data, horizon = episode_inputs(args.run, args.seed)
+    model, env, data, horizon = episode_inputs(args.run, args.seed, args.split)
     seen = np.asarray(data["rewards"]).sum(1) > 0
-    print(f"{EXPERIMENT} DPT seed {args.seed} of {args.run} ({len(seen)} eval tasks; the "
+    print(f"{EXPERIMENT} DPT seed {args.seed} of {args.run} ({len(seen)} {args.split} tasks; the "
           f"context shows the goal in {seen.sum()}):")
     for label, force in (("as it acts", False), ("stay forced on the goal", True)):
         out = play(model, env, data, horizon, force)
@@ -85,7 +90,8 @@ def main() -> None:
         print(f"  {label}: return {out['return'].mean():.2f} +- "
               f"{out['return'].std(ddof=1) / np.sqrt(len(seen)):.2f} (context shows the goal: "
               f"{out['return'][seen].mean():.2f}; reached in {out['reached'][seen].mean():.0%} "
-              f"of those); actions on the goal: {names}")
+              f"of those); actions on the goal: {names}; mean P(stay) there "
+              + (f"{out['stay_prob'].mean():.3f}" if out["stay_prob"].size else "n/a"))
 
 
 if __name__ == "__main__":
