@@ -11,6 +11,7 @@ from spice_ray import tuning
 from spice_ray.common.console import count, fmt_seconds
 from spice_ray.config import TrainConfig
 from spice_ray.experiments import EXPERIMENTS, ModelRef
+from spice_ray.records import busy_seconds
 from spice_ray.runtime.resources import check_models, dataset_estimate, human_bytes, model_estimate
 from spice_ray.train.loop import steps_per_epoch
 from spice_ray.train.rates import step_seconds
@@ -25,7 +26,7 @@ def side_by_side_seconds(model_seconds: list[float], tc: TrainConfig) -> float:
     after another (data-parallel workers share each model's batch, which the per-worker step
     time already counts)."""
     n = max(1, tc.num_workers) if tc.together else 1
-    return max((sum(model_seconds[i::n]) for i in range(n)), default=0.0)
+    return busy_seconds((i % n, seconds) for i, seconds in enumerate(model_seconds))
 
 
 def describe_plan(plan: StudyPlan) -> str:

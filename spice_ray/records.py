@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,12 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     return path
 
 
-def busy_seconds(fits: Mapping[Any, float], worker: Mapping[Any, int]) -> float:
-    """Fit seconds of the busiest worker of a together job: a worker trains its models one
-    after another and the workers run side by side (a model without a worker counts on
-    worker 0)."""
+def busy_seconds(work: Iterable[tuple[int, float]]) -> float:
+    """Seconds of the busiest worker of a together job, from (worker, seconds) per model: a
+    worker trains its models one after another and the workers run side by side."""
     per: dict[int, float] = {}
-    for name, seconds in fits.items():
-        per[worker.get(name, 0)] = per.get(worker.get(name, 0), 0.0) + seconds
+    for worker, seconds in work:
+        per[worker] = per.get(worker, 0.0) + seconds
     return max(per.values(), default=0.0)
 
 
@@ -59,8 +58,7 @@ def timing_notes(experiments: list[str], units: list[dict[str, Any]]) -> list[st
         fit_units = [u for u in train if u.get("part") == "fit"]
         fits = [u["seconds"] for u in fit_units]
         other = sum(u["seconds"] for u in train) - sum(fits)
-        busy = busy_seconds({i: u["seconds"] for i, u in enumerate(fit_units)},
-                            {i: u.get("worker", 0) for i, u in enumerate(fit_units)})
+        busy = busy_seconds((u.get("worker", 0), u["seconds"]) for u in fit_units)
         workers = len({u.get("worker", 0) for u in fit_units})
         evals = sum(u["seconds"] for u in mine if u["stage"] == "evaluate")
         parts = [f"{name}: pretraining {other + busy:.0f} s"]

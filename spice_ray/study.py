@@ -150,15 +150,16 @@ def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = 
         for m in models:  # variants that train exactly as another: its checkpoints
             for seed in cfg.seeds if m.same_as else ():
                 finals[(name, m.kind, m.variant, seed)] = finals[(name, m.kind, m.same_as, seed)]
-        fits, worker = timing["models"], timing["worker"]
-        plan.units += [{"stage": "pretrain", "experiment": name, "what": what, "part": "fit",
-                        "worker": worker.get(what, 0), "seconds": sec}
-                       for what, sec in fits.items()]
+        fits = [{"stage": "pretrain", "experiment": name, "what": what, "part": "fit",
+                 "worker": timing["worker"].get(what, 0), "seconds": sec}
+                for what, sec in timing["models"].items()]
+        plan.units += fits
         plan.units.append({"stage": "pretrain", "experiment": name,
                            "what": "start-up and data" if fits else
                            f"{count(len(specs), 'model')}, {count(timing['jobs'], 'job')}",
                            "part": "start-up" if fits else "jobs",
-                           "seconds": timing["seconds"] - busy_seconds(fits, worker)})
+                           "seconds": timing["seconds"] - busy_seconds(
+                               (u["worker"], u["seconds"]) for u in fits)})
     return finals
 
 

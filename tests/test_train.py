@@ -221,7 +221,7 @@ def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path
     monkeypatch.delenv(FAULT_ENV)
     assert timing["jobs"] == 1 and set(timing["models"]) == {"spice seed 0", "dpt seed 1"}
     assert timing["worker"] == {"spice seed 0": 0, "dpt seed 1": 1}  # side by side
-    busy = busy_seconds(timing["models"], timing["worker"])
+    busy = busy_seconds((timing["worker"][name], sec) for name, sec in timing["models"].items())
     assert busy == max(timing["models"].values()) and timing["seconds"] > busy > 0
     for final in finals:
         assert ckpt.read_meta(final)["epoch"] == 2
@@ -256,7 +256,7 @@ def test_side_by_side_workers_wall_is_the_busiest_workers() -> None:
     assert one.num_workers == 1 and side_by_side_seconds([1.0, 2.0, 3.0], one) == 6.0
     ddp = make_config("small", "darkroom", overrides=["train.together=false"]).train
     assert side_by_side_seconds([1.0, 2.0, 3.0], ddp) == 6.0
-    assert busy_seconds({"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 0, "b": 1, "c": 0}) == 4.0
+    assert busy_seconds([(0, 1.0), (1, 2.0), (0, 3.0)]) == 4.0
     units = [{"stage": "pretrain", "experiment": "d", "what": w, "part": "fit",
               "worker": k, "seconds": sec} for w, k, sec in (("a", 0, 10.0), ("b", 1, 20.0),
                                                               ("c", 0, 30.0))]
