@@ -241,6 +241,30 @@ def test_vectorised_ensemble_equals_loop(monkeypatch, kernel, depth, alpha) -> N
     assert ens.anchor_loss() > 0
 
 
+@pytest.mark.parametrize("kernel", ["compiled", "eager"])
+def test_fused_heads_keep_or_recompute_preactivations(monkeypatch, kernel) -> None:
+    """The fused path's backward gives the same gradients whether it keeps the pre-activations
+    from forward (the default, faster) or recomputes them block by block (the memory-lean
+    baseline ``benchmarks/bench_throughput.py`` times)."""
+    monkeypatch.setattr(ensemble_module, "FUSED_BLOCK", 16)  # 3 blocks, the last partial
+    results = []
+    for keep in (True, False):
+        monkeypatch.setattr(ensemble_module, "KEEP_PREACTIVATIONS", keep)
+        ens = ValueEnsemble(6, 3, ensemble_size=4, hidden=5, prior_scale=0.7,
+                            generator=torch.Generator().manual_seed(2), kernel="compiled")
+        ens = ens.double()
+        if kernel == "eager":  # the fused Function with its kernels run eagerly
+            monkeypatch.setattr(ensemble_module, "_run_kernel",
+                                lambda name, mode, *a: ensemble_module._EAGER[name](*a))
+        h = torch.randn(2, 19, 6, generator=torch.Generator().manual_seed(3),
+                        dtype=torch.float64).requires_grad_(True)
+        q = ens(h)
+        (q * torch.linspace(-1, 1, q.numel(), dtype=q.dtype).view(q.shape)).sum().backward()
+        results.append([q.detach(), h.grad, *(p.grad for p in ens.f.parameters())])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
 def test_compiled_heads_match_eager_in_float32() -> None:
     """The compiled kernels are the eager ones fused: same function at float32 precision,
     here above COMPILE_MIN_ROWS so ``auto`` compiles too."""
@@ -327,4 +351,5 @@ def test_prior_std_is_unbiased() -> None:
     K = out.q.shape[-2]
     var = ((out.q - out.q.mean(-2, keepdim=True)) ** 2).sum(-2) / (K - 1)
     torch.testing.assert_close(out.prior_std, var.sqrt())
+    torch.testing.assert_close(out.prior_std, out.q.std(-2, correction=1))  # torch's own
     torch.testing.assert_close(out.prior_mean, out.q.mean(-2))

@@ -20,7 +20,7 @@ from spice_ray.data.store import iter_batches
 from spice_ray.model import DptModel, SpiceModel
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model, load_model, model_payload
-from spice_ray.train.loop import FAULT_ENV, shuffled_batches
+from spice_ray.train.loop import FAULT_ENV, make_optimizer, shuffled_batches
 from spice_ray.train.ray_train import (
     plan_job,
     pretrain,
@@ -79,6 +79,28 @@ def test_local_run_killed_after_first_checkpoint_resumes(smoke_bandit, tmp_path,
     assert ckpt.read_meta(final)["epoch"] == 2
     assert isinstance(load_model(final, kind="dpt"), DptModel)
     assert pretrain(cfg, "dpt", 0, ds) == final  # a finished run is skipped
+
+
+def test_optimizer_is_fused_adamw_with_the_loop_update() -> None:
+    """Training's AdamW is the fused kernel; its updates equal the per-parameter loop's to
+    float32 rounding over several steps."""
+    tc = make_config("smoke", "bandit").train
+    g = torch.Generator().manual_seed(4)
+    start = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g)]
+    grads = [[torch.randn(p.shape, generator=g) for p in start] for _ in range(3)]
+    finals = []
+    for fused in (True, False):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        opt = (make_optimizer(params, tc) if fused else
+               torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay))
+        assert opt.param_groups[0]["fused"] is (True if fused else None)
+        for step in grads:
+            for p, grad in zip(params, step, strict=True):
+                p.grad = grad.clone()
+            opt.step()
+        finals.append([p.detach() for p in params])
+    for a, b in zip(*finals, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 def test_shuffled_batches_split_an_epoch_reproducibly() -> None:

@@ -47,9 +47,15 @@ ROW_BLOCK = 2048
 """Rows of latents per block of the layer-stack path (see :meth:`ValueEnsemble.forward`)."""
 
 FUSED_BLOCK = 1024
-"""Rows per block of the fused depth-1 path. A block's pre-activations (rows x 2K x hidden floats,
-3.7 MB at the paper's size) stay in cache from the matmul that makes them to the kernel that reads
-them; 1024 was the fastest of 256 to 4096 rows in bench_train's setting (2 threads)."""
+"""Rows per block of the fused depth-1 path's compiled kernels (their (rows, P, K, A, hidden)
+intermediates stay in cache); 1024 was the fastest of 256 to 4096 rows in bench_train's setting
+(2 threads)."""
+
+KEEP_PREACTIVATIONS = True
+"""The fused path keeps its pre-activations z = h @ W1[:D] (rows x 2K x hidden floats, 29 MB at
+the small bandit's batch) for the backward pass. False recomputes them block by block there, as
+the path first did: less memory, but the heads' forward + backward cost 1.5x as much at the small
+darkroom config (``benchmarks/bench_throughput.py`` times both)."""
 
 COMPILE_MIN_ROWS = 1024
 """``head_kernel="auto"`` takes the compiled path only for inputs of at least this many rows.
@@ -128,8 +134,9 @@ class _DepthOneHeads(torch.autograd.Function):
     Inputs: h [N, D]; for f and then the frozen prior p (whose three may be None when alpha = 0):
     the first layer's latent rows [K, D, H], its action rows plus bias [K, A, H] and the output
     weights [K, H] (the prior's times alpha). Output: [N, K, A] without the output bias. Only h
-    and f's tensors get gradients. Nothing of size N x K x A x H is kept for backward: each block's
-    pre-activations are recomputed there (one small matmul) from the saved latents.
+    and f's tensors get gradients. Nothing of size N x K x A x H is kept for backward: only the
+    pre-activations z = h @ W1[:D] of f and p (N x P x K x H, A times smaller), made by one
+    matmul over all rows (:data:`KEEP_PREACTIVATIONS`).
     """
 
     @staticmethod
@@ -148,10 +155,12 @@ class _DepthOneHeads(torch.autograd.Function):
         rows = torch.stack([r for _, r, _ in parts])  # (P, K, A, H)
         out = torch.stack([o for _, _, o in parts])  # (P, K, H)
         q = h.new_empty(N, K, A)
+        kept = [h @ weight] if KEEP_PREACTIVATIONS else []  # (N, P*K*H) for backward
         for i in range(0, N, FUSED_BLOCK):
-            z = (h[i:i + FUSED_BLOCK] @ weight).view(-1, P, K, H)  # (n, P, K, H)
+            z = kept[0][i:i + FUSED_BLOCK] if kept else h[i:i + FUSED_BLOCK] @ weight
+            z = z.view(-1, P, K, H)  # (n, P, K, H)
             q[i:i + FUSED_BLOCK] = _run_kernel("forward", mode, z, rows, out)  # (n, K, A)
-        ctx.save_for_backward(h, weight, rows, out)
+        ctx.save_for_backward(h, weight, rows, out, *kept)
         ctx.mode = mode
         return q
 
@@ -159,7 +168,7 @@ class _DepthOneHeads(torch.autograd.Function):
     @once_differentiable
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad: Tensor):
-        h, weight, rows, out = ctx.saved_tensors
+        h, weight, rows, out, *kept = ctx.saved_tensors
         N, D = h.shape
         P, K, A, H = rows.shape
         grad = grad.contiguous()  # (N, K, A)
@@ -169,7 +178,8 @@ class _DepthOneHeads(torch.autograd.Function):
         grad_out = h.new_zeros(K, H, dtype=out.dtype)
         for i in range(0, N, FUSED_BLOCK):
             hb = h[i:i + FUSED_BLOCK]  # (n, D)
-            z = (hb @ weight).view(-1, P, K, H)  # (n, P, K, H), as in forward
+            z = kept[0][i:i + FUSED_BLOCK] if kept else hb @ weight  # as in forward
+            z = z.view(-1, P, K, H)  # (n, P, K, H)
             grad_z, s_b, out_b = _run_kernel("backward", ctx.mode, z, rows, out,
                                              grad[i:i + FUSED_BLOCK])
             grad_z = grad_z.view(-1, P * K * H)  # (n, P*K*H)
@@ -182,6 +192,18 @@ class _DepthOneHeads(torch.autograd.Function):
         grad_first = grad_first.view(D, K, H).permute(1, 0, 2)  # (K, D, H)
         return (grad_h, grad_first, sum_s * out[0][:, None, :], grad_out,
                 None, None, None, None)
+
+
+def ensemble_mean_std(q: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean, unbiased std) over the heads axis of q [..., K, A]: each [..., A].
+
+    The std is sqrt(sum_k (q_k - mean)^2 / (K - 1)), two passes over q: the same value as
+    ``q.std(-2)`` up to rounding, and 6x faster on the CPU at the small bandit's size, where
+    torch's reduction over a middle axis of length K = 7 cost 8% of a SPICE training step.
+    """
+    mean = q.mean(-2)  # (..., A)
+    var = (q - mean.unsqueeze(-2)).square().sum(-2) / (q.shape[-2] - 1)  # (..., A)
+    return mean, var.sqrt()
 
 
 class EnsembleMLP(nn.Module):

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from spice_ray.config import ModelConfig
-from spice_ray.model.ensemble import ValueEnsemble
+from spice_ray.model.ensemble import ValueEnsemble, ensemble_mean_std
 from spice_ray.model.trunk import TrunkModel
 
 
@@ -94,11 +94,12 @@ class SpiceModel(TrunkModel):
     def heads(self, latent: Tensor) -> SpiceOutput:
         """Policy logits and the ensemble's Q, mean and std from latents [..., D]."""
         q = self.ensemble(latent)  # (..., K, A)
+        prior_mean, prior_std = ensemble_mean_std(q)  # (..., A) x2
         return SpiceOutput(
             logits=self.policy_head(latent),  # (..., A)
             q=q,
-            prior_mean=q.mean(-2),  # (..., A)
-            prior_std=q.std(-2, correction=1),  # (..., A)
+            prior_mean=prior_mean,
+            prior_std=prior_std,
             latent=latent,
         )
 

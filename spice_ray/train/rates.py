@@ -16,7 +16,7 @@ import torch
 from spice_ray.config import ExperimentConfig
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.model.registry import build_model
-from spice_ray.train.loop import compute_loss
+from spice_ray.train.loop import compute_loss, make_optimizer
 
 _MEASURED: dict[str, float] = {}
 """Step times already measured in this process, by what they depend on."""
@@ -45,7 +45,7 @@ def _measure(cfg: ExperimentConfig, kind: str, steps: int, device: str) -> float
     torch.set_num_threads(1)  # as in a Train worker
     try:
         model = build_model(kind, cfg, torch.Generator().manual_seed(0)).to(device)
-        optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+        optimiser = make_optimizer(model.parameters(), cfg.train)
         times = []
         for _ in range(steps + 1):
             t0 = time.perf_counter()
