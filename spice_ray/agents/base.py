@@ -29,6 +29,9 @@ from torch import Tensor
 from spice_ray.config import EvalConfig, FusionConfig
 from spice_ray.fusion import RandomSource
 
+WIDTH_SCALE_DEFAULT = FusionConfig.width_scale
+"""``fusion.width_scale`` of the paper (1): left out of the results' config at this value."""
+
 
 @runtime_checkable
 class Agent(Protocol):
@@ -101,6 +104,9 @@ class Method:
     requires: str = ""
     """An attribute the environment must have (e.g. ``task_posterior``, ``arm_features``,
     ``grid``): the method applies only there."""
+    scales_width: bool = False
+    """Fused methods: its prior's width is the learned sigma_Q scaled by
+    ``fusion.width_scale`` (SPICE); otherwise the scale is not read and not in its config."""
     settings: tuple[str, ...] = ()
     """Non-fused methods: the fusion fields that change their results (e.g. beta)."""
     constants: Callable[[EvalConfig], dict[str, Any]] | None = None
@@ -188,10 +194,15 @@ class AgentSpec:
         """The settings that change this agent's results, as plain values.
 
         Offline, the online-only settings (beta, its schedule) are left out, so specs that
-        differ only there share one offline curve.
+        differ only there share one offline curve. ``fusion.width_scale`` is in only for
+        methods that read it (:attr:`Method.scales_width`) and only when it is not 1.
         """
         if self.info.fused:
             out = {k: v for k, v in dataclasses.asdict(self.fusion).items() if k != "rule"}
+            # The width scale only where it is read and not the paper's 1, so the config
+            # (and every table written before the field existed) is unchanged at the default.
+            if not self.info.scales_width or self.fusion.width_scale == WIDTH_SCALE_DEFAULT:
+                out.pop("width_scale")
             if not online:
                 out.pop("beta")
                 out.pop("beta_schedule")

@@ -1,10 +1,11 @@
 """SPICE at test time: a per-action prior fused with kernel-weighted evidence from the context.
 
-The prior is the learned ensemble's N(Q-bar, max(sigma_Q^2, v_min)) at the current position
-(paper sec. 3.3), or, for the prior ablation and the count-based explorer, one constant
-N(mu_0, v_0) for every action (:class:`FlatPrior`: no network at all). Everything else, the
-kernel weights, the n-step targets, the Normal-Normal posterior and the action rule, is the
-same code (``spice_ray.fusion``), so the difference between the rows is the prior alone.
+The prior is the learned ensemble's N(Q-bar, max((s sigma_Q)^2, v_min)) at the current position
+(paper sec. 3.3; s = ``fusion.width_scale``, 1 in the paper), or, for the prior ablation and
+the count-based explorer, one constant N(mu_0, v_0) for every action (:class:`FlatPrior`: no
+network at all). Everything else, the kernel weights, the n-step targets, the Normal-Normal
+posterior and the action rule, is the same code (``spice_ray.fusion``), so the difference
+between the rows is the prior alone.
 
 Kernel features (``fusion.kernel_space``): ``state`` compares raw states; ``latent`` the
 trunk's output for a state alone (the query token [s, 0, 0, 0], the paper's reading); and
@@ -35,6 +36,7 @@ from spice_ray.fusion import (
     fused_posterior,
     needs_bootstrap,
     needs_nstep,
+    scaled_prior_std,
     select_action,
 )
 from spice_ray.model.tokens import query_features
@@ -241,6 +243,8 @@ class SpiceAgent:
             if self.exact_width is not None:
                 exact_var = self.exact_width.moments(states.detach().cpu().numpy())[1]
                 prior_std = torch.from_numpy(exact_var).to(STATS_DTYPE).sqrt()
+            else:  # the learned width, scaled by fusion.width_scale (1: unchanged)
+                prior_std = scaled_prior_std(prior_std, self.fusion.width_scale)
         return fused_posterior(self.fusion, prior_mean, prior_std, counts, mean)
 
     def act(self, t: int, states: Tensor) -> Tensor:
@@ -272,7 +276,8 @@ def _model_free(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
                       num_states=env.num_states)
 
 
-register_method("spice", Method("SPICE", _learned, model="spice", offline=True, fused=True))
+register_method("spice", Method("SPICE", _learned, model="spice", offline=True, fused=True,
+                                 scales_width=True))
 register_method("spice-flat", Method("SPICE (flat prior)", _model_free, offline=True,
                                      fused=True, prior="flat"))
 """The prior ablation: SPICE's fusion and action rule with one constant prior, no network."""

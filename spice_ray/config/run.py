@@ -45,6 +45,11 @@ class FusionConfig:
     """Likelihood variance sigma^2 of the targets (>= 0; floored internally to avoid 1/0)."""
     v_min: float = 1e-2
     """Floor of the prior variance v_pri = max(sigma_Q^2, v_min) (> 0)."""
+    width_scale: float = 1.0
+    """Scale s of the learned prior's width (>= 0): v_pri = max((s sigma_Q)^2, v_min); 1 is the
+    paper. Only SPICE's learned prior reads it (not the flat or oracle priors, nor the
+    exact-width diagnostic); ``spice_ray.evaluate.width`` fits it on validation tasks without
+    labels."""
     beta: float = 1.0
     """Posterior-UCB optimism (>= 0) when beta_schedule is fixed."""
     beta_schedule: Literal["fixed", "sqrt2logt", "sqrt_log_sat"] = "fixed"
@@ -71,6 +76,7 @@ class FusionConfig:
         _check(self.tau > 0, "fusion.tau", self.tau, "a float > 0")
         _check(self.noise_var >= 0, "fusion.noise_var", self.noise_var, "a float >= 0")
         _check(self.v_min > 0, "fusion.v_min", self.v_min, "a float > 0")
+        _check(self.width_scale >= 0, "fusion.width_scale", self.width_scale, "a float >= 0")
         _check(self.beta >= 0, "fusion.beta", self.beta, "a float >= 0")
         _check(self.beta_schedule in BETA_SCHEDULES, "fusion.beta_schedule",
                self.beta_schedule, f"one of {', '.join(BETA_SCHEDULES)}")

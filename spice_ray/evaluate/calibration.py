@@ -35,6 +35,7 @@ from spice_ray.evaluate.offline import offline_context_lengths, sequence_outputs
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
 from spice_ray.fusion import NOISE_VAR_FLOOR
 from spice_ray.fusion.posterior import prior_variance
+from spice_ray.fusion.width import scaled_prior_std
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
 
@@ -67,8 +68,9 @@ class CalibrationStats:
         hs: int [P] context lengths.
         levels: central interval levels L.
         prior_mean: float64 [B, P, A] mu_pri at position h.
-        prior_std: float64 [B, P, A] sigma_Q at position h.
-        covered: bool [B, P, L, A] whether mu_a lies in mu_pri +- z sigma_Q.
+        prior_std: float64 [B, P, A] the prior's sd the fusion uses at position h, s sigma_Q
+            (s = ``fusion.width_scale``, 1 by default).
+        covered: bool [B, P, L, A] whether mu_a lies in mu_pri +- z prior_std.
         n_pri: float64 [B, P, A] prior pseudo-counts.
         warm_start: float64 [B, P] sum_a N_pri |mu_pri - mu_a|.
         warm_start_bound: float64 [B, P] 4 sum_{a != a*} N_pri |mu_pri - mu_a| (Theorem 1).
@@ -117,7 +119,7 @@ def calibration_stats(
         model: a SpiceModel.
         env_cfg: a stateless environment with action values (the calibration protocol).
         data: eval-split columns: actions, rewards, label and the environment's.
-        fusion: noise_var (sigma^2) and v_min.
+        fusion: noise_var (sigma^2), v_min and width_scale (the prior's sd is s sigma_Q).
         hs: context lengths (default: :func:`offline_context_lengths` with 25 points).
         levels: central interval probabilities in (0, 1).
         batch_size: tasks per model forward.
@@ -133,7 +135,8 @@ def calibration_stats(
     if "prior_std" not in out:
         raise ValueError("calibration needs a SpiceModel (a value ensemble)")
     pm = out["prior_mean"].to(torch.float64).numpy()  # (B, P, A)
-    ps = out["prior_std"].to(torch.float64).numpy()  # (B, P, A)
+    # The width the fusion uses: s sigma_Q, s = fusion.width_scale (1: sigma_Q itself).
+    ps = scaled_prior_std(out["prior_std"], fusion.width_scale).to(torch.float64).numpy()
     for level in levels:
         if not 0 < level < 1:
             raise ValueError(f"level={level} is invalid: in (0, 1)")
@@ -167,12 +170,14 @@ def calibration_rows(
 
     Metrics per task: ``coverage_50`` / ``coverage_90`` / ``coverage_95`` (fraction of arms
     covered), ``n_pri_mean`` / ``n_pri_min`` / ``n_pri_max`` over arms, ``warm_start``,
-    ``warm_start_bound``; config holds noise_var and v_min.
+    ``warm_start_bound``; config holds noise_var and v_min (and width_scale when not 1).
     """
     stats = calibration_stats(model, env_cfg, data, fusion, hs, levels, batch_size)
     task_ids = np.asarray(data["task_id"])
-    config = json.dumps({"noise_var": fusion.noise_var, "v_min": fusion.v_min}, sort_keys=True,
-                        separators=(",", ":"))
+    settings = {"noise_var": fusion.noise_var, "v_min": fusion.v_min}
+    if fusion.width_scale != 1.0:  # left out at the paper's 1: the config is unchanged there
+        settings["width_scale"] = fusion.width_scale
+    config = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     metrics: dict[str, np.ndarray] = {}
     for i, level in enumerate(stats.levels):
         metrics[f"coverage_{round(level * 100):d}"] = stats.covered[:, :, i].mean(-1)

@@ -29,6 +29,7 @@ from spice_ray.fusion import (
     fused_posterior,
     greedy_action,
     needs_bootstrap,
+    scaled_prior_std,
 )
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
@@ -169,8 +170,9 @@ def spice_offline_picks(
                 None if next_values is None else next_values[:, :h]))
         counts = torch.stack([c for c, _ in stats], 1)  # (B, P, A)
         mean = torch.stack([m for _, m in stats], 1)  # (B, P, A)
-    if spec.uses_model:
-        prior_mean, prior_std = outputs["prior_mean"], outputs["prior_std"]
+    if spec.uses_model:  # the learned prior, its width scaled by fusion.width_scale
+        prior_mean = outputs["prior_mean"]
+        prior_std = scaled_prior_std(outputs["prior_std"], f.width_scale)
     else:  # the flat prior
         prior_mean = torch.full(counts.shape, spec.prior[0], dtype=torch.float64)
         prior_std = torch.full(counts.shape, spec.prior[1] ** 0.5, dtype=torch.float64)

@@ -48,6 +48,7 @@ from spice_ray.fusion.rules import (
     ucb_action,
     ucb_scores,
 )
+from spice_ray.fusion.width import fit_width_scale, scaled_prior_std, width_log_likelihood
 
 __all__ = [
     "ACTION_RULES",
@@ -87,4 +88,7 @@ __all__ = [
     "ucb_scores",
     "uniform_weights",
     "weighted_action_stats",
+    "fit_width_scale",
+    "scaled_prior_std",
+    "width_log_likelihood",
 ]

@@ -1,0 +1,182 @@
+"""A label-free scale of the learned prior's width: one s on sigma_Q fitted to observed targets.
+
+The fused posterior reads the prior N(Q-bar, max((s sigma_Q)^2, v_min)); s = 1 is the paper.
+The ensemble's spread is not calibrated, so s is fitted on validation contexts without labels:
+each transition t's target y_t is predicted by the prior of the position that has not seen it
+(Q-bar_{t-1}(a_t), sigma_Q,{t-1}(a_t)), and s maximises the marginal likelihood of the targets,
+
+    log L(s) = sum_i log N(y_i; m_i, s^2 v_i + sigma^2),     v_i = sigma_Q,i^2,
+
+with sigma^2 the fusion's likelihood variance (floored at :data:`NOISE_VAR_FLOOR`, as the
+posterior floors it). In u = s^2 the derivative is
+
+    d log L / du = 1/2 sum_i v_i ((y_i - m_i)^2 - w_i) / w_i^2,     w_i = u v_i + sigma^2.
+
+Plain tensor functions: no Ray, no I/O, no model. Everything is float64 on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from spice_ray.fusion.posterior import NOISE_VAR_FLOOR
+
+GRID_PER_DECADE = 24
+"""Points per decade of s of the coarse log grid (ratio 10^(1/24) ~ 1.10 between points)."""
+_BISECTION_STEPS = 200
+"""At most this many halvings of the bracket on log s (it stops at float64 resolution)."""
+_CHUNK_ELEMENTS = 1 << 22
+"""Grid points x targets evaluated at once (bounds the memory of the grid search)."""
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def scaled_prior_std(prior_std: Tensor, width_scale: float) -> Tensor:
+    """s sigma_Q: the learned prior's std scaled by ``FusionConfig.width_scale``, any shape.
+
+    With s = 1 the tensor itself is returned (same values, dtype and device, so the posterior
+    is bit-identical to the unscaled one); otherwise the product in float64 (the posterior's
+    dtype), on the tensor's device.
+    """
+    if width_scale == 1.0:
+        return prior_std
+    return prior_std.to(torch.float64) * float(width_scale)
+
+
+def _as_float64(x: Tensor) -> Tensor:
+    return torch.as_tensor(x).detach().to("cpu", torch.float64)
+
+
+def _inputs(mean: Tensor, std: Tensor, targets: Tensor, noise_var: float,
+            mask: Tensor | None) -> tuple[Tensor, Tensor, float]:
+    """Checked, flattened inputs: squared residuals r^2 [N], prior variances v [N], sigma^2."""
+    noise_var = float(noise_var)
+    if not math.isfinite(noise_var) or noise_var < 0:
+        raise ValueError(f"noise_var={noise_var!r} is invalid: a finite float >= 0")
+    named = {"mean": _as_float64(mean), "std": _as_float64(std),
+             "targets": _as_float64(targets)}
+    shape = named["targets"].shape
+    for name, x in named.items():
+        if x.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, targets {tuple(shape)}: "
+                             "mean, std and targets must have one shape")
+    if mask is not None:
+        mask = torch.as_tensor(mask).to("cpu")
+        if mask.shape != shape:
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, targets {tuple(shape)}")
+        named = {name: x[mask.bool()] for name, x in named.items()}  # (N,) each
+    else:
+        named = {name: x.reshape(-1) for name, x in named.items()}  # (N,) each
+    if named["targets"].numel() == 0:
+        raise ValueError("targets is empty" + (" where mask is True" if mask is not None else "")
+                         + ": the width needs at least one target")
+    for name, x in named.items():
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} has non-finite values (NaN or inf)")
+    if bool((named["std"] < 0).any()):
+        raise ValueError("std has negative values: it is a standard deviation (>= 0)")
+    r2 = (named["targets"] - named["mean"]).square()  # (N,)
+    return r2, named["std"].square(), max(noise_var, NOISE_VAR_FLOOR)
+
+
+def _log_lik(u: Tensor, r2: Tensor, v: Tensor, noise: float) -> Tensor:
+    """Summed log-likelihood at each u = s^2 of ``u`` [G] -> [G] (chunked over G)."""
+    step = max(1, _CHUNK_ELEMENTS // max(1, r2.numel()))
+    out = []
+    for lo in range(0, u.numel(), step):
+        w = u[lo:lo + step, None] * v[None, :] + noise  # (g, N)
+        out.append(-0.5 * (torch.log(w) + r2[None, :] / w).sum(-1) - 0.5 * r2.numel() * _LOG_2PI)
+    return torch.cat(out)
+
+
+def _grad(u: float, r2: Tensor, v: Tensor, noise: float) -> float:
+    """d log L / du at u = s^2."""
+    w = u * v + noise  # (N,)
+    return float(0.5 * (v * (r2 - w) / w.square()).sum())
+
+
+def fit_width_scale(mean: Tensor, std: Tensor, targets: Tensor, noise_var: float, *,
+                    mask: Tensor | None = None,
+                    bounds: tuple[float, float] = (1e-3, 1e3)) -> float:
+    """The s >= 0 maximising sum log N(y; mean, s^2 std^2 + noise_var) over the targets.
+
+    A coarse log grid on s over ``bounds`` (:data:`GRID_PER_DECADE` points a decade) picks the
+    best point; the root of d log L / du between its neighbours is then found by bisection on
+    log s, to float64 resolution (kept only if it beats the grid point: the likelihood need not
+    be unimodal). The value at s = 0 is compared last: when the likelihood is largest there
+    (e.g. the residuals are no larger than the noise), the result is 0.0, a prior of width
+    v_min alone. At the upper bound the result is ``bounds[1]``. Ties go to the smaller s
+    (std all zero gives 0.0). Deterministic; float64 internally.
+
+    Args:
+        mean: predictions m_i, e.g. Q-bar_{t-1}(a_t) [...] (any shape, same for all three).
+        std: prior std sigma_Q,{t-1}(a_t) (>= 0), shape of ``mean``.
+        targets: observed targets y_t, shape of ``mean``.
+        noise_var: likelihood variance sigma^2 (>= 0; floored at :data:`NOISE_VAR_FLOOR`).
+        mask: optional bool, shape of ``mean``: only True entries count (the others may hold
+            anything, NaN included).
+        bounds: (lo, hi), 0 < lo < hi, the range of s searched besides s = 0.
+
+    Returns:
+        s as a float: 0.0 or in [lo, hi].
+
+    Raises:
+        ValueError: naming the argument: non-finite values, negative std or noise_var, shapes
+            that differ, no target, or bad bounds.
+    """
+    lo, hi = (float(b) for b in bounds)
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo < hi):
+        raise ValueError(f"bounds={bounds!r} is invalid: finite (lo, hi) with 0 < lo < hi")
+    r2, v, noise = _inputs(mean, std, targets, noise_var, mask)
+    num = int(math.ceil(GRID_PER_DECADE * math.log10(hi / lo))) + 1
+    log_s = torch.linspace(math.log(lo), math.log(hi), num, dtype=torch.float64)  # (G,)
+    ll = _log_lik(torch.exp(2.0 * log_s), r2, v, noise)  # (G,)
+    i = int(torch.argmax(ll))  # the first maximum: ties go to the smaller s
+    best_log_s, best_ll = float(log_s[i]), float(ll[i])
+
+    def grad(x: float) -> float:
+        return _grad(math.exp(2.0 * x), r2, v, noise)
+
+    # Bisect d log L / du (the sign of d log L / d log s) on each side of the best grid point
+    # where it changes sign from + to -: a local maximum lies inside.
+    for a, b in ((i - 1, i), (i, i + 1)):
+        if a < 0 or b >= num:
+            continue
+        left, right = float(log_s[a]), float(log_s[b])
+        if not (grad(left) > 0 > grad(right)):
+            continue
+        for _ in range(_BISECTION_STEPS):
+            mid = 0.5 * (left + right)
+            if not left < mid < right:
+                break  # float64 resolution reached
+            if grad(mid) > 0:
+                left = mid
+            else:
+                right = mid
+        x = 0.5 * (left + right)
+        value = float(_log_lik(torch.tensor([math.exp(2.0 * x)], dtype=torch.float64),
+                               r2, v, noise)[0])
+        if value > best_ll:
+            best_log_s, best_ll = x, value
+    at_zero = float(_log_lik(torch.zeros(1, dtype=torch.float64), r2, v, noise)[0])
+    if at_zero >= best_ll:
+        return 0.0
+    return min(max(math.exp(best_log_s), lo), hi)
+
+
+def width_log_likelihood(mean: Tensor, std: Tensor, targets: Tensor, noise_var: float,
+                         scale: float, *, mask: Tensor | None = None) -> float:
+    """Mean log N(y; mean, scale^2 std^2 + noise_var) per target (inputs as
+    :func:`fit_width_scale`; ``noise_var`` floored the same way).
+
+    Raises:
+        ValueError: as :func:`fit_width_scale`, or ``scale`` not finite and >= 0.
+    """
+    scale = float(scale)
+    if not math.isfinite(scale) or scale < 0:
+        raise ValueError(f"scale={scale!r} is invalid: a finite float >= 0")
+    r2, v, noise = _inputs(mean, std, targets, noise_var, mask)
+    u = torch.tensor([scale * scale], dtype=torch.float64)
+    return float(_log_lik(u, r2, v, noise)[0]) / r2.numel()

@@ -1,0 +1,299 @@
+"""The label-free width scale: the kernel against closed forms and brute force, the model-level
+fit against the kernel on hand-built tensors, and s = 1 leaving every fused output unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from spice_ray.agents import AgentSpec
+from spice_ray.agents.spice import SpiceAgent
+from spice_ray.config import EvalConfig, FusionConfig, make_config
+from spice_ray.evaluate.offline import sequence_outputs, spice_offline_picks
+from spice_ray.evaluate.width import fit_model_width, transition_predictions
+from spice_ray.fusion import (
+    NOISE_VAR_FLOOR,
+    bootstrap_values,
+    fit_width_scale,
+    nstep_targets,
+    scaled_prior_std,
+    width_log_likelihood,
+)
+from spice_ray.model.registry import build_model
+from spice_ray.model.tokens import make_tokens
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=torch.float64)
+
+
+def _log_lik_numpy(m, sd, y, noise_var, s) -> float:
+    """The obvious sum of log N(y; m, s^2 sd^2 + sigma^2)."""
+    w = s * s * sd**2 + noise_var
+    return float(np.sum(-0.5 * (np.log(2 * np.pi * w) + (y - m) ** 2 / w)))
+
+
+# ---- the kernel ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("v,noise_var,spread", [(0.3, 0.09, 1.0), (0.05, 0.01, 0.4),
+                                                (2.0, 0.25, 3.0)])
+def test_constant_std_matches_the_closed_form(v, noise_var, spread) -> None:
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=500)
+    y = m + spread * rng.normal(size=500)
+    got = fit_width_scale(_t(m), torch.full((500,), v, dtype=torch.float64), _t(y), noise_var)
+    u = max(0.0, float(np.mean((y - m) ** 2)) - noise_var) / v**2
+    assert u > 0
+    assert got == pytest.approx(math.sqrt(u), rel=1e-6)
+
+
+def test_heteroscedastic_fit_agrees_with_a_dense_grid() -> None:
+    rng = np.random.default_rng(1)
+    n = 2000
+    m = rng.normal(size=n)
+    sd = rng.uniform(0.05, 1.0, size=n)
+    y = m + np.sqrt((0.7 * sd) ** 2 + 0.04) * rng.standard_t(5, size=n)
+    grid = np.exp(np.linspace(np.log(1e-2), np.log(1e2), 20001))  # resolution ~ 0.05%
+    ll = np.array([_log_lik_numpy(m, sd, y, 0.04, s) for s in grid])
+    best = grid[int(np.argmax(ll))]
+    got = fit_width_scale(_t(m), _t(sd), _t(y), 0.04)
+    step = grid[1] / grid[0]
+    assert best / step <= got <= best * step
+    assert _log_lik_numpy(m, sd, y, 0.04, got) >= ll.max() - 1e-9
+
+
+@pytest.mark.parametrize("s", [0.3, 2.0])
+def test_simulated_data_recover_the_scale(s) -> None:
+    rng = np.random.default_rng(2)
+    n = 200_000
+    m = rng.uniform(0, 1, size=n)
+    sd = rng.uniform(0.1, 0.5, size=n)
+    y = m + np.sqrt((s * sd) ** 2 + 0.01) * rng.normal(size=n)
+    got = fit_width_scale(_t(m), _t(sd), _t(y), 0.01)
+    assert got == pytest.approx(s, rel=0.02)
+
+
+def test_the_mask_selects_targets_and_float32_inputs_are_read_in_float64() -> None:
+    rng = np.random.default_rng(3)
+    m, sd = rng.normal(size=(4, 50)), rng.uniform(0.1, 1.0, size=(4, 50))
+    y = m + 0.8 * rng.normal(size=(4, 50))
+    mask = rng.uniform(size=(4, 50)) < 0.6
+    y_padded = np.where(mask, y, np.nan)  # masked-out entries may hold anything
+    got = fit_width_scale(_t(m), _t(sd), _t(y_padded), 0.09, mask=torch.as_tensor(mask))
+    assert got == fit_width_scale(_t(m[mask]), _t(sd[mask]), _t(y[mask]), 0.09)
+    as32 = fit_width_scale(*(torch.as_tensor(x, dtype=torch.float32) for x in (m, sd, y)), 0.09)
+    assert as32 == fit_width_scale(*(_t(np.float32(x)) for x in (m, sd, y)), 0.09)
+
+
+def test_the_likelihood_is_the_obvious_mean() -> None:
+    rng = np.random.default_rng(4)
+    m, sd = rng.normal(size=30), rng.uniform(0.1, 1.0, size=30)
+    y = m + rng.normal(size=30)
+    for s in (0.0, 0.5, 1.0, 3.0):
+        got = width_log_likelihood(_t(m), _t(sd), _t(y), 0.09, s)
+        assert got == pytest.approx(_log_lik_numpy(m, sd, y, 0.09, s) / 30, rel=1e-12)
+    # noise_var = 0 is floored like the posterior's
+    assert width_log_likelihood(_t(m), _t(sd), _t(y), 0.0, 0.5) == pytest.approx(
+        _log_lik_numpy(m, sd, y, NOISE_VAR_FLOOR, 0.5) / 30, rel=1e-12)
+
+
+def test_residuals_within_the_noise_give_zero() -> None:
+    rng = np.random.default_rng(5)
+    m = rng.normal(size=1000)
+    y = m + 0.2 * rng.normal(size=1000)  # mean (y - m)^2 ~ 0.04 < sigma^2
+    sd = torch.full((1000,), 0.5, dtype=torch.float64)
+    assert fit_width_scale(_t(m), sd, _t(y), 0.09) == 0.0
+    assert fit_width_scale(_t(m), torch.zeros(1000, dtype=torch.float64), _t(y), 0.09) == 0.0
+    # the lower bound itself is beaten by 0 there
+    assert width_log_likelihood(_t(m), sd, _t(y), 0.09, 0.0) > width_log_likelihood(
+        _t(m), sd, _t(y), 0.09, 1e-3)
+
+
+def test_the_upper_bound_is_returned_when_the_likelihood_still_rises() -> None:
+    m = torch.zeros(10, dtype=torch.float64)
+    y = torch.full((10,), 5.0, dtype=torch.float64)
+    assert fit_width_scale(m, torch.full((10,), 1e-3, dtype=torch.float64), y, 0.01,
+                           bounds=(0.1, 10.0)) == 10.0
+
+
+BAD_INPUTS = [
+    ({"mean": [0.0, float("nan")]}, "mean"),
+    ({"std": [0.1, float("inf")]}, "std"),
+    ({"targets": [float("nan"), 0.0]}, "targets"),
+    ({"std": [0.1, -0.1]}, "std"),
+    ({"noise_var": -0.1}, "noise_var"),
+    ({"noise_var": float("nan")}, "noise_var"),
+    ({"mean": [], "std": [], "targets": []}, "empty"),
+    ({"mask": [False, False]}, "empty"),
+    ({"mean": [0.0, 0.0, 0.0]}, "mean"),
+]
+
+
+def _bad_args(kwargs: dict) -> tuple[list, dict]:
+    args = {"mean": [0.0, 1.0], "std": [0.1, 0.2], "targets": [0.5, 0.5], "noise_var": 0.09,
+            **kwargs}
+    positional = [torch.tensor(args[k], dtype=torch.float64) for k in ("mean", "std", "targets")]
+    mask = {"mask": torch.tensor(args["mask"])} if "mask" in args else {}
+    return [*positional, args["noise_var"]], mask
+
+
+@pytest.mark.parametrize("kwargs,name", BAD_INPUTS)
+def test_bad_inputs_are_refused_by_name(kwargs, name) -> None:
+    positional, mask = _bad_args(kwargs)
+    with pytest.raises(ValueError, match=name):
+        fit_width_scale(*positional, **mask)
+    with pytest.raises(ValueError, match=name):
+        width_log_likelihood(*positional, 1.0, **mask)
+
+
+@pytest.mark.parametrize("bounds", [(0.0, 1.0), (2.0, 1.0), (1e-3, float("inf"))])
+def test_bad_bounds_are_refused(bounds) -> None:
+    positional, _ = _bad_args({})
+    with pytest.raises(ValueError, match="bounds"):
+        fit_width_scale(*positional, bounds=bounds)
+
+
+def test_scale_is_refused_unless_finite_and_nonnegative() -> None:
+    x = torch.ones(3, dtype=torch.float64)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale"):
+            width_log_likelihood(x, x, x, 0.09, bad)
+
+
+# ---- the config and s = 1 ---------------------------------------------------------------------
+
+
+def test_config_field_is_validated_by_name() -> None:
+    assert FusionConfig().width_scale == 1.0
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="fusion.width_scale"):
+            FusionConfig(width_scale=bad)
+    assert make_config("smoke", "bandit", overrides=["fusion.width_scale=0.4"]
+                       ).fusion.width_scale == 0.4
+
+
+def test_scaled_std_is_the_tensor_itself_at_one() -> None:
+    std = torch.rand(3, 4, dtype=torch.float32)
+    assert scaled_prior_std(std, 1.0) is std
+    got = scaled_prior_std(std, 0.5)
+    assert got.dtype == torch.float64
+    assert torch.equal(got, std.double() * 0.5)
+
+
+def test_config_json_names_the_scale_only_where_it_is_read_and_not_one() -> None:
+    eval_cfg = EvalConfig()
+    paper, scaled = FusionConfig(), FusionConfig(width_scale=0.4)
+    assert AgentSpec("spice", paper).config_json(eval_cfg) == AgentSpec(
+        "spice", dataclasses.replace(paper, width_scale=1.0)).config_json(eval_cfg)
+    assert "width_scale" not in AgentSpec("spice", paper).config_json(eval_cfg)
+    assert json.loads(AgentSpec("spice", scaled).config_json(eval_cfg, online=False)
+                      )["width_scale"] == 0.4
+    for method in ("spice-flat", "spice-oracle", "spice-exact-width", "count"):
+        assert AgentSpec(method, scaled).config_json(eval_cfg) == AgentSpec(
+            method, paper).config_json(eval_cfg)
+
+
+def _model_and_batch(B: int = 3, T: int = 6):
+    cfg = make_config("smoke", "bandit")
+    model = build_model("spice", cfg, torch.Generator().manual_seed(0)).eval()
+    A = cfg.env.num_actions
+    rng = np.random.default_rng(6)
+    batch = {"actions": rng.integers(0, A, size=(B, T)),
+             "rewards": rng.normal(0.5, 0.3, size=(B, T)).astype(np.float32),
+             "behaviour_probs": np.full((B, A), 1.0 / A, dtype=np.float32)}
+    return cfg, model, batch
+
+
+def test_online_posterior_scales_only_the_learned_width() -> None:
+    cfg, model, batch = _model_and_batch()
+    A = cfg.env.num_actions
+    states = torch.zeros(3, 1)
+    posts = {}
+    for s in (1.0, 0.5):
+        agent = SpiceAgent(FusionConfig(width_scale=s), model=model, stateless=True)
+        agent.reset(3, A)
+        for t in range(4):
+            agent.observe(torch.as_tensor(batch["actions"][:, t]),
+                          torch.as_tensor(batch["rewards"][:, t], dtype=torch.float64),
+                          states, states)
+        posts[s] = agent.posterior(states)
+    # prior precision 1/max((s sigma_Q)^2, v_min): a narrower prior never has a larger var
+    assert bool((posts[0.5].var <= posts[1.0].var + 1e-15).all())
+    assert not torch.equal(posts[0.5].var, posts[1.0].var)
+
+
+def test_offline_picks_are_unchanged_at_one_and_read_the_scale() -> None:
+    cfg, model, batch = _model_and_batch()
+    A = cfg.env.num_actions
+    hs = np.array([0, 1, 3, 6])
+    data = {**batch, "label": np.zeros(3, dtype=np.int64)}
+    out = sequence_outputs(model, make_tokens(data, cfg.env), hs)
+    actions = torch.as_tensor(batch["actions"])
+    rewards = torch.as_tensor(batch["rewards"], dtype=torch.float64)
+    base = spice_offline_picks(AgentSpec("spice"), out, actions, rewards, hs, A, model)
+    same = spice_offline_picks(AgentSpec("spice", FusionConfig(width_scale=1.0)), out, actions,
+                               rewards, hs, A, model)
+    assert torch.equal(base, same)
+    # s = 0: the prior is N(Q-bar, v_min) alone, so picks equal a model with sigma_Q = 0
+    zero = spice_offline_picks(AgentSpec("spice", FusionConfig(width_scale=0.0)), out, actions,
+                               rewards, hs, A, model)
+    flat = spice_offline_picks(AgentSpec("spice"), {**out, "prior_std": out["prior_std"] * 0},
+                               actions, rewards, hs, A, model)
+    assert torch.equal(zero, flat)
+
+
+# ---- the model-level fit ----------------------------------------------------------------------
+
+
+def test_model_fit_equals_the_kernel_on_hand_built_tensors() -> None:
+    cfg, model, batch = _model_and_batch()
+    fusion = cfg.fusion
+    assert fusion.target == "reward" or fusion.gamma == 0
+    fit = fit_model_width(model, [batch], cfg.env, fusion)  # no label, no means column
+    B, T = batch["actions"].shape
+    tokens = make_tokens({**batch, "label": np.zeros(B, dtype=np.int64)}, cfg.env)
+    with torch.no_grad():
+        o = model(tokens)
+    taken = torch.as_tensor(batch["actions"])[:, :, None]  # (B, T, 1)
+    mean = o.prior_mean[:, :-1].double().gather(-1, taken).squeeze(-1)  # position t-1 for t
+    std = o.prior_std[:, :-1].double().gather(-1, taken).squeeze(-1)
+    y = torch.as_tensor(batch["rewards"], dtype=torch.float64)
+    want = fit_width_scale(mean, std, y, fusion.noise_var)
+    assert fit.scale == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert fit.num_targets == B * T
+    assert fit.log_lik >= fit.log_lik_paper
+    assert fit.log_lik_paper == pytest.approx(width_log_likelihood(mean, std, y,
+                                                                   fusion.noise_var, 1.0))
+    # two batches = one batch of both (up to the float32 forward's batch-dependent rounding)
+    halves = [{k: v[:2] for k, v in batch.items()}, {k: v[2:] for k, v in batch.items()}]
+    assert fit_model_width(model, halves, cfg.env, fusion).scale == pytest.approx(
+        fit.scale, rel=1e-5)
+
+
+def test_model_fit_with_nstep_targets_uses_only_complete_ones() -> None:
+    cfg, model, batch = _model_and_batch(T=8)
+    fusion = dataclasses.replace(cfg.fusion, target="nstep", td_n=3, gamma=0.9)
+    mean, std, targets, complete = transition_predictions(model, batch, cfg.env, fusion)
+    B, T = batch["actions"].shape
+    assert complete.tolist() == [[t + 3 <= T for t in range(1, T + 1)]] * B
+    tokens = make_tokens({**batch, "label": np.zeros(B, dtype=np.int64)}, cfg.env)
+    with torch.no_grad():
+        q = model(tokens).prior_mean.double()  # (B, T+1, A)
+    y = nstep_targets(torch.as_tensor(batch["rewards"], dtype=torch.float64),
+                      bootstrap_values(q[:, 1:], fusion.bootstrap), 3, 0.9)
+    assert torch.allclose(targets, y, rtol=0, atol=1e-12)
+    fit = fit_model_width(model, [batch], cfg.env, fusion)
+    assert fit.num_targets == B * (T - 3)
+    assert fit.scale == pytest.approx(fit_width_scale(mean, std, targets, fusion.noise_var,
+                                                      mask=complete), rel=1e-9, abs=1e-12)
+    with pytest.raises(ValueError, match="complete"):
+        fit_model_width(model, [{k: v[:, :3] if v.ndim == 2 and k != "behaviour_probs" else v
+                                 for k, v in batch.items()}], cfg.env, fusion)
+    with pytest.raises(ValueError, match="batches"):
+        fit_model_width(model, [], cfg.env, fusion)
