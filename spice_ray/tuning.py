@@ -13,7 +13,10 @@ The grid (:func:`candidates`):
   beta in :data:`BETAS` and the theory schedule beta_t = sqrt(2 log t);
 - and, for fused methods whose kernel reads a bandwidth (``fusion.BANDWIDTH_KERNELS``: the RBF)
   over states (darkroom), the bandwidth tau in :data:`TAUS` (every pair);
-- UCB and LinUCB: the exploration constant c in :data:`UCB_C`.
+- UCB and LinUCB: the exploration constant c in :data:`UCB_C`;
+- and, for methods whose prior's width is the learned sigma_Q (``Method.scales_width``: SPICE),
+  every point twice (:data:`WIDTHS`): at the paper's width (s = 1) and at the scale s fitted on
+  the validation contexts without labels (:func:`fit_width`), so s and beta are chosen together.
 
 Methods without a hyperparameter (DPT, TS, Random, ...) run once on validation too, so every
 row of the tuned table has a validation score.
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from spice_ray.agents import AgentSpec
 from spice_ray.common.artifacts import atomic_write_text, is_current
@@ -60,6 +64,9 @@ TAUS = (0.3, 0.5, 0.7, 1.0)
 """Kernel bandwidths of the grid (kernels that read one, over states only)."""
 UCB_C = (0.5, 1.0, 2.0, 4.0)
 """UCB's and LinUCB's exploration constants of the grid."""
+WIDTHS = ("paper", "fitted")
+"""The learned prior's width on the grid: sigma_Q as the paper uses it (``fusion.width_scale``
+= 1) and s sigma_Q with s fitted label-free on the validation contexts (:func:`fit_width`)."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
 
 TUNING_FILE = "results/tuning.json"
@@ -80,8 +87,15 @@ class Candidate:
         return self.spec.label, self.spec.config_json(self.eval_cfg)
 
 
-def candidates(spec: AgentSpec, eval_cfg: EvalConfig) -> list[Candidate]:
-    """Every grid point of ``spec`` (see the module docstring), in grid order."""
+def candidates(spec: AgentSpec, eval_cfg: EvalConfig, fitted_width: float | None = None
+               ) -> list[Candidate]:
+    """Every grid point of ``spec`` (see the module docstring), in grid order.
+
+    Args:
+        fitted_width: the validation-fitted scale s of the "fitted" width points (methods
+            that read ``fusion.width_scale``); None builds them at s = 1, which only counts
+            the grid (the dry run): their runs would repeat the paper-width points.
+    """
     info = spec.info
     if info.fused or "beta" in info.settings:
         smooth = info.fused and spec.fusion.kernel in BANDWIDTH_KERNELS \
@@ -90,9 +104,14 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig) -> list[Candidate]:
                                                      for schedule in sorted(BETA_FREE_SCHEDULES)]
         if smooth:
             points = [p + (("tau", t),) for p in points for t in TAUS]
+        if info.scales_width:
+            points = [p + (("width", w),) for p in points for w in WIDTHS]
         out = []
         for point in points:
-            fusion = dataclasses.replace(spec.fusion, **({"beta_schedule": "fixed"} | dict(point)))
+            fields = {"beta_schedule": "fixed"} | {k: v for k, v in point if k != "width"}
+            if dict(point).get("width") == "fitted":
+                fields["width_scale"] = 1.0 if fitted_width is None else float(fitted_width)
+            fusion = dataclasses.replace(spec.fusion, **fields)
             out.append(Candidate(dataclasses.replace(spec, fusion=fusion), eval_cfg, point))
         return out
     if spec.method in ("ucb", "linucb"):
@@ -138,6 +157,41 @@ def choose(grid: list[Candidate], scores: pd.DataFrame) -> tuple[Candidate, list
                         "sem": float(r.sem), "n": int(r.n)})
     best = min(range(len(grid)), key=lambda i: (records[i]["mean"], i))
     return grid[best], records
+
+
+def fit_width(spec: AgentSpec, cfg: ExperimentConfig, data: dict[str, Any],
+              sources: dict[int, str]) -> dict[str, Any]:
+    """The scale s of the learned prior's width, fitted on the validation contexts without
+    labels: one s for the experiment, pooled over the training seeds' models.
+
+    Each logged transition is predicted by the prior of the position that has not seen it, and
+    s maximises sum_t log N(y_t; Q-bar_{t-1}(a_t), s^2 sigma_Q,{t-1}(a_t)^2 + sigma^2), sigma^2
+    the fusion's noise variance and y_t its evidence target (``spice_ray.evaluate.width``);
+    only actions and rewards enter, never a task's label or true means.
+
+    Returns:
+        {"scale": s, "per_seed": {seed: s of that model alone}, "log_lik": mean log-likelihood
+        per target at s, "log_lik_paper": the same at s = 1, "targets": their number}.
+    """
+    from spice_ray.evaluate.width import transition_predictions
+    from spice_ray.fusion import fit_width_scale, width_log_likelihood
+    from spice_ray.model.registry import load_model
+
+    parts, per_seed = [], {}
+    for seed, source in sources.items():
+        model = load_model(source, cfg.env, kind="spice")
+        mean, std, targets, complete = transition_predictions(model, data, cfg.env,
+                                                              spec.fusion)
+        part = tuple(x[complete] for x in (mean, std, targets))  # (N_seed,) each
+        per_seed[str(seed)] = fit_width_scale(*part, spec.fusion.noise_var)
+        parts.append(part)
+    mean, std, targets = (torch.cat(x) for x in zip(*parts, strict=True))  # (N,) each
+    scale = fit_width_scale(mean, std, targets, spec.fusion.noise_var)
+    return {"scale": scale, "per_seed": per_seed,
+            "log_lik": width_log_likelihood(mean, std, targets, spec.fusion.noise_var, scale),
+            "log_lik_paper": width_log_likelihood(mean, std, targets, spec.fusion.noise_var,
+                                                  1.0),
+            "targets": int(targets.numel())}
 
 
 def _flat_prior(cfg: ExperimentConfig, dataset: Path) -> tuple[float, float]:
@@ -188,8 +242,8 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
     exp = EXPERIMENTS[name]
     specs = agent_specs(exp, cfg, dataset)
     plan = {ev: bases(specs[ev], cfg) for ev in exp.tuned}
-    inputs = config_hash({
-        "grid": {ev: [[c.key for c in candidates(s, cfg.eval)] for s in group]
+    inputs = config_hash({  # the fitted width is a function of the checkpoints and the data
+        "grid": {ev: [[(c.key, c.setting) for c in candidates(s, cfg.eval)] for s in group]
                  for ev, group in plan.items()},
         "ckpts": {f"{k[1]}/{k[2]}/{k[3]}": ckpt.content_id(p)
                   for k, p in sorted(finals.items()) if k[0] == name},
@@ -201,17 +255,23 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
     methods: dict[str, Any] = {}
     for ev_name, group in plan.items():
         ev = exp.evaluation(ev_name)
-        grids = [candidates(s, cfg.eval) for s in group]
-        flat = [c for grid in grids for c in grid]
         seeds = cfg.seeds if ev.model else (NO_SEED,)
-        rows = pd.concat([_run(flat, str(finals[(name, ev.model.kind, ev.model.variant, seed)])
-                               if ev.model else None, cfg, data, seed, pool)
+        sources = {seed: str(finals[(name, ev.model.kind, ev.model.variant, seed)])
+                   for seed in seeds} if ev.model else {}
+        widths = {s.label: fit_width(s, cfg, data, sources)
+                  for s in group if s.info.scales_width}
+        grids = [candidates(s, cfg.eval, widths[s.label]["scale"] if s.label in widths
+                            else None) for s in group]
+        flat = [c for grid in grids for c in grid]
+        rows = pd.concat([_run(flat, sources.get(seed), cfg, data, seed, pool)
                           for seed in seeds], ignore_index=True)
         scores = final_scores(rows)
         for grid in grids:
             best, records = choose(grid, scores)
             methods[best.spec.label] = {"evaluation": ev_name, "grid": records,
                                         "chosen": dict(best.setting)}
+            if best.spec.label in widths:
+                methods[best.spec.label]["width"] = widths[best.spec.label]
             log.info("[tune] %s: %s -> %s", name, best.spec.label, dict(best.setting) or "-")
     return {"inputs": inputs, "split": "validation", "tasks": len(data["task_id"]),
             "seeds": list(cfg.seeds), "score": SCORE, "methods": methods}
@@ -236,8 +296,11 @@ def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig,
     out: dict[str, list[Candidate]] = {}
     for ev_name in exp.tuned:
         for base in bases(specs[ev_name], cfg):
-            chosen = record["methods"][base.label]["chosen"]
-            match = [c for c in candidates(base, cfg.eval) if dict(c.setting) == chosen]
+            method = record["methods"][base.label]
+            chosen = method["chosen"]
+            fitted = method["width"]["scale"] if "width" in method else None
+            match = [c for c in candidates(base, cfg.eval, fitted)
+                     if dict(c.setting) == chosen]
             if not match:
                 raise ValueError(f"tuning.json: {base.label} chose {chosen}, which is not on "
                                  "its grid")
@@ -288,8 +351,10 @@ def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
         for label, m in rec.get("methods", {}).items():
             chosen = m["chosen"]
             best = next(g for g in m["grid"] if g["setting"] == chosen)
-            rows.append({"experiment": exp, "method": label,
-                         "chosen": ", ".join(f"{k}={v}" for k, v in chosen.items()) or "-",
+            setting = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "-"
+            if chosen.get("width") == "fitted":
+                setting += f" (s={m['width']['scale']:.3g})"
+            rows.append({"experiment": exp, "method": label, "chosen": setting,
                          "grid points": len(m["grid"]),
                          "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
     return pd.DataFrame(rows)
@@ -359,4 +424,8 @@ def headline(run_dir: Path, experiments: list[str]) -> tuple[dict[str, float], d
               for exp, record in read_tuning(run_dir).items() if exp in experiments
               for label, method in record.get("methods", {}).items()
               for name, value in method["chosen"].items()}
+    params |= {f"{_key(exp)}/{_key(label)}/width_scale": method["width"]["scale"]
+               for exp, record in read_tuning(run_dir).items() if exp in experiments
+               for label, method in record.get("methods", {}).items()
+               if method["chosen"].get("width") == "fitted"}
     return metrics, params

@@ -80,8 +80,16 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
             chosen = next(g for g in method["grid"] if g["setting"] == method["chosen"])
             assert chosen["mean"] == best, (name, label)
     grids = {label: len(m["grid"]) for label, m in tuning["darkroom"]["methods"].items()}
-    assert grids == {"SPICE": 20, "SPICE (flat prior)": 20, "Count-UCB": 5, "DPT": 1,
+    assert grids == {"SPICE": 40, "SPICE (flat prior)": 20, "Count-UCB": 5, "DPT": 1,
                      "Random": 1}  # beta (4 and the schedule) x tau (4) where a kernel has one
+    # x SPICE's width: the paper's and the scale fitted on validation contexts without labels
+    for name, record in tuning.items():
+        for label, method in record["methods"].items():
+            assert ("width" in method) == (label == "SPICE"), (name, label)
+            if label == "SPICE":
+                width = method["width"]
+                assert width["scale"] >= 0 and width["log_lik"] >= width["log_lik_paper"]
+                assert set(width["per_seed"]) == {str(s) for s in plan.configs[name].seeds}
     assert len(tuning["bandit"]["methods"]["UCB"]["grid"]) == 4  # its c
     tuned = load(run_dir, "bandit_tuned")
     assert set(tuned["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS", "SPICE (flat prior)",

@@ -13,31 +13,37 @@ from spice_ray import tuning
 from spice_ray.agents import AgentSpec
 from spice_ray.config import make_config
 from spice_ray.results import write
-from spice_ray.tuning import TAUS, candidates, choose, final_scores
+from spice_ray.tuning import TAUS, WIDTHS, candidates, choose, final_scores
 
 BANDIT = make_config("smoke", "bandit")
 DARKROOM = make_config("smoke", "darkroom")
 
 
 def test_every_method_with_a_beta_gets_the_same_grid() -> None:
-    spice = candidates(AgentSpec("spice", fusion=BANDIT.fusion), BANDIT.eval)
+    spice = candidates(AgentSpec("spice", fusion=BANDIT.fusion), BANDIT.eval, 0.25)
     flat = candidates(AgentSpec("spice-flat", fusion=BANDIT.fusion), BANDIT.eval)
     bayes = candidates(AgentSpec("bayes-ucb", fusion=BANDIT.fusion), BANDIT.eval)
-    assert [c.setting for c in spice] == [c.setting for c in flat] == [c.setting for c in bayes]
-    assert [dict(c.setting) for c in spice] == [
+    assert [c.setting for c in flat] == [c.setting for c in bayes]
+    assert [dict(c.setting) for c in flat] == [
         {"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}, {"beta": 4.0},
         {"beta_schedule": "sqrt2logt"}]
-    assert [(c.spec.fusion.beta_schedule, c.spec.fusion.beta) for c in spice[:4]] == [
+    # SPICE's learned width: each beta point at the paper's width and at the fitted scale
+    assert [c.setting for c in spice] == [p + (("width", w),) for p in
+                                          (c.setting for c in flat) for w in WIDTHS]
+    assert [c.spec.fusion.width_scale for c in spice] == [1.0, 0.25] * 5
+    assert len({c.key for c in spice}) == 10  # the rows tell the two widths apart
+    assert [(c.spec.fusion.beta_schedule, c.spec.fusion.beta) for c in spice[:8:2]] == [
         ("fixed", 0.5), ("fixed", 1.0), ("fixed", 2.0), ("fixed", 4.0)]
-    assert spice[4].spec.fusion.beta_schedule == "sqrt2logt"
-    # a kernel that reads a bandwidth, over states, adds it: every (beta, tau) pair
-    dark = candidates(AgentSpec("spice", fusion=DARKROOM.fusion), DARKROOM.eval)
-    assert DARKROOM.fusion.kernel == "rbf" and len(dark) == 5 * len(TAUS)
+    assert spice[8].spec.fusion.beta_schedule == "sqrt2logt"
+    # a kernel that reads a bandwidth, over states, adds it: every (beta, tau, width) point
+    dark = candidates(AgentSpec("spice", fusion=DARKROOM.fusion), DARKROOM.eval, 0.5)
+    assert DARKROOM.fusion.kernel == "rbf" and len(dark) == 5 * len(TAUS) * len(WIDTHS)
     assert {c.spec.fusion.tau for c in dark} == set(TAUS)
     # kernels that ignore tau get no tau axis (its points would be identical runs)
     for kernel in ("exact", "cosine", "uniform"):
         other = dataclasses.replace(DARKROOM.fusion, kernel=kernel)
-        assert len(candidates(AgentSpec("spice", fusion=other), DARKROOM.eval)) == 5, kernel
+        assert len(candidates(AgentSpec("spice-flat", fusion=other), DARKROOM.eval)) == 5
+        assert len(candidates(AgentSpec("spice", fusion=other), DARKROOM.eval, 0.5)) == 10
     exact = dataclasses.replace(DARKROOM.fusion, kernel="exact")
     assert len(candidates(AgentSpec("count", fusion=exact), DARKROOM.eval)) == 5
     ucb = candidates(AgentSpec("ucb"), BANDIT.eval)
@@ -57,13 +63,16 @@ def _rows(method: str, config: str, values: dict[tuple[int, int], float]) -> pd.
 
 
 def test_choice_is_the_lowest_mean_final_regret_first_on_ties() -> None:
-    grid = candidates(AgentSpec("spice", fusion=BANDIT.fusion), BANDIT.eval)[:3]
+    grid = candidates(AgentSpec("spice-flat", fusion=BANDIT.fusion), BANDIT.eval)[:3]
     # the protocol's noise level in a row's config is not the agent's: it is stripped
     with_sigma = [c.key[1][:-1] + ',"sigma":0.3}' for c in grid]
     rows = pd.concat([
-        _rows("SPICE", with_sigma[0], {(0, 0): 4.0, (1, 0): 6.0, (0, 1): 2.0, (1, 1): 2.0}),
-        _rows("SPICE", with_sigma[1], {(0, 0): 1.0, (1, 0): 5.0, (0, 1): 3.0, (1, 1): 3.0}),
-        _rows("SPICE", with_sigma[2], {(0, 0): 3.0, (1, 0): 3.0, (0, 1): 3.0, (1, 1): 3.0})])
+        _rows(grid[0].key[0], with_sigma[0], {(0, 0): 4.0, (1, 0): 6.0, (0, 1): 2.0,
+                                              (1, 1): 2.0}),
+        _rows(grid[0].key[0], with_sigma[1], {(0, 0): 1.0, (1, 0): 5.0, (0, 1): 3.0,
+                                              (1, 1): 3.0}),
+        _rows(grid[0].key[0], with_sigma[2], {(0, 0): 3.0, (1, 0): 3.0, (0, 1): 3.0,
+                                              (1, 1): 3.0})])
     scores = final_scores(rows)
     assert scores["mean"].tolist() == [3.5, 3.0, 3.0]
     assert scores["n"].tolist() == [2, 2, 2]  # tasks, after averaging the seeds per task
@@ -71,8 +80,9 @@ def test_choice_is_the_lowest_mean_final_regret_first_on_ties() -> None:
     best, records = choose(grid, scores)
     assert best is grid[1]  # tied with grid[2] at 3.0: the first in grid order
     assert [r["setting"] for r in records] == [{"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}]
-    with pytest.raises(ValueError, match="no validation rows for SPICE at \\{'beta': 4.0\\}"):
-        choose(candidates(AgentSpec("spice", fusion=BANDIT.fusion), BANDIT.eval), scores)
+    with pytest.raises(ValueError, match="no validation rows for SPICE \\(flat prior\\) at "
+                                         "\\{'beta': 4.0\\}"):
+        choose(candidates(AgentSpec("spice-flat", fusion=BANDIT.fusion), BANDIT.eval), scores)
 
 
 def test_tuned_table_sentences_rank_and_pair_by_task() -> None:
@@ -120,7 +130,8 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
         rows = []
         for spec in specs:
             cfg = json.loads(spec.config_json(eval_cfg))
-            score = abs(cfg.get("beta", 0) - 2.0) + abs(cfg.get("c", 0) - 1.0)
+            score = (abs(cfg.get("beta", 0) - 2.0) + abs(cfg.get("c", 0) - 1.0)
+                     + abs(cfg.get("width_scale", 1.0) - 0.5))
             for task in data["task_id"]:
                 rows.append({"method": spec.label, "config": spec.config_json(eval_cfg),
                              "seed": seed, "task_id": task, "metric": "cumulative_regret",
@@ -131,6 +142,14 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
     monkeypatch.setattr(tuning.store, "split_id", split_id)
     monkeypatch.setattr(tuning, "evaluate_parallel", evaluate)
     monkeypatch.setattr(tuning, "_flat_prior", lambda cfg, dataset: (0.5, 0.1))
+    fitted = []
+
+    def fit_width(spec, cfg, data, sources):
+        fitted.append((spec.label, sources))
+        return {"scale": 0.5, "per_seed": {"0": 0.5}, "log_lik": 0.0, "log_lik_paper": -1.0,
+                "targets": 4}
+
+    monkeypatch.setattr(tuning, "fit_width", fit_width)
     monkeypatch.setattr(tuning.ckpt, "content_id", lambda path: str(path))
     cfg = make_config("smoke", "bandit")
     finals = {("bandit", kind, "", 0): f"/ckpt/{kind}" for kind in ("spice", "dpt")}
@@ -138,9 +157,17 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
     assert set(read) == {"validation"}
     assert record["split"] == "validation" and record["tasks"] == 4
     chosen = {label: m["chosen"] for label, m in record["methods"].items()}
-    assert chosen == {"SPICE": {"beta": 2.0}, "SPICE (flat prior)": {"beta": 2.0},
-                      "UCB": {"c": 1.0}, "DPT": {}, "Emp": {}, "TS": {},
-                      "Random": {}}
+    assert chosen == {"SPICE": {"beta": 2.0, "width": "fitted"},
+                      "SPICE (flat prior)": {"beta": 2.0}, "UCB": {"c": 1.0}, "DPT": {},
+                      "Emp": {}, "TS": {}, "Random": {}}
+    # the width is fitted once, on the validation contexts of every seed's SPICE model
+    assert fitted == [("SPICE", {0: "/ckpt/spice"})]
+    assert record["methods"]["SPICE"]["width"]["scale"] == 0.5
+    assert len(record["methods"]["SPICE"]["grid"]) == 10
+    spice = [c for group in tuning.chosen_specs(record, tuning.EXPERIMENTS["bandit"], cfg,
+                                                "/data").values()
+             for c in group if c.spec.label == "SPICE"]
+    assert [(c.spec.fusion.beta, c.spec.fusion.width_scale) for c in spice] == [(2.0, 0.5)]
     # the same inputs again: the record is reused, nothing runs
     assert tuning.tune_experiment("bandit", cfg, "/data", finals, None, record) is record
 
@@ -166,3 +193,33 @@ def test_headline_metrics_and_chosen_settings_for_the_trackers(tmp_path) -> None
                        "bandit/SPICE_flat_prior/final_regret": 6.0}
     assert params == {"bandit/SPICE/beta": 2.0,
                       "bandit/SPICE_flat_prior/beta_schedule": "sqrt2logt"}
+
+
+def test_fit_width_pools_every_seeds_model_without_labels() -> None:
+    """The tuning stage's width scale: one s maximising the validation targets' likelihood
+    under every seed's model at once (the kernel on the pooled predictions), each seed's own s
+    beside it, from actions and rewards alone (no label, means or optimal-action column)."""
+    import numpy as np
+    import torch
+
+    from spice_ray.data.tasks import generate_tasks
+    from spice_ray.evaluate.width import transition_predictions
+    from spice_ray.fusion import fit_width_scale
+    from spice_ray.model.registry import build_model, model_payload
+
+    data = generate_tasks(BANDIT.env, BANDIT.data, "validation", np.arange(8))
+    data = {k: v for k, v in data.items() if k not in ("label", "means", "optimal_action")}
+    models = {seed: build_model("spice", BANDIT, torch.Generator().manual_seed(seed))
+              for seed in (0, 1)}
+    spec = AgentSpec("spice", fusion=BANDIT.fusion)
+    fit = tuning.fit_width(spec, BANDIT, data, {s: model_payload(m) for s, m in models.items()})
+    parts = []
+    for seed, model in models.items():
+        mean, std, y, complete = transition_predictions(model, data, BANDIT.env, spec.fusion)
+        parts.append([x[complete] for x in (mean, std, y)])
+        assert fit["per_seed"][str(seed)] == fit_width_scale(*parts[-1], BANDIT.fusion.noise_var)
+    pooled = [torch.cat(x) for x in zip(*parts, strict=True)]
+    assert fit["scale"] == fit_width_scale(*pooled, BANDIT.fusion.noise_var)
+    assert fit["targets"] == 2 * 8 * BANDIT.env.horizon
+    assert fit["log_lik"] >= fit["log_lik_paper"]  # s maximises it; s = 1 is one candidate
+    assert 0.0 <= fit["scale"] and fit["per_seed"]["0"] != fit["per_seed"]["1"]
