@@ -194,6 +194,16 @@ def fit_width(spec: AgentSpec, cfg: ExperimentConfig, data: dict[str, Any],
             "targets": int(targets.numel())}
 
 
+def paper_choice(method: dict[str, Any]) -> dict[str, Any] | None:
+    """The setting a width-tuned method's record chose among its paper-width points (the
+    lowest validation score, the first in grid order on a tie), or None for a method without
+    a width axis: "SPICE (paper)" runs there."""
+    paper = [g for g in method["grid"] if g["setting"].get("width") == "paper"]
+    if not paper:
+        return None
+    return dict(min(enumerate(paper), key=lambda ig: (ig[1]["mean"], ig[0]))[1]["setting"])
+
+
 def _flat_prior(cfg: ExperimentConfig, dataset: Path) -> tuple[float, float]:
     """The constant prior of the reference agents: the shrinkage prior the model trains with
     (the data's own when ``train.shrink_prior=data``)."""
@@ -272,6 +282,7 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
                                         "chosen": dict(best.setting)}
             if best.spec.label in widths:
                 methods[best.spec.label]["width"] = widths[best.spec.label]
+                methods[best.spec.label]["paper"] = paper_choice(methods[best.spec.label])
             log.info("[tune] %s: %s -> %s", name, best.spec.label, dict(best.setting) or "-")
     return {"inputs": inputs, "split": "validation", "tasks": len(data["task_id"]),
             "seeds": list(cfg.seeds), "score": SCORE, "methods": methods}
@@ -291,7 +302,9 @@ def bases(specs: list[AgentSpec], cfg: ExperimentConfig) -> list[AgentSpec]:
 def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig, dataset: Path
                  ) -> dict[str, list[Candidate]]:
     """Per tuned evaluation, each method at its chosen setting (from a ``tune_experiment``
-    record)."""
+    record); beside a width-tuned method (SPICE), "SPICE (paper)": the paper's width at the
+    setting chosen among the paper-width points (:func:`paper_choice`), so a tuned table shows
+    what the paper's prior gives and what the fitted width adds, both tuned on validation."""
     specs = agent_specs(exp, cfg, dataset)
     out: dict[str, list[Candidate]] = {}
     for ev_name in exp.tuned:
@@ -305,6 +318,12 @@ def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig,
                 raise ValueError(f"tuning.json: {base.label} chose {chosen}, which is not on "
                                  "its grid")
             out.setdefault(ev_name, []).append(match[0])
+            paper = paper_choice(method)
+            if paper is not None:
+                point = next(c for c in candidates(base, cfg.eval, fitted)
+                             if dict(c.setting) == paper)
+                spec = dataclasses.replace(point.spec, method="spice-paper")
+                out[ev_name].append(Candidate(spec, cfg.eval, point.setting))
     return out
 
 
@@ -357,6 +376,14 @@ def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
             rows.append({"experiment": exp, "method": label, "chosen": setting,
                          "grid points": len(m["grid"]),
                          "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
+            paper = paper_choice(m)
+            if paper is not None:  # the paper's width, its beta chosen on the same grid
+                best = next(g for g in m["grid"] if g["setting"] == paper)
+                rows.append({"experiment": exp, "method": f"{label} (paper)",
+                             "chosen": ", ".join(f"{k}={v}" for k, v in paper.items()),
+                             "grid points": sum(g["setting"].get("width") == "paper"
+                                                for g in m["grid"]),
+                             "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
     return pd.DataFrame(rows)
 
 
@@ -392,6 +419,8 @@ def write_tuned_table(name: str, cfg: ExperimentConfig, run_dir: Path, dataset: 
     if table is None:
         return None
     chosen = {label: m["chosen"] for label, m in record["methods"].items()}
+    chosen |= {f"{label} (paper)": paper_choice(m) for label, m in record["methods"].items()
+               if paper_choice(m) is not None}
     inputs = config_hash({"tuning": record["inputs"], "chosen": chosen,
                           "data": store.split_id(dataset, "eval"),
                           "tasks": cfg.eval.num_tasks})

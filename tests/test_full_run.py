@@ -92,8 +92,16 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
                 assert set(width["per_seed"]) == {str(s) for s in plan.configs[name].seeds}
     assert len(tuning["bandit"]["methods"]["UCB"]["grid"]) == 4  # its c
     tuned = load(run_dir, "bandit_tuned")
-    assert set(tuned["method"]) == {"SPICE", "DPT", "Emp", "UCB", "TS", "SPICE (flat prior)",
-                                    "Random"}
+    assert set(tuned["method"]) == {"SPICE", "SPICE (paper)", "DPT", "Emp", "UCB", "TS",
+                                    "SPICE (flat prior)", "Random"}
+    # SPICE (paper): the paper's width at the beta chosen among the paper-width points
+    spice = tuning["bandit"]["methods"]["SPICE"]
+    paper = [g for g in spice["grid"] if g["setting"]["width"] == "paper"]
+    assert spice["paper"] == min(paper, key=lambda g: g["mean"])["setting"]
+    paper_config = json.loads(tuned[tuned.method == "SPICE (paper)"].config.iloc[0])
+    assert "width_scale" not in paper_config and (
+        paper_config.get("beta") == spice["paper"].get("beta")
+        or paper_config["beta_schedule"] == spice["paper"].get("beta_schedule"))
     assert (tuned.groupby("method")["config"].nunique() == 1).all()  # one setting each
     assert sorted(p.stem for p in (run_dir / "results").glob("*.parquet")) == tables
     declared = sorted([*(f"{t.name}.png" if i == 0 else f"{t.name}_{kind}.png"

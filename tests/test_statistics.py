@@ -183,9 +183,13 @@ def test_every_method_has_one_colour_in_every_figure() -> None:
     from spice_ray.agents.base import METHODS
     from spice_ray.results.plots import METHOD_ORDER, method_of, style
 
-    labels = [m.label for m in METHODS.values()]
+    # "SPICE (paper)" is SPICE at the paper's width: SPICE's colour, another dash
+    labels = [m.label for m in METHODS.values() if m.label != "SPICE (paper)"]
     colours = {label: style(label)["color"] for label in labels}
     assert len(set(colours.values())) == len(colours)
+    assert method_of("SPICE (paper)") == "SPICE"
+    assert style("SPICE (paper)", 1)["color"] == colours["SPICE"]
+    assert style("SPICE (paper)", 1)["linestyle"] != style("SPICE", 0)["linestyle"]
     # a method the order does not name (a newly registered agent) keeps one colour of its own
     new = style("Epsilon-greedy (ε=0.1)", 1)
     assert new["color"] == style("Epsilon-greedy")["color"] == style("Epsilon-greedy [x]")["color"]

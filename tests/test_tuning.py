@@ -88,7 +88,8 @@ def test_choice_is_the_lowest_mean_final_regret_first_on_ties() -> None:
 def test_tuned_table_sentences_rank_and_pair_by_task() -> None:
     from spice_ray.results.analysis import tuned_comparison
 
-    finals = {"SPICE": [2.0, 4.0, 3.0, 5.0], "SPICE (flat prior)": [6.0, 6.0, 7.0, 9.0],
+    finals = {"SPICE": [2.0, 4.0, 3.0, 5.0], "SPICE (paper)": [6.0, 5.0, 7.0, 7.0],
+              "SPICE (flat prior)": [6.0, 6.0, 7.0, 9.0],
               "SPICE (oracle prior)": [1.0, 2.0, 2.0, 3.0], "UCB": [3.0, 5.0, 3.0, 7.0]}
     rows = []
     for method, values in finals.items():
@@ -102,8 +103,9 @@ def test_tuned_table_sentences_rank_and_pair_by_task() -> None:
         "SPICE (oracle prior) 2") < ranked.index("SPICE 3.5") < ranked.index("UCB 4.5")
     # UCB - SPICE per task: 1, 1, 0, 2 -> mean 1, SEM 0.408; flat - SPICE: 4, 2, 4, 4
     assert "UCB +1 +- 0.41" in paired and "SPICE (flat prior) +3.5 +- 0.5" in paired
-    # (flat - SPICE) / (flat - oracle) = 3.5 / 5
-    assert gap.startswith("Gap closed at the tuned settings") and "0.70" in gap
+    # (flat - SPICE) / (flat - oracle) = 3.5 / 5; SPICE (paper): (0 + 1 + 0 + 2) / 4 / 5
+    assert gap.startswith("Gap closed at the tuned settings") and "paired by task: 0.70" in gap
+    assert "; SPICE (paper): 0.15 (" in gap
 
 
 def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
@@ -168,6 +170,14 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
                                                 "/data").values()
              for c in group if c.spec.label == "SPICE"]
     assert [(c.spec.fusion.beta, c.spec.fusion.width_scale) for c in spice] == [(2.0, 0.5)]
+    # beside it, SPICE (paper): the paper's width at the best of the paper-width points
+    assert record["methods"]["SPICE"]["paper"] == {"beta": 2.0, "width": "paper"}
+    paper = [c for group in tuning.chosen_specs(record, tuning.EXPERIMENTS["bandit"], cfg,
+                                                "/data").values()
+             for c in group if c.spec.label == "SPICE (paper)"]
+    assert [(c.spec.method, c.spec.fusion.beta, c.spec.fusion.width_scale) for c in paper] == [
+        ("spice-paper", 2.0, 1.0)]
+    assert "width_scale" not in paper[0].spec.config_json(cfg.eval)
     # the same inputs again: the record is reused, nothing runs
     assert tuning.tune_experiment("bandit", cfg, "/data", finals, None, record) is record
 

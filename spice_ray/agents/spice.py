@@ -278,6 +278,9 @@ def _model_free(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
 
 register_method("spice", Method("SPICE", _learned, model="spice", offline=True, fused=True,
                                  scales_width=True))
+register_method("spice-paper", Method("SPICE (paper)", _learned, model="spice", fused=True))
+"""SPICE with the ensemble's width as the paper uses it (``fusion.width_scale`` not read): the
+tuned tables' row beside SPICE, whose width scale is chosen on validation with beta."""
 register_method("spice-flat", Method("SPICE (flat prior)", _model_free, offline=True,
                                      fused=True, prior="flat"))
 """The prior ablation: SPICE's fusion and action rule with one constant prior, no network."""
