@@ -1,5 +1,6 @@
 """What a study records beside its tables: the index of its final checkpoints (what
-``SpicePolicy.from_run`` reads) and where its time went (``logs/timing.json``)."""
+``SpicePolicy.from_run`` reads), what each model's training reached (steps, train and
+validation loss) and where its time went (``logs/timing.json``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import count
+from spice_ray.config import from_dict
+from spice_ray.model import checkpoint as ckpt
+from spice_ray.train.loop import steps_per_epoch
 
 Finals = dict[tuple[str, str, str, int], Path]
 """{(experiment, model kind, variant, seed): final checkpoint}."""
@@ -35,6 +42,37 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
                        "path": p} for k, p in sorted(new.items())]
     atomic_write_text(path, json.dumps({"checkpoints": entries}, indent=1))
     return path
+
+
+def _spread(x: np.ndarray) -> str:
+    """' +- sd' over seeds (nothing for one seed)."""
+    return f" +- {x.std(ddof=1):.2g}" if len(x) > 1 else ""
+
+
+def training_table(finals: Finals) -> pd.DataFrame:
+    """Per experiment and model (seeds together): optimiser steps per model and the last
+    epoch's mean training loss against the validation loss at its end, and their gap (mean
+    and spread over seeds), read from each final checkpoint's own record. A validation loss
+    far above the training loss is memorised training tasks, not in-context learning."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for (name, kind, variant, _), path in sorted(finals.items()):
+        meta = ckpt.read_meta(path)
+        cfg = from_dict(meta["config"])
+        groups.setdefault((name, kind + (f" [{variant}]" if variant else "")), []).append(
+            {"steps": (int(meta["epoch"]) + 1) * steps_per_epoch(cfg),
+             "tasks": cfg.data.num_train_tasks, "train": meta["metrics"].get("train_loss"),
+             "val": meta["metrics"].get("val_loss")})
+    rows = []
+    for (name, model), runs in groups.items():
+        train = np.array([r["train"] for r in runs], dtype=float)
+        val = np.array([r["val"] for r in runs], dtype=float)
+        gap = val - train
+        rows.append({"experiment": name, "model": model, "seeds": len(runs),
+                     "steps per model": runs[0]["steps"], "training tasks": runs[0]["tasks"],
+                     "train loss": f"{train.mean():.3g}{_spread(train)}",
+                     "validation loss": f"{val.mean():.3g}{_spread(val)}",
+                     "validation - train": f"{gap.mean():+.3g}{_spread(gap)}"})
+    return pd.DataFrame(rows)
 
 
 def busy_seconds(work: Iterable[tuple[int, float]]) -> float:

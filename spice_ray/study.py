@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from spice_ray import envs, tuning
+from spice_ray.agents import AgentSpec
 from spice_ray.common.artifacts import atomic_write_text, file_sha256, is_current
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.common.errors import enter_stage
@@ -39,10 +40,12 @@ from spice_ray.records import (
     Finals,
     busy_seconds,
     timing_notes,
+    training_table,
     write_checkpoint_index,
     write_timing,
 )
 from spice_ray.results import aggregate, plots
+from spice_ray.results.choices import choices_table, fitted_scale
 from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
@@ -51,7 +54,6 @@ from spice_ray.train.together import ModelSpec, pretrain_many
 from spice_ray.tuning import (
     SCORE,
     agent_specs,
-    choices_table,
     read_tuning,
     task_groups,
     tune_all,
@@ -180,42 +182,57 @@ def _tables_done(run_dir: Path, name: str, tables: list[str], inputs_hash: str) 
 
 
 def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Finals,
-                        console: Console = SILENT, pool: EvalPool | None = None) -> list[str]:
+                        console: Console = SILENT, pool: EvalPool | None = None,
+                        width_scale: float | None = None) -> list[str]:
     """Every evaluation of experiment ``name`` and its tables (skipped when current), on the
-    actors of ``pool`` (default: a pool for this experiment)."""
+    actors of ``pool`` (default: a pool for this experiment).
+
+    Args:
+        width_scale: the learned prior's width scale the tuning stage fitted on validation
+            (``results.choices.fitted_scale``): evaluations with the calibration protocol
+            also run at it, so the prior tables hold coverage and N_pri for both width
+            sources (the rows' config says which: ``width_scale`` appears only when not 1).
+    """
     if pool is None:
         with EvalPool() as own:
-            return evaluate_experiment(plan, name, dataset, finals, console, own)
+            return evaluate_experiment(plan, name, dataset, finals, console, own, width_scale)
     exp, cfg = EXPERIMENTS[name], plan.configs[name]
     tables = [t.name for t in exp.tables_for(cfg)]
     specs = agent_specs(exp, cfg, dataset)
+    if not any("calibration" in ev.protocols for ev in exp.evaluations):
+        width_scale = None  # nothing here reads it: the tables do not depend on it
     inputs = config_hash({
         "eval": dataclasses.asdict(cfg.eval), "fusion": dataclasses.asdict(cfg.fusion),
         "specs": {k: [s.config_json(cfg.eval) + s.rule() + s.label for s in v]
                   for k, v in specs.items()},
         "ckpts": {f"{k[1]}/{k[2]}/{k[3]}": ckpt.content_id(p)
                   for k, p in sorted(finals.items()) if k[0] == name},
-        "data": store.split_id(dataset, "eval")})
+        "data": store.split_id(dataset, "eval"),
+        **({"width_scale": width_scale} if width_scale is not None else {})})
     if _tables_done(plan.run_dir, name, tables, inputs):
         log.info("[evaluate] %s: tables are current, skipped", name)
         console.line(f"  {name}: {count(len(tables), 'table')} current, skipped")
         return tables
     data = store.load_split(dataset, "eval", limit=cfg.eval.num_tasks)
     rows: dict[str, list[pd.DataFrame]] = {ev.name: [] for ev in exp.evaluations}
-    runs = [(ev, seed) for ev in exp.evaluations
+    runs = [(ev, seed, specs[ev.name], ev.protocols) for ev in exp.evaluations
             for seed in (cfg.seeds if ev.model else (NO_SEED,))]
+    if width_scale is not None and width_scale != 1.0:  # the prior at the fitted width too
+        runs += [(ev, seed, [_at_width(ev_specs, width_scale)], ("calibration",))
+                 for ev, seed, ev_specs, protocols in list(runs) if "calibration" in protocols]
     bar = console.bar(f"{name}: {len(runs)} evaluations", len(runs) * len(data["task_id"]),
                       "task")
-    for k, (ev, seed) in enumerate(runs, 1):
-        what = f"{ev.name}{f' seed {seed}' if ev.model else ''}"
+    for k, (ev, seed, ev_specs, protocols) in enumerate(runs, 1):
+        what = (f"{ev.name}{f' seed {seed}' if ev.model else ''}"
+                + ("" if ev_specs is specs[ev.name] else " (fitted width)"))
         log.info("[evaluate] %s: %s", name, what)
         bar.update(status=f"{k}/{len(runs)} {what}")
         source = str(finals[(name, ev.model.kind, ev.model.variant, seed)]) \
             if ev.model else None
         t0 = time.perf_counter()
         try:
-            df = evaluate_parallel(source, cfg.env, cfg.eval, data, specs[ev.name],
-                                   ev.protocols, seed=seed, on_tasks=bar.update, pool=pool)
+            df = evaluate_parallel(source, cfg.env, cfg.eval, data, ev_specs, protocols,
+                                   seed=seed, on_tasks=bar.update, pool=pool)
         except BaseException as exc:
             bar.abort(exc, what)
             raise
@@ -243,6 +260,14 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         write(plan.run_dir, table.name, df, inputs=inputs, description=table.description)
     bar.close(f"{count(len(tables), 'table')}: {', '.join(tables)}")
     return tables
+
+
+def _at_width(specs: list[AgentSpec], width_scale: float) -> AgentSpec:
+    """The calibration protocol's spec (the evaluation's first fused one, whose fusion the
+    rows describe) with the learned prior's width scaled by ``width_scale``."""
+    spec = next(s for s in specs if s.info.fused)
+    return dataclasses.replace(spec, fusion=dataclasses.replace(spec.fusion,
+                                                                width_scale=width_scale))
 
 
 def _ppo_rows(cfg: ExperimentConfig, data: dict) -> pd.DataFrame:
@@ -344,7 +369,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
         console.stage(4, 6, "evaluate",
                       f"{count(len(plan.configs), 'experiment')} (Ray actors)")
         for name in plan.configs:
-            evaluate_experiment(plan, name, datasets[name], finals, console, pool)
+            evaluate_experiment(plan, name, datasets[name], finals, console, pool,
+                                fitted_scale(tuned.get(name)))
             if name in tuned:
                 write_tuned_table(name, plan.configs[name], run_dir, datasets[name], finals,
                                   pool, tuned[name])
@@ -375,6 +401,12 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
                  "method once, at its choice, on the eval tasks; the other tables show every "
                  "setting of a fixed grid on the eval tasks, for sensitivity, not for ranking.",
                  choices)] if len(choices) else []
+    sections.append(("Pretraining: steps and the train / validation gap",
+                     "Per model (seeds together: mean +- sd): optimiser steps, training tasks, "
+                     "the last epoch's mean training loss and the validation loss at its end "
+                     "(validation tasks the model never trained on). A validation loss well "
+                     "above the training loss is memorised training tasks.",
+                     training_table(finals)))
     sections += across
     report = write_report(run_dir, figures, configs, notes, descriptions, findings,
                           horizon_points=(10, 50, first.env.horizon),

@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from spice_ray.agents import AgentSpec
 from spice_ray.common.artifacts import atomic_write_text, is_current
@@ -52,6 +51,10 @@ from spice_ray.experiments import EXPERIMENTS, Experiment
 from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import Finals
+from spice_ray.results.choices import (
+    paper_choice,
+    record_problem,
+)
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.summary import final_values, task_means
 from spice_ray.results.tables import list_experiments, load, table_path, write
@@ -161,47 +164,11 @@ def choose(grid: list[Candidate], scores: pd.DataFrame) -> tuple[Candidate, list
 
 def fit_width(spec: AgentSpec, cfg: ExperimentConfig, data: dict[str, Any],
               sources: dict[int, str]) -> dict[str, Any]:
-    """The scale s of the learned prior's width, fitted on the validation contexts without
-    labels: one s for the experiment, pooled over the training seeds' models.
+    """The scale s of ``spec``'s learned prior width, fitted without labels on the validation
+    contexts of every seed's model at once (``spice_ray.evaluate.width.fit_pooled_width``)."""
+    from spice_ray.evaluate.width import fit_pooled_width
 
-    Each logged transition is predicted by the prior of the position that has not seen it, and
-    s maximises sum_t log N(y_t; Q-bar_{t-1}(a_t), s^2 sigma_Q,{t-1}(a_t)^2 + sigma^2), sigma^2
-    the fusion's noise variance and y_t its evidence target (``spice_ray.evaluate.width``);
-    only actions and rewards enter, never a task's label or true means.
-
-    Returns:
-        {"scale": s, "per_seed": {seed: s of that model alone}, "log_lik": mean log-likelihood
-        per target at s, "log_lik_paper": the same at s = 1, "targets": their number}.
-    """
-    from spice_ray.evaluate.width import transition_predictions
-    from spice_ray.fusion import fit_width_scale, width_log_likelihood
-    from spice_ray.model.registry import load_model
-
-    parts, per_seed = [], {}
-    for seed, source in sources.items():
-        model = load_model(source, cfg.env, kind="spice")
-        mean, std, targets, complete = transition_predictions(model, data, cfg.env,
-                                                              spec.fusion)
-        part = tuple(x[complete] for x in (mean, std, targets))  # (N_seed,) each
-        per_seed[str(seed)] = fit_width_scale(*part, spec.fusion.noise_var)
-        parts.append(part)
-    mean, std, targets = (torch.cat(x) for x in zip(*parts, strict=True))  # (N,) each
-    scale = fit_width_scale(mean, std, targets, spec.fusion.noise_var)
-    return {"scale": scale, "per_seed": per_seed,
-            "log_lik": width_log_likelihood(mean, std, targets, spec.fusion.noise_var, scale),
-            "log_lik_paper": width_log_likelihood(mean, std, targets, spec.fusion.noise_var,
-                                                  1.0),
-            "targets": int(targets.numel())}
-
-
-def paper_choice(method: dict[str, Any]) -> dict[str, Any] | None:
-    """The setting a width-tuned method's record chose among its paper-width points (the
-    lowest validation score, the first in grid order on a tie), or None for a method without
-    a width axis: "SPICE (paper)" runs there."""
-    paper = [g for g in method["grid"] if g["setting"].get("width") == "paper"]
-    if not paper:
-        return None
-    return dict(min(enumerate(paper), key=lambda ig: (ig[1]["mean"], ig[0]))[1]["setting"])
+    return fit_pooled_width(sources, data, cfg.env, spec.fusion)
 
 
 def _flat_prior(cfg: ExperimentConfig, dataset: Path) -> tuple[float, float]:
@@ -259,8 +226,11 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
                   for k, p in sorted(finals.items()) if k[0] == name},
         "data": store.split_id(dataset, "validation"), "tasks": cfg.eval.num_tasks})
     if previous and previous.get("inputs") == inputs:
-        log.info("[tune] %s: choices are current, skipped", name)
-        return previous
+        problem = record_problem(previous)
+        if problem is None:
+            log.info("[tune] %s: choices are current, skipped", name)
+            return previous
+        log.warning("[tune] %s: %s %s: tuned again", name, TUNING_FILE, problem)
     data = store.load_split(dataset, "validation", limit=cfg.eval.num_tasks)
     methods: dict[str, Any] = {}
     for ev_name, group in plan.items():
@@ -361,30 +331,6 @@ def read_tuning(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
-    """One row per experiment and method: the chosen setting and its validation score."""
-    rows = []
-    for exp, rec in tuning.items():
-        for label, m in rec.get("methods", {}).items():
-            chosen = m["chosen"]
-            best = next(g for g in m["grid"] if g["setting"] == chosen)
-            setting = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "-"
-            if chosen.get("width") == "fitted":
-                setting += f" (s={m['width']['scale']:.3g})"
-            rows.append({"experiment": exp, "method": label, "chosen": setting,
-                         "grid points": len(m["grid"]),
-                         "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
-            paper = paper_choice(m)
-            if paper is not None:  # the paper's width, its beta chosen on the same grid
-                best = next(g for g in m["grid"] if g["setting"] == paper)
-                rows.append({"experiment": exp, "method": f"{label} (paper)",
-                             "chosen": ", ".join(f"{k}={v}" for k, v in paper.items()),
-                             "grid points": sum(g["setting"].get("width") == "paper"
-                                                for g in m["grid"]),
-                             "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
-    return pd.DataFrame(rows)
 
 
 def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict[str, Path],

@@ -91,6 +91,12 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
                 assert width["scale"] >= 0 and width["log_lik"] >= width["log_lik_paper"]
                 assert set(width["per_seed"]) == {str(s) for s in plan.configs[name].seeds}
     assert len(tuning["bandit"]["methods"]["UCB"]["grid"]) == 4  # its c
+    # the prior tables hold coverage and N_pri for both width sources: s = 1 and the fitted s
+    for name, table in (("bandit", "calibration"), ("bandit_template", "bandit_template_prior")):
+        scale = tuning[name]["methods"]["SPICE"]["width"]["scale"]
+        widths = set(load(run_dir, table)["config"].map(
+            lambda c: json.loads(c).get("width_scale", 1.0)))
+        assert widths == {1.0, scale} if scale != 1.0 else {1.0}, (table, widths, scale)
     tuned = load(run_dir, "bandit_tuned")
     assert set(tuned["method"]) == {"SPICE", "SPICE (paper)", "DPT", "Emp", "UCB", "TS",
                                     "SPICE (flat prior)", "Random"}
@@ -154,7 +160,8 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     cont = load(run_dir, "darkroom_continuous_online")
     methods = {"SPICE", "DPT", "SPICE (flat prior)", "Hill-climbing", "Random"}
     assert set(cont["method"]) == methods and set(cont["env"]) == {"darkroom_continuous"}
-    assert set(load(run_dir, "darkroom_continuous_tuned")["method"]) == methods
+    assert set(load(run_dir, "darkroom_continuous_tuned")["method"]) == methods | {
+        "SPICE (paper)"}
     assert set(cont["metric"]) == {"cumulative_regret", "cumulative_return"}
     assert cont["task_id"].nunique() == plan.configs["darkroom_continuous"].eval.num_tasks
     assert np.isfinite(cont["value"]).all()
@@ -167,6 +174,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     dark = load(run_dir, "darkroom_online")
     assert {"SPICE (flat prior)", "Count-UCB", "Random", "DPT", "SPICE"} == set(dark["method"])
     assert "What the learned prior adds" in text
+    assert "## Pretraining: steps and the train / validation gap" in text
     assert offline["x"].nunique() >= 20
     robust = load(run_dir, "bandit_robustness")
     assert {'"sigma":0.0', '"sigma":0.3', '"sigma":0.5'} <= {

@@ -367,3 +367,22 @@ def test_a_checkpoint_of_the_format_before_sidecars_still_loads(smoke_bandit, tm
     weights.write_bytes(weights.read_bytes()[:-10])
     with pytest.raises(ckpt.CheckpointError, match="weights.pt fails its SHA-256"):
         load_model(path, kind="dpt")
+
+
+def test_training_table_gives_steps_and_the_validation_gap_per_model(tmp_path) -> None:
+    """The report's pretraining section: steps per model from the checkpoint's own epoch and
+    config, and validation minus training loss as mean +- sd over seeds."""
+    from spice_ray.records import training_table
+
+    cfg = make_config("smoke", "bandit")  # 96 tasks / batch 16: 6 steps an epoch
+    finals = {}
+    for seed, (train, val) in enumerate(((1.0, 1.5), (2.0, 2.1))):
+        model = build_model("spice", cfg, torch.Generator().manual_seed(seed))
+        finals[("bandit", "spice", "", seed)] = ckpt.save_checkpoint(
+            tmp_path / f"s{seed}", model, cfg, "data", epoch=1,
+            metrics={"train_loss": train, "val_loss": val})
+    table = training_table(finals)
+    assert table.to_dict("records") == [{
+        "experiment": "bandit", "model": "spice", "seeds": 2, "steps per model": 12,
+        "training tasks": 96, "train loss": "1.5 +- 0.71", "validation loss": "1.8 +- 0.42",
+        "validation - train": "+0.3 +- 0.28"}]

@@ -180,6 +180,15 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
     assert "width_scale" not in paper[0].spec.config_json(cfg.eval)
     # the same inputs again: the record is reused, nothing runs
     assert tuning.tune_experiment("bandit", cfg, "/data", finals, None, record) is record
+    # an edited choice (the worst grid point instead of the best) is named and tuned again
+    edited = json.loads(json.dumps(record))
+    worst = max(edited["methods"]["SPICE"]["grid"], key=lambda g: g["mean"])["setting"]
+    edited["methods"]["SPICE"]["chosen"] = worst
+    assert tuning.record_problem(edited).startswith(f"says SPICE chose {worst}, not its grid")
+    again = tuning.tune_experiment("bandit", cfg, "/data", finals, None, edited)
+    assert again is not edited and again == record
+    edited["methods"]["SPICE"] = {"chosen": {}}
+    assert tuning.record_problem(edited).startswith("is not a tuning record (KeyError")
 
 
 def test_headline_metrics_and_chosen_settings_for_the_trackers(tmp_path) -> None:

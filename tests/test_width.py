@@ -297,3 +297,40 @@ def test_model_fit_with_nstep_targets_uses_only_complete_ones() -> None:
                                  for k, v in batch.items()}], cfg.env, fusion)
     with pytest.raises(ValueError, match="batches"):
         fit_model_width(model, [], cfg.env, fusion)
+
+
+def _prior_rows(width: float, coverage: float):
+    """Calibration rows of one width source: two tasks, h = 0 and 20, fixed values."""
+    import pandas as pd
+
+    config = json.dumps({"noise_var": 0.09, "v_min": 0.01}
+                        | ({} if width == 1.0 else {"width_scale": width}))
+    values = {"oracle_rmse": 0.1, "oracle_sd_ratio": 3.0 * width, "oracle_coverage_90": coverage,
+              "n_pri_mean": 0.5 / width ** 2, "oracle_n_pri_mean": 4.0, "coverage_90": coverage,
+              "warm_start": 0.2}
+    return pd.DataFrame([{"method": "SPICE", "rule": "prior", "config": config, "variant": "",
+                          "seed": 0, "task_id": task, "env": "bandit_template", "metric": m,
+                          "x": h, "value": v}
+                         for m, v in values.items() for h in (0, 20) for task in (0, 1)])
+
+
+def test_prior_sentences_and_figure_name_each_width_source(tmp_path) -> None:
+    """A prior table with the paper's and the fitted width: one sentence set per source, named
+    by its s, paper first; a table with one source reads as before; the figure draws both."""
+    import pandas as pd
+
+    from spice_ray.results.analysis import prior_fit
+    from spice_ray.results.plots import plot_calibration
+
+    one = prior_fit(_prior_rows(1.0, 1.0))
+    assert one[0].startswith("Learned prior at h=0 against the exact posterior: RMSE of Q-bar "
+                             "0.100, sigma_Q / posterior sd 3.00")
+    both = prior_fit(pd.concat([_prior_rows(0.4, 0.9), _prior_rows(1.0, 1.0)]))
+    assert len(both) == 4 and both[:2] == [s.replace("Learned prior at", "Learned prior (paper "
+                                                     "width, s = 1) at") for s in one]
+    assert both[2].startswith("Learned prior (width fitted on validation, s = 0.4) at h=0")
+    assert "sigma_Q / posterior sd 1.20" in both[2] and "for 90% of arms" in both[2]
+    assert "N_pri 3.12" in both[2]
+    path = plot_calibration(pd.concat([_prior_rows(1.0, 1.0), _prior_rows(0.4, 0.9)]),
+                            tmp_path / "prior.png", "template")
+    assert path.exists() and path.stat().st_size > 0

@@ -31,6 +31,7 @@ from spice_ray.fusion import (
     nstep_targets,
     width_log_likelihood,
 )
+from spice_ray.model.registry import ModelSource, load_model
 from spice_ray.model.spice import align_to_transitions
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
@@ -144,3 +145,38 @@ def fit_model_width(
         log_lik_paper=width_log_likelihood(mean, std, targets, fusion.noise_var, 1.0),
         num_targets=int(targets.numel()),
     )
+
+
+def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any],
+                     env_cfg: EnvConfig, fusion: FusionConfig) -> dict[str, Any]:
+    """One scale s for several models of an experiment (its training seeds), fitted on the
+    same logged contexts: the kernel over every model's predictions at once, each model's own
+    s beside it.
+
+    Args:
+        sources: seed -> a SPICE checkpoint directory or in-memory payload
+            (``spice_ray.model.registry.load_model``).
+        data: dataset columns of the contexts (e.g. the validation split); no label is read.
+        env_cfg: their environment.
+        fusion: noise_var (sigma^2) and the evidence targets.
+
+    Returns:
+        {"scale": s, "per_seed": {str(seed): s of that model alone}, "log_lik": mean
+        log-likelihood per target at s, "log_lik_paper": the same at s = 1, "targets": their
+        number}.
+    """
+    parts, per_seed = [], {}
+    for seed, source in sources.items():
+        model = load_model(source, env_cfg, kind="spice")
+        mean, std, targets, complete = transition_predictions(model, data, env_cfg, fusion)
+        part = tuple(x[complete] for x in (mean, std, targets))  # (N_seed,) each
+        per_seed[str(seed)] = fit_width_scale(*part, fusion.noise_var)
+        parts.append(part)
+    if not parts:
+        raise ValueError("sources is empty: the width scale needs at least one model")
+    mean, std, targets = (torch.cat(x) for x in zip(*parts, strict=True))  # (N,) each
+    scale = fit_width_scale(mean, std, targets, fusion.noise_var)
+    return {"scale": scale, "per_seed": per_seed,
+            "log_lik": width_log_likelihood(mean, std, targets, fusion.noise_var, scale),
+            "log_lik_paper": width_log_likelihood(mean, std, targets, fusion.noise_var, 1.0),
+            "targets": int(targets.numel())}

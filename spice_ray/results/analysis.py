@@ -168,13 +168,28 @@ def prior_fit(df: pd.DataFrame, hs: tuple[int, ...] = (0, 20)) -> list[str]:
     the same eval context, at context lengths ``hs`` (means over tasks and seeds)."""
     if "oracle_rmse" not in set(df["metric"]):
         return []
+    widths = df["config"].map(width_of)
+    out = []
+    for width in sorted(widths.unique(), key=lambda w: (w != 1.0, w)):  # the paper's first
+        source = ("" if widths.nunique() == 1 else " (paper width, s = 1)" if width == 1.0
+                  else f" (width fitted on validation, s = {width:.3g})")
+        out += _prior_fit_at(df[widths == width], hs, source)
+    return out
+
+
+def width_of(config: str) -> float:
+    """The learned prior's width scale in a row's config (1, the paper's, when absent)."""
+    return float(json.loads(config).get("width_scale", 1.0))
+
+
+def _prior_fit_at(df: pd.DataFrame, hs: tuple[int, ...], source: str) -> list[str]:
     means = df.groupby(["metric", "x"])["value"].mean()
     out = []
     for h in hs:
         if ("oracle_rmse", h) not in means:
             continue
         out.append(
-            f"Learned prior at h={h} against the exact posterior: RMSE of Q-bar "
+            f"Learned prior{source} at h={h} against the exact posterior: RMSE of Q-bar "
             f"{means['oracle_rmse', h]:.3f}, sigma_Q / posterior sd "
             f"{means['oracle_sd_ratio', h]:.2f}, posterior mean inside Q-bar +- 1.645 sigma_Q "
             f"for {means['oracle_coverage_90', h]:.0%} of arms, prior pseudo-counts N_pri "

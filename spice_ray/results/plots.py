@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from spice_ray.common.artifacts import atomic_path  # noqa: E402
+from spice_ray.results.analysis import width_of  # noqa: E402
 from spice_ray.results.summary import summarise  # noqa: E402
 
 METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
@@ -270,22 +271,35 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Prior coverage vs h against the nominal levels (left); pseudo-counts and the
     warm-start term vs h (right)."""
     fig, (cov, npri) = plt.subplots(1, 2, figsize=(10, 4))
-    for metric in sorted(m for m in df["metric"].unique() if m.startswith("coverage_")):
-        level = int(metric.split("_")[1]) / 100
-        s = summarise(df[df["metric"] == metric], ["x"]).sort_values("x")
-        (line,) = cov.plot(s["x"], s["mean"], label=f"{level:.0%} interval")
-        cov.fill_between(s["x"], s["mean"] - s["sem"], s["mean"] + s["sem"],
-                         color=line.get_color(), alpha=0.2, lw=0)
-        cov.axhline(level, color=line.get_color(), ls="--", lw=0.8)
+    widths = df["config"].map(width_of)
+    sources = {w: ("" if widths.nunique() == 1 else " (s = 1)" if w == 1.0 else f" (s = {w:.3g})")
+               for w in sorted(widths.unique(), key=lambda w: (w != 1.0, w))}  # paper first
+    levels = sorted(m for m in df["metric"].unique() if m.startswith("coverage_"))
+    for k, (width, source) in enumerate(sources.items()):
+        for i, metric in enumerate(levels):
+            level = int(metric.split("_")[1]) / 100
+            s = summarise(df[(df["metric"] == metric) & (widths == width)], ["x"]
+                          ).sort_values("x")
+            (line,) = cov.plot(s["x"], s["mean"], label=f"{level:.0%} interval{source}",
+                               color=f"C{i}", ls=("-", "-.")[k % 2])
+            cov.fill_between(s["x"], s["mean"] - s["sem"], s["mean"] + s["sem"],
+                             color=line.get_color(), alpha=0.2, lw=0)
+            if k == 0:
+                cov.axhline(level, color=line.get_color(), ls="--", lw=0.8)
     cov.set(xscale="log", xlabel="context length h", ylabel="coverage of true arm means",
             ylim=(0, 1.02), title=f"{title}: coverage (dashed: nominal)")
     cov.legend(fontsize=8)
-    for metric, label in (("n_pri_mean", "N_pri (mean over arms)"),
-                          ("warm_start", "warm start sum_a N_pri |mu_pri - mu_a|")):
-        s = summarise(df[df["metric"] == metric], ["x"]).sort_values("x")
-        if not s.empty:
-            npri.plot(s["x"], s["mean"], label=label)
-            npri.fill_between(s["x"], s["mean"] - s["sem"], s["mean"] + s["sem"], alpha=0.2)
+    for k, (width, source) in enumerate(sources.items()):
+        for i, (metric, label) in enumerate((
+                ("n_pri_mean", "N_pri (mean over arms)"),
+                ("warm_start", "warm start sum_a N_pri |mu_pri - mu_a|"))):
+            s = summarise(df[(df["metric"] == metric) & (widths == width)], ["x"]
+                          ).sort_values("x")
+            if not s.empty:
+                npri.plot(s["x"], s["mean"], label=label + source, color=f"C{i}",
+                          ls=("-", "-.")[k % 2])
+                npri.fill_between(s["x"], s["mean"] - s["sem"], s["mean"] + s["sem"],
+                                  color=f"C{i}", alpha=0.2)
     npri.set(xscale="log", yscale="log", xlabel="context length h",
              ylabel="pseudo-counts (log)", title=f"{title}: prior strength")
     npri.legend(fontsize=8)
