@@ -400,10 +400,13 @@ def plot_aggregate(agg, path: Path) -> Path:
                   "filled: IQM, open: mean", title=f"aggregate over {n_exp} experiments")
     ax.grid(alpha=0.3, axis="x")
     ax = axes[1]
+    heads: dict[str | None, int] = {}  # a method's second curve (SPICE (paper)) gets a dash
     for m in methods:
         share, lo, hi = profile[m]
-        st = style(m)
-        ax.plot(agg.taus, share, color=st["color"], label=m, lw=1.5)
+        head = method_of(m)
+        st = style(m, heads.get(head, 0))
+        heads[head] = heads.get(head, 0) + 1
+        ax.plot(agg.taus, share, color=st["color"], ls=st["linestyle"], label=m, lw=1.5)
         ax.fill_between(agg.taus, lo, hi, color=st["color"], alpha=0.2, lw=0)
     shown = [agg.taus[np.argmax(profile[m][0] < 0.98)] for m in methods]  # where each drops
     ax.set_xlim(max(0.0, min(shown, default=0.0) - 0.05), 1.0)
