@@ -51,10 +51,7 @@ from spice_ray.experiments import EXPERIMENTS, Experiment
 from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import Finals
-from spice_ray.results.choices import (
-    paper_choice,
-    record_problem,
-)
+from spice_ray.results.choices import best_index, paper_choice, record_problem
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.summary import final_values, task_means
 from spice_ray.results.tables import list_experiments, load, table_path, write
@@ -158,7 +155,7 @@ def choose(grid: list[Candidate], scores: pd.DataFrame) -> tuple[Candidate, list
         r = table[c.key]
         records.append({"setting": dict(c.setting), "mean": float(r.mean),
                         "sem": float(r.sem), "n": int(r.n)})
-    best = min(range(len(grid)), key=lambda i: (records[i]["mean"], i))
+    best = best_index(records)
     return grid[best], records
 
 
@@ -365,8 +362,8 @@ def write_tuned_table(name: str, cfg: ExperimentConfig, run_dir: Path, dataset: 
     if table is None:
         return None
     chosen = {label: m["chosen"] for label, m in record["methods"].items()}
-    chosen |= {f"{label} (paper)": paper_choice(m) for label, m in record["methods"].items()
-               if paper_choice(m) is not None}
+    chosen |= {f"{label} (paper)": paper for label, m in record["methods"].items()
+               if (paper := paper_choice(m)) is not None}
     inputs = config_hash({"tuning": record["inputs"], "chosen": chosen,
                           "data": store.split_id(dataset, "eval"),
                           "tasks": cfg.eval.num_tasks})

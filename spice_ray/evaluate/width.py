@@ -134,6 +134,12 @@ def fit_model_width(
         parts.append((mean[complete], std[complete], targets[complete]))  # (N_b,) each
     if not parts:
         raise ValueError("batches is empty: the width scale needs at least one context")
+    return _fit_parts(parts, fusion, bounds)
+
+
+def _fit_parts(parts: list[tuple[Tensor, Tensor, Tensor]], fusion: FusionConfig,
+               bounds: tuple[float, float] = (1e-3, 1e3)) -> WidthFit:
+    """The :class:`WidthFit` over the complete targets of every part (mean, std, targets)."""
     mean, std, targets = (torch.cat(x) for x in zip(*parts, strict=True))  # (N,) each
     if targets.numel() == 0:
         raise ValueError(f"no complete target: n-step returns with td_n={fusion.td_n} need "
@@ -174,9 +180,6 @@ def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any]
         parts.append(part)
     if not parts:
         raise ValueError("sources is empty: the width scale needs at least one model")
-    mean, std, targets = (torch.cat(x) for x in zip(*parts, strict=True))  # (N,) each
-    scale = fit_width_scale(mean, std, targets, fusion.noise_var)
-    return {"scale": scale, "per_seed": per_seed,
-            "log_lik": width_log_likelihood(mean, std, targets, fusion.noise_var, scale),
-            "log_lik_paper": width_log_likelihood(mean, std, targets, fusion.noise_var, 1.0),
-            "targets": int(targets.numel())}
+    fit = _fit_parts(parts, fusion)
+    return {"scale": fit.scale, "per_seed": per_seed, "log_lik": fit.log_lik,
+            "log_lik_paper": fit.log_lik_paper, "targets": fit.num_targets}

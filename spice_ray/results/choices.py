@@ -10,14 +10,20 @@ from typing import Any
 import pandas as pd
 
 
+def best_index(grid: list[dict[str, Any]]) -> int:
+    """The grid point a choice must be: the lowest mean validation score, the first in grid
+    order on a tie (``grid``: records {"setting", "mean", ...} in grid order, non-empty)."""
+    return min(range(len(grid)), key=lambda i: (float(grid[i]["mean"]), i))
+
+
 def paper_choice(method: dict[str, Any]) -> dict[str, Any] | None:
-    """The setting a width-tuned method's record chose among its paper-width points (the
-    lowest validation score, the first in grid order on a tie), or None for a method without
-    a width axis: "SPICE (paper)" runs there."""
+    """The setting a width-tuned method's record chose among its paper-width points
+    (:func:`best_index` of them), or None for a method without a width axis: "SPICE (paper)"
+    runs there."""
     paper = [g for g in method["grid"] if g["setting"].get("width") == "paper"]
     if not paper:
         return None
-    return dict(min(enumerate(paper), key=lambda ig: (ig[1]["mean"], ig[0]))[1]["setting"])
+    return dict(paper[best_index(paper)]["setting"])
 
 
 def fitted_scale(record: dict[str, Any] | None) -> float | None:
@@ -37,12 +43,11 @@ def record_problem(record: dict[str, Any]) -> str | None:
     try:
         for label, method in record["methods"].items():
             grid = method["grid"]
-            if grid:
-                best = min(range(len(grid)), key=lambda i: (float(grid[i]["mean"]), i))
-                if grid[best]["setting"] != method["chosen"]:
-                    return (f"says {label} chose {method['chosen']}, not its grid's best "
-                            f"{grid[best]['setting']}")
-            if method.get("paper", paper_choice(method)) != paper_choice(method):
+            best = grid[best_index(grid)]["setting"] if grid else {}
+            if grid and best != method["chosen"]:
+                return (f"says {label} chose {method['chosen']}, not its grid's best {best}")
+            paper = paper_choice(method)
+            if method.get("paper", paper) != paper:
                 return f"says {label}'s paper-width choice is {method['paper']}, not its best"
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         return f"is not a tuning record ({type(exc).__name__}: {exc})"
@@ -52,22 +57,22 @@ def record_problem(record: dict[str, Any]) -> str | None:
 def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
     """One row per experiment and method: the chosen setting and its validation score."""
     rows = []
+
+    def row(exp: str, label: str, grid: list[dict[str, Any]], chosen: dict[str, Any],
+            note: str = "") -> None:
+        best = next(g for g in grid if g["setting"] == chosen)
+        rows.append({"experiment": exp, "method": label,
+                     "chosen": (", ".join(f"{k}={v}" for k, v in chosen.items()) or "-") + note,
+                     "grid points": len(grid),
+                     "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
+
     for exp, rec in tuning.items():
         for label, m in rec.get("methods", {}).items():
-            chosen = m["chosen"]
-            best = next(g for g in m["grid"] if g["setting"] == chosen)
-            setting = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "-"
-            if chosen.get("width") == "fitted":
-                setting += f" (s={m['width']['scale']:.3g})"
-            rows.append({"experiment": exp, "method": label, "chosen": setting,
-                         "grid points": len(m["grid"]),
-                         "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
+            fitted = m["chosen"].get("width") == "fitted"
+            row(exp, label, m["grid"], m["chosen"],
+                f" (s={m['width']['scale']:.3g})" if fitted else "")
             paper = paper_choice(m)
             if paper is not None:  # the paper's width, its beta chosen on the same grid
-                best = next(g for g in m["grid"] if g["setting"] == paper)
-                rows.append({"experiment": exp, "method": f"{label} (paper)",
-                             "chosen": ", ".join(f"{k}={v}" for k, v in paper.items()),
-                             "grid points": sum(g["setting"].get("width") == "paper"
-                                                for g in m["grid"]),
-                             "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
+                row(exp, f"{label} (paper)", [g for g in m["grid"]
+                                              if g["setting"].get("width") == "paper"], paper)
     return pd.DataFrame(rows)
