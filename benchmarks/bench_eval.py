@@ -16,7 +16,8 @@ Setup (paper size, random weights): 6 layers, width 64, 1 head, K = 7 value head
 
 Each phase runs in a fresh subprocess, so its peak resident memory (``ru_maxrss``) is its own;
 tracemalloc cannot see torch's allocations. Torch runs on ``--threads`` threads (default 1:
-the machine's 2 cores are shared).
+the machine's 2 cores are shared). ``--device cuda`` puts the models on a GPU (what an
+evaluation actor does with ``eval.actor_gpus``); the fusion's statistics stay on the CPU.
 
     python benchmarks/bench_eval.py [--tasks 200 --horizon 500 --dark-tasks 100 ...]
 """
@@ -51,7 +52,7 @@ def _maxrss_mib() -> float:
 
 def _bandit_problem(args: argparse.Namespace):
     model = SpiceModel(PAPER_MODEL, 5, 1, args.horizon + 1,
-                       generator=torch.Generator().manual_seed(0)).eval()
+                       generator=torch.Generator().manual_seed(0)).eval().to(args.device)
     ids = np.arange(args.tasks)
     means = np.random.default_rng(0).random((args.tasks, 5))
     noise = online_noise(1234, ids, args.horizon)  # (N, H) common random numbers
@@ -123,7 +124,7 @@ def _darkroom(args: argparse.Namespace, spec: AgentSpec) -> dict:
     data = generate_tasks(env, cfg.data, "eval", np.arange(args.dark_tasks))
     cls = SpiceModel if spec.method == "spice" else DptModel
     model = cls(PAPER_MODEL, 5, 2, args.dark_horizon + 1,
-                generator=torch.Generator().manual_seed(0)).eval()
+                generator=torch.Generator().manual_seed(0)).eval().to(args.device)
     rss0 = _maxrss_mib()
     t0 = time.perf_counter()
     df = online_rows(env, eval_cfg, data, [spec], model)
@@ -155,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dark-tasks", type=int, default=100)
     p.add_argument("--dark-horizon", type=int, default=100)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="where the models run (cpu or cuda)")
     p.add_argument("--recompute-points", type=int, default=9,
                    help="context lengths at which one recompute step is timed")
     p.add_argument("--recompute-steps", type=int, default=100,
@@ -187,6 +189,7 @@ def main() -> None:
               f"peak RSS {r['peak_rss_mib']:7.0f} MiB (before run {r['rss_before_mib']:.0f})",
               flush=True)
     print(f"\nsetup: 6 layers, width 64, K=7, A=5, torch threads={args.threads}, "
+          f"models on {args.device}, "
           f"bandit N={args.tasks} H={args.horizon}, darkroom N={args.dark_tasks} "
           f"H={args.dark_horizon}")
     if "cached" in results and "recompute" in results:

@@ -80,5 +80,5 @@ class LoopEnsemble(nn.Module):
         total = torch.zeros((), dtype=self.f[0][0].weight.dtype, device=self.f[0][0].weight.device)
         for f, anchors in zip(self.f, self.anchors, strict=True):
             for p, p0 in zip(f.parameters(), anchors, strict=True):
-                total = total + ((p - p0) ** 2).sum()
+                total = total + ((p - p0.to(p.device)) ** 2).sum()
         return total
