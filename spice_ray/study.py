@@ -45,7 +45,7 @@ from spice_ray.records import (
     write_timing,
 )
 from spice_ray.results import aggregate, plots
-from spice_ray.results.choices import choices_table, fitted_scale
+from spice_ray.results.choices import choices_table, fitted_noise, fitted_scale
 from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
@@ -183,7 +183,8 @@ def _tables_done(run_dir: Path, name: str, tables: list[str], inputs_hash: str) 
 
 def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Finals,
                         console: Console = SILENT, pool: EvalPool | None = None,
-                        width_scale: float | None = None) -> list[str]:
+                        width_scale: float | None = None, noise_var: float | None = None
+                        ) -> list[str]:
     """Every evaluation of experiment ``name`` and its tables (skipped when current), on the
     actors of ``pool`` (default: a pool for this experiment).
 
@@ -192,15 +193,18 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
             (``results.choices.fitted_scale``): evaluations with the calibration protocol
             also run at it, so the prior tables hold coverage and N_pri for both width
             sources (the rows' config says which: ``width_scale`` appears only when not 1).
+        noise_var: the likelihood variance fitted with it (``results.choices.fitted_noise``;
+            None: the config's), which those calibration rows use too.
     """
     if pool is None:
         with EvalPool() as own:
-            return evaluate_experiment(plan, name, dataset, finals, console, own, width_scale)
+            return evaluate_experiment(plan, name, dataset, finals, console, own, width_scale,
+                                       noise_var)
     exp, cfg = EXPERIMENTS[name], plan.configs[name]
     tables = [t.name for t in exp.tables_for(cfg)]
     specs = agent_specs(exp, cfg, dataset)
     if not any("calibration" in ev.protocols for ev in exp.evaluations):
-        width_scale = None  # nothing here reads it: the tables do not depend on it
+        width_scale = noise_var = None  # nothing here reads them: the tables do not depend on it
     inputs = config_hash({
         "eval": dataclasses.asdict(cfg.eval), "fusion": dataclasses.asdict(cfg.fusion),
         "specs": {k: [s.config_json(cfg.eval) + s.rule() + s.label for s in v]
@@ -208,7 +212,8 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         "ckpts": {f"{k[1]}/{k[2]}/{k[3]}": ckpt.content_id(p)
                   for k, p in sorted(finals.items()) if k[0] == name},
         "data": store.split_id(dataset, "eval"),
-        **({"width_scale": width_scale} if width_scale is not None else {})})
+        **({"width_scale": width_scale} if width_scale is not None else {}),
+        **({"noise_var": noise_var} if noise_var is not None else {})})
     if _tables_done(plan.run_dir, name, tables, inputs):
         log.info("[evaluate] %s: tables are current, skipped", name)
         console.line(f"  {name}: {count(len(tables), 'table')} current, skipped")
@@ -218,7 +223,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
     runs = [(ev, seed, specs[ev.name], ev.protocols) for ev in exp.evaluations
             for seed in (cfg.seeds if ev.model else (NO_SEED,))]
     if width_scale is not None and width_scale != 1.0:  # the prior at the fitted width too
-        runs += [(ev, seed, [_at_width(ev_specs, width_scale)], ("calibration",))
+        runs += [(ev, seed, [_at_width(ev_specs, width_scale, noise_var)], ("calibration",))
                  for ev, seed, ev_specs, protocols in list(runs) if "calibration" in protocols]
     bar = console.bar(f"{name}: {len(runs)} evaluations", len(runs) * len(data["task_id"]),
                       "task")
@@ -262,12 +267,15 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
     return tables
 
 
-def _at_width(specs: list[AgentSpec], width_scale: float) -> AgentSpec:
+def _at_width(specs: list[AgentSpec], width_scale: float, noise_var: float | None
+              ) -> AgentSpec:
     """The calibration protocol's spec (the evaluation's first fused one, whose fusion the
-    rows describe) with the learned prior's width scaled by ``width_scale``."""
+    rows describe) with the learned prior's width scaled by ``width_scale`` (and the
+    likelihood variance ``noise_var`` where one was fitted with it)."""
     spec = next(s for s in specs if s.info.fused)
+    noise = {"noise_var": noise_var} if noise_var is not None else {}
     return dataclasses.replace(spec, fusion=dataclasses.replace(spec.fusion,
-                                                                width_scale=width_scale))
+                                                                width_scale=width_scale, **noise))
 
 
 def _ppo_rows(cfg: ExperimentConfig, data: dict) -> pd.DataFrame:
@@ -370,7 +378,7 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
                       f"{count(len(plan.configs), 'experiment')} (Ray actors)")
         for name in plan.configs:
             evaluate_experiment(plan, name, datasets[name], finals, console, pool,
-                                fitted_scale(tuned.get(name)))
+                                fitted_scale(tuned.get(name)), fitted_noise(tuned.get(name)))
             if name in tuned:
                 write_tuned_table(name, plan.configs[name], run_dir, datasets[name], finals,
                                   pool, tuned[name])

@@ -16,7 +16,13 @@ The grid (:func:`candidates`):
 - UCB and LinUCB: the exploration constant c in :data:`UCB_C`;
 - and, for methods whose prior's width is the learned sigma_Q (``Method.scales_width``: SPICE),
   every point twice (:data:`WIDTHS`): at the paper's width (s = 1) and at the scale s fitted on
-  the validation contexts without labels (:func:`fit_width`), so s and beta are chosen together.
+  the validation contexts without labels (:func:`fit_width`), so s and beta are chosen together;
+- where the evidence targets are n-step returns (the darkrooms: ``fusion.needs_nstep``), whose
+  variance is the return's and not the reward noise ``fusion.noise_var`` states, SPICE's
+  fitted point also takes the likelihood variance sigma^2 fitted jointly with s, and every
+  other fused method (flat and oracle priors, Count-UCB) runs every point twice
+  (:data:`NOISES`): at the config's sigma^2 and at that fitted one, so each row of the table
+  can have the noise on the environment's scale.
 
 Methods without a hyperparameter (DPT, TS, Random, ...) run once on validation too, so every
 row of the tuned table has a validation score.
@@ -48,10 +54,10 @@ from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
 from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.experiments import EXPERIMENTS, Experiment
-from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
+from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES, needs_nstep
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import Finals
-from spice_ray.results.choices import best_index, paper_choice, record_problem
+from spice_ray.results.choices import best_index, fitted_noise, paper_choice, record_problem
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.summary import final_values, task_means
 from spice_ray.results.tables import list_experiments, load, table_path, write
@@ -67,6 +73,9 @@ UCB_C = (0.5, 1.0, 2.0, 4.0)
 WIDTHS = ("paper", "fitted")
 """The learned prior's width on the grid: sigma_Q as the paper uses it (``fusion.width_scale``
 = 1) and s sigma_Q with s fitted label-free on the validation contexts (:func:`fit_width`)."""
+NOISES = ("paper", "fitted")
+"""The likelihood variance on the grid of fused methods without a learned width, where targets
+are n-step returns: ``fusion.noise_var`` as configured and sigma^2 fitted with SPICE's s."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
 
 TUNING_FILE = "results/tuning.json"
@@ -87,14 +96,22 @@ class Candidate:
         return self.spec.label, self.spec.config_json(self.eval_cfg)
 
 
-def candidates(spec: AgentSpec, eval_cfg: EvalConfig, fitted_width: float | None = None
-               ) -> list[Candidate]:
+def fits_noise(spec: AgentSpec) -> bool:
+    """Whether ``spec``'s grid fits the likelihood variance: a fused method whose evidence
+    targets are n-step returns (see the module docstring)."""
+    return spec.info.fused and needs_nstep(spec.fusion)
+
+
+def candidates(spec: AgentSpec, eval_cfg: EvalConfig, fitted_width: float | None = None,
+               fitted_noise: float | None = None) -> list[Candidate]:
     """Every grid point of ``spec`` (see the module docstring), in grid order.
 
     Args:
         fitted_width: the validation-fitted scale s of the "fitted" width points (methods
             that read ``fusion.width_scale``); None builds them at s = 1, which only counts
             the grid (the dry run): their runs would repeat the paper-width points.
+        fitted_noise: the likelihood variance fitted with s, for the "fitted" width or noise
+            points where :func:`fits_noise`; None keeps ``fusion.noise_var`` (counting only).
     """
     info = spec.info
     if info.fused or "beta" in info.settings:
@@ -106,11 +123,19 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig, fitted_width: float | None
             points = [p + (("tau", t),) for p in points for t in TAUS]
         if info.scales_width:
             points = [p + (("width", w),) for p in points for w in WIDTHS]
+        elif fits_noise(spec):
+            points = [p + (("noise", n),) for p in points for n in NOISES]
+        noise = {"noise_var": float(fitted_noise)} \
+            if fitted_noise is not None and fits_noise(spec) else {}
         out = []
         for point in points:
-            fields = {"beta_schedule": "fixed"} | {k: v for k, v in point if k != "width"}
+            fields = {"beta_schedule": "fixed"} | {k: v for k, v in point
+                                                   if k not in ("width", "noise")}
             if dict(point).get("width") == "fitted":
                 fields["width_scale"] = 1.0 if fitted_width is None else float(fitted_width)
+                fields |= noise
+            if dict(point).get("noise") == "fitted":
+                fields |= noise
             fusion = dataclasses.replace(spec.fusion, **fields)
             out.append(Candidate(dataclasses.replace(spec, fusion=fusion), eval_cfg, point))
         return out
@@ -161,11 +186,12 @@ def choose(grid: list[Candidate], scores: pd.DataFrame) -> tuple[Candidate, list
 
 def fit_width(spec: AgentSpec, cfg: ExperimentConfig, data: dict[str, Any],
               sources: dict[int, str]) -> dict[str, Any]:
-    """The scale s of ``spec``'s learned prior width, fitted without labels on the validation
-    contexts of every seed's model at once (``spice_ray.evaluate.width.fit_pooled_width``)."""
+    """The scale s of ``spec``'s learned prior width (and, where :func:`fits_noise`, the
+    likelihood variance with it), fitted without labels on the validation contexts of every
+    seed's model at once (``spice_ray.evaluate.width.fit_pooled_width``)."""
     from spice_ray.evaluate.width import fit_pooled_width
 
-    return fit_pooled_width(sources, data, cfg.env, spec.fusion)
+    return fit_pooled_width(sources, data, cfg.env, spec.fusion, fit_noise=fits_noise(spec))
 
 
 def _flat_prior(cfg: ExperimentConfig, dataset: Path) -> tuple[float, float]:
@@ -230,15 +256,22 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
         log.warning("[tune] %s: %s %s: tuned again", name, TUNING_FILE, problem)
     data = store.load_split(dataset, "validation", limit=cfg.eval.num_tasks)
     methods: dict[str, Any] = {}
+
+    def sources_of(ev_name: str) -> dict[int, str]:
+        ev = exp.evaluation(ev_name)
+        return {seed: str(finals[(name, ev.model.kind, ev.model.variant, seed)])
+                for seed in cfg.seeds} if ev.model else {}
+
+    # every learned width first: its fitted sigma^2 is the other fused methods' too
+    widths = {s.label: fit_width(s, cfg, data, sources_of(ev_name))
+              for ev_name, group in plan.items() for s in group if s.info.scales_width}
+    noise = next((w["noise_var"] for w in widths.values() if "noise_var" in w), None)
     for ev_name, group in plan.items():
         ev = exp.evaluation(ev_name)
         seeds = cfg.seeds if ev.model else (NO_SEED,)
-        sources = {seed: str(finals[(name, ev.model.kind, ev.model.variant, seed)])
-                   for seed in seeds} if ev.model else {}
-        widths = {s.label: fit_width(s, cfg, data, sources)
-                  for s in group if s.info.scales_width}
+        sources = sources_of(ev_name)
         grids = [candidates(s, cfg.eval, widths[s.label]["scale"] if s.label in widths
-                            else None) for s in group]
+                            else None, noise) for s in group]
         flat = [c for grid in grids for c in grid]
         rows = pd.concat([_run(flat, sources.get(seed), cfg, data, seed, pool)
                           for seed in seeds], ignore_index=True)
@@ -252,7 +285,9 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
                 methods[best.spec.label]["paper"] = paper_choice(methods[best.spec.label])
             log.info("[tune] %s: %s -> %s", name, best.spec.label, dict(best.setting) or "-")
     return {"inputs": inputs, "split": "validation", "tasks": len(data["task_id"]),
-            "seeds": list(cfg.seeds), "score": SCORE, "methods": methods}
+            "seeds": list(cfg.seeds), "score": SCORE, "methods": methods,
+            **({"noise_var": {"fitted": noise, "config": cfg.fusion.noise_var}}
+               if noise is not None else {})}
 
 
 def bases(specs: list[AgentSpec], cfg: ExperimentConfig) -> list[AgentSpec]:
@@ -274,12 +309,13 @@ def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig,
     what the paper's prior gives and what the fitted width adds, both tuned on validation."""
     specs = agent_specs(exp, cfg, dataset)
     out: dict[str, list[Candidate]] = {}
+    noise = fitted_noise(record)
     for ev_name in exp.tuned:
         for base in bases(specs[ev_name], cfg):
             method = record["methods"][base.label]
             chosen = method["chosen"]
             fitted = method["width"]["scale"] if "width" in method else None
-            match = [c for c in candidates(base, cfg.eval, fitted)
+            match = [c for c in candidates(base, cfg.eval, fitted, noise)
                      if dict(c.setting) == chosen]
             if not match:
                 raise ValueError(f"tuning.json: {base.label} chose {chosen}, which is not on "
@@ -287,7 +323,7 @@ def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig,
             out.setdefault(ev_name, []).append(match[0])
             paper = paper_choice(method)
             if paper is not None:
-                point = next(c for c in candidates(base, cfg.eval, fitted)
+                point = next(c for c in candidates(base, cfg.eval, fitted, noise)
                              if dict(c.setting) == paper)
                 spec = dataclasses.replace(point.spec, method="spice-paper")
                 out[ev_name].append(Candidate(spec, cfg.eval, point.setting))
@@ -400,4 +436,7 @@ def headline(run_dir: Path, experiments: list[str]) -> tuple[dict[str, float], d
                for exp, record in read_tuning(run_dir).items() if exp in experiments
                for label, method in record.get("methods", {}).items()
                if method["chosen"].get("width") == "fitted"}
+    params |= {f"{_key(exp)}/noise_var_fitted": record["noise_var"]["fitted"]
+               for exp, record in read_tuning(run_dir).items()
+               if exp in experiments and "noise_var" in record}
     return metrics, params

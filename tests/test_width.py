@@ -19,6 +19,7 @@ from spice_ray.evaluate.width import fit_model_width, transition_predictions
 from spice_ray.fusion import (
     NOISE_VAR_FLOOR,
     bootstrap_values,
+    fit_width_and_noise,
     fit_width_scale,
     nstep_targets,
     scaled_prior_std,
@@ -297,6 +298,60 @@ def test_model_fit_with_nstep_targets_uses_only_complete_ones() -> None:
                                  for k, v in batch.items()}], cfg.env, fusion)
     with pytest.raises(ValueError, match="batches"):
         fit_model_width(model, [], cfg.env, fusion)
+
+
+# ---- the likelihood variance fitted with s ---------------------------------------------------
+
+
+def test_joint_fit_recovers_scale_and_noise_from_simulated_targets() -> None:
+    """Targets drawn with s = 0.5, sigma^2 = 2 (an n-step return's scale) and with s = 2,
+    sigma^2 = 0.09 (a bandit's): both recovered, the sd varying from target to target."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    sd, m = 0.1 + rng.random(n), rng.normal(size=n)
+    for s, noise in ((0.5, 2.0), (2.0, 0.09)):
+        y = m + rng.normal(size=n) * np.sqrt(s * s * sd**2 + noise)
+        s_hat, noise_hat = fit_width_and_noise(_t(m), _t(sd), _t(y))
+        assert s_hat == pytest.approx(s, rel=0.25) and noise_hat == pytest.approx(noise, rel=0.1)
+        # it maximises the joint likelihood: no point of a dense 2-d grid does better
+        best = _log_lik_numpy(m, sd, y, noise_hat, s_hat)
+        grid = max(_log_lik_numpy(m, sd, y, v, u) for u in np.linspace(0.0, 3.0, 61)
+                   for v in np.geomspace(0.01, 10.0, 61))
+        assert best >= grid - 1e-9
+        # and at least as well as s alone at the config's bandit noise
+        alone = fit_width_scale(_t(m), _t(sd), _t(y), 0.09)
+        assert best >= _log_lik_numpy(m, sd, y, 0.09, alone) - 1e-9
+
+
+def test_joint_fit_without_spread_is_the_mean_squared_residual() -> None:
+    """std all zero: s is not identified (0.0) and sigma^2 is the closed-form mean of r^2."""
+    y = _t(np.array([0.5, -1.5, 2.0, 0.1, -0.7]))
+    zero = torch.zeros(5, dtype=torch.float64)
+    s_hat, noise_hat = fit_width_and_noise(zero, zero, y)
+    assert s_hat == 0.0
+    assert noise_hat == pytest.approx(float((y**2).mean()), rel=1e-7)
+
+
+@pytest.mark.parametrize("bounds", [(0.0, 1.0), (1.0, 0.5), (float("nan"), 1.0)])
+def test_joint_fit_refuses_bad_noise_bounds(bounds) -> None:
+    one = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="noise_bounds"):
+        fit_width_and_noise(one, one, one, noise_bounds=bounds)
+
+
+def test_model_fit_with_noise_reports_the_fitted_variance() -> None:
+    """``fit_noise``: the model-level fit is the joint kernel on its complete targets; its
+    paper likelihood stays at s = 1 and the config's sigma^2."""
+    cfg, model, batch = _model_and_batch(T=8)
+    fusion = dataclasses.replace(cfg.fusion, target="nstep", td_n=3, gamma=0.9)
+    mean, std, targets, complete = transition_predictions(model, batch, cfg.env, fusion)
+    fit = fit_model_width(model, [batch], cfg.env, fusion, fit_noise=True)
+    s_hat, noise_hat = fit_width_and_noise(mean, std, targets, mask=complete)
+    assert (fit.scale, fit.noise_var) == (s_hat, noise_hat)
+    assert fit.log_lik_paper == width_log_likelihood(mean, std, targets, fusion.noise_var, 1.0,
+                                                     mask=complete)
+    assert fit.log_lik >= fit.log_lik_paper
+    assert fit_model_width(model, [batch], cfg.env, fusion).noise_var == fusion.noise_var
 
 
 def _prior_rows(width: float, coverage: float):

@@ -7,8 +7,10 @@ m_t = Q-bar_{t-1}(a_t), sd_t = sigma_Q,{t-1}(a_t). Its target y_t is what the fu
 as evidence (``fusion.target``): the reward, or the n-step return built exactly as the TD(n)
 targets of training (``spice_ray.train.losses``), bootstrapped from the positions' own
 Q-bar. s maximises sum_t log N(y_t; m_t, s^2 sd_t^2 + sigma^2)
-(:func:`spice_ray.fusion.width.fit_width_scale`). Only actions, rewards and what the model
-reads of a context enter: never the task's label or true means.
+(:func:`spice_ray.fusion.width.fit_width_scale`), at the config's sigma^2 or, with
+``fit_noise`` (where the targets are n-step returns, whose variance no config constant knows),
+jointly with sigma^2 (:func:`spice_ray.fusion.width.fit_width_and_noise`). Only actions,
+rewards and what the model reads of a context enter: never the task's label or true means.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from spice_ray.config import EnvConfig, FusionConfig
 from spice_ray.evaluate.offline import sequence_outputs
 from spice_ray.fusion import (
     bootstrap_values,
+    fit_width_and_noise,
     fit_width_scale,
     needs_bootstrap,
     needs_nstep,
@@ -50,6 +53,8 @@ class WidthFit:
     """Mean log-likelihood per target at s = 1 (the paper's width)."""
     num_targets: int
     """Transitions whose target entered the fit."""
+    noise_var: float
+    """sigma^2 of the fit: fitted with s (``fit_noise``) or the config's ``fusion.noise_var``."""
 
 
 def transition_predictions(
@@ -109,6 +114,7 @@ def fit_model_width(
     fusion: FusionConfig,
     batch_size: int = 32,
     bounds: tuple[float, float] = (1e-3, 1e3),
+    fit_noise: bool = False,
 ) -> WidthFit:
     """Fit ``fusion.width_scale`` for a trained SPICE model on logged contexts, label-free.
 
@@ -120,6 +126,7 @@ def fit_model_width(
         fusion: noise_var (sigma^2) and the targets (target, td_n, gamma, bootstrap).
         batch_size: tasks per model forward.
         bounds: the range of s searched besides s = 0.
+        fit_noise: fit sigma^2 with s (else ``fusion.noise_var`` is used as it is).
 
     Returns:
         The :class:`WidthFit` over every complete target of every batch.
@@ -134,27 +141,34 @@ def fit_model_width(
         parts.append((mean[complete], std[complete], targets[complete]))  # (N_b,) each
     if not parts:
         raise ValueError("batches is empty: the width scale needs at least one context")
-    return _fit_parts(parts, fusion, bounds)
+    return _fit_parts(parts, fusion, bounds, fit_noise)
 
 
 def _fit_parts(parts: list[tuple[Tensor, Tensor, Tensor]], fusion: FusionConfig,
-               bounds: tuple[float, float] = (1e-3, 1e3)) -> WidthFit:
+               bounds: tuple[float, float] = (1e-3, 1e3), fit_noise: bool = False
+               ) -> WidthFit:
     """The :class:`WidthFit` over the complete targets of every part (mean, std, targets)."""
     mean, std, targets = (torch.cat(x) for x in zip(*parts, strict=True))  # (N,) each
     if targets.numel() == 0:
         raise ValueError(f"no complete target: n-step returns with td_n={fusion.td_n} need "
                          f"contexts longer than {fusion.td_n} transitions")
-    scale = fit_width_scale(mean, std, targets, fusion.noise_var, bounds=bounds)
+    if fit_noise:
+        scale, noise = fit_width_and_noise(mean, std, targets, bounds=bounds)
+    else:
+        noise = fusion.noise_var
+        scale = fit_width_scale(mean, std, targets, noise, bounds=bounds)
     return WidthFit(
         scale=scale,
-        log_lik=width_log_likelihood(mean, std, targets, fusion.noise_var, scale),
+        log_lik=width_log_likelihood(mean, std, targets, noise, scale),
         log_lik_paper=width_log_likelihood(mean, std, targets, fusion.noise_var, 1.0),
         num_targets=int(targets.numel()),
+        noise_var=noise,
     )
 
 
 def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any],
-                     env_cfg: EnvConfig, fusion: FusionConfig) -> dict[str, Any]:
+                     env_cfg: EnvConfig, fusion: FusionConfig, fit_noise: bool = False
+                     ) -> dict[str, Any]:
     """One scale s for several models of an experiment (its training seeds), fitted on the
     same logged contexts: the kernel over every model's predictions at once, each model's own
     s beside it.
@@ -165,21 +179,24 @@ def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any]
         data: dataset columns of the contexts (e.g. the validation split); no label is read.
         env_cfg: their environment.
         fusion: noise_var (sigma^2) and the evidence targets.
+        fit_noise: fit sigma^2 jointly with s (pooled), not take ``fusion.noise_var``.
 
     Returns:
-        {"scale": s, "per_seed": {str(seed): s of that model alone}, "log_lik": mean
-        log-likelihood per target at s, "log_lik_paper": the same at s = 1, "targets": their
-        number}.
+        {"scale": s, "per_seed": {str(seed): s of that model alone, at the pooled sigma^2},
+        "log_lik": mean log-likelihood per target at (s, sigma^2), "log_lik_paper": the same
+        at s = 1 and the config's sigma^2, "targets": their number}, and with ``fit_noise``
+        "noise_var": the fitted sigma^2.
     """
-    parts, per_seed = [], {}
-    for seed, source in sources.items():
+    parts = []
+    for source in sources.values():
         model = load_model(source, env_cfg, kind="spice")
         mean, std, targets, complete = transition_predictions(model, data, env_cfg, fusion)
-        part = tuple(x[complete] for x in (mean, std, targets))  # (N_seed,) each
-        per_seed[str(seed)] = fit_width_scale(*part, fusion.noise_var)
-        parts.append(part)
+        parts.append(tuple(x[complete] for x in (mean, std, targets)))  # (N_seed,) each
     if not parts:
         raise ValueError("sources is empty: the width scale needs at least one model")
-    fit = _fit_parts(parts, fusion)
+    fit = _fit_parts(parts, fusion, fit_noise=fit_noise)
+    per_seed = {str(seed): fit_width_scale(*part, fit.noise_var)
+                for seed, part in zip(sources, parts, strict=True)}
     return {"scale": fit.scale, "per_seed": per_seed, "log_lik": fit.log_lik,
-            "log_lik_paper": fit.log_lik_paper, "targets": fit.num_targets}
+            "log_lik_paper": fit.log_lik_paper, "targets": fit.num_targets,
+            **({"noise_var": fit.noise_var} if fit_noise else {})}

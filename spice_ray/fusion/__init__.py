@@ -48,7 +48,12 @@ from spice_ray.fusion.rules import (
     ucb_action,
     ucb_scores,
 )
-from spice_ray.fusion.width import fit_width_scale, scaled_prior_std, width_log_likelihood
+from spice_ray.fusion.width import (
+    fit_width_and_noise,
+    fit_width_scale,
+    scaled_prior_std,
+    width_log_likelihood,
+)
 
 __all__ = [
     "ACTION_RULES",
@@ -88,6 +93,7 @@ __all__ = [
     "ucb_scores",
     "uniform_weights",
     "weighted_action_stats",
+    "fit_width_and_noise",
     "fit_width_scale",
     "scaled_prior_std",
     "width_log_likelihood",

@@ -180,3 +180,85 @@ def width_log_likelihood(mean: Tensor, std: Tensor, targets: Tensor, noise_var: 
     r2, v, noise = _inputs(mean, std, targets, noise_var, mask)
     u = torch.tensor([scale * scale], dtype=torch.float64)
     return float(_log_lik(u, r2, v, noise)[0]) / r2.numel()
+
+
+NOISE_GRID_PER_DECADE = 12
+"""Points per decade of sigma^2 of :func:`fit_width_and_noise`'s profile grid."""
+_GOLDEN_STEPS = 40
+"""Golden-section steps on log sigma^2 between the best grid point's neighbours (each shrinks
+the bracket by 0.618: 40 leave it about 1e-9 of sigma^2 wide)."""
+
+
+def fit_width_and_noise(mean: Tensor, std: Tensor, targets: Tensor, *,
+                        mask: Tensor | None = None,
+                        bounds: tuple[float, float] = (1e-3, 1e3),
+                        noise_bounds: tuple[float, float] = (1e-4, 1e4)) -> tuple[float, float]:
+    """(s, sigma^2) maximising sum log N(y; mean, s^2 std^2 + sigma^2) jointly, label-free.
+
+    Where the evidence targets are n-step returns rather than rewards, the fusion's likelihood
+    variance sigma^2 is the return's variance about its mean, which no config constant knows;
+    the same one-step-ahead predictions that fit s identify it, because the prior part s^2
+    std^2 changes from target to target and sigma^2 does not. The profile likelihood
+    max_s log L(s, sigma^2) (each s by :func:`fit_width_scale`) is maximised over a log grid of
+    sigma^2 in ``noise_bounds`` (:data:`NOISE_GRID_PER_DECADE` a decade), then refined by
+    golden-section search on log sigma^2 between the best point's neighbours (kept only if it
+    beats the grid point). Ties go to the smaller sigma^2. When std is constant over the
+    targets, only s^2 std^2 + sigma^2 is identified and the smallest sigma^2 of the ridge's
+    grid points wins. Deterministic; float64 internally.
+
+    Args:
+        mean, std, targets, mask, bounds: as :func:`fit_width_scale` (``bounds`` for s).
+        noise_bounds: (lo, hi), 0 < lo < hi, the range of sigma^2 allowed; the search covers
+            its part between 1e-4 and 4 times the mean squared residual (the optimum lies
+            below that mean, sigma^2's optimum at s = 0) and above the posterior's floor
+            (:data:`NOISE_VAR_FLOOR`).
+
+    Returns:
+        (s, sigma^2): s as :func:`fit_width_scale` returns it at that sigma^2.
+
+    Raises:
+        ValueError: as :func:`fit_width_scale`, or bad ``noise_bounds``.
+    """
+    lo, hi = (float(b) for b in noise_bounds)
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo < hi):
+        raise ValueError(f"noise_bounds={noise_bounds!r} is invalid: finite (lo, hi) with "
+                         "0 < lo < hi")
+    lo = max(lo, NOISE_VAR_FLOOR)
+    r2, v, _ = _inputs(mean, std, targets, lo, mask)  # checked, flattened once
+    zeros = torch.zeros_like(r2)
+
+    def profile(log_noise: float) -> tuple[float, float]:
+        """(best s, log L at it) for sigma^2 = exp(log_noise)."""
+        noise = math.exp(log_noise)
+        s = fit_width_scale(zeros, v.sqrt(), r2.sqrt(), noise, bounds=bounds)
+        u = torch.tensor([s * s], dtype=torch.float64)
+        return s, float(_log_lik(u, r2, v, noise)[0])
+
+    # sigma^2 alone (s = 0) would be the mean squared residual; the joint optimum lies below
+    # it, so the grid spans 1e-4 to 4 times it (inside noise_bounds)
+    scale = float(r2.mean())
+    lo, hi = max(lo, 1e-4 * scale), max(min(hi, 4.0 * scale), lo * 1.0001)
+    num = max(2, int(math.ceil(NOISE_GRID_PER_DECADE * math.log10(hi / lo))) + 1)
+    grid = torch.linspace(math.log(lo), math.log(hi), num, dtype=torch.float64).tolist()
+    fits = [profile(x) for x in grid]
+    i = max(range(num), key=lambda j: (fits[j][1], -j))  # the first maximum
+    best = (fits[i][1], grid[i], fits[i][0])
+    left, right = grid[max(i - 1, 0)], grid[min(i + 1, num - 1)]
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = right - ratio * (right - left), left + ratio * (right - left)
+    fa, fb = profile(a), profile(b)
+    for _ in range(_GOLDEN_STEPS):
+        if not left < a < b < right:
+            break  # float64 resolution reached
+        if fa[1] >= fb[1]:
+            right, b, fb = b, a, fa
+            a = right - ratio * (right - left)
+            fa = profile(a)
+        else:
+            left, a, fa = a, b, fb
+            b = left + ratio * (right - left)
+            fb = profile(b)
+    for x, (s, value) in ((a, fa), (b, fb)):
+        if value > best[0]:
+            best = (value, x, s)
+    return best[2], min(max(math.exp(best[1]), lo), hi)

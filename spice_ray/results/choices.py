@@ -35,6 +35,13 @@ def fitted_scale(record: dict[str, Any] | None) -> float | None:
     return None
 
 
+def fitted_noise(record: dict[str, Any] | None) -> float | None:
+    """The likelihood variance an experiment's tuning record fitted with the width scale
+    (where the evidence targets are n-step returns), or None when it fitted none."""
+    noise = (record or {}).get("noise_var")
+    return float(noise["fitted"]) if noise else None
+
+
 def record_problem(record: dict[str, Any]) -> str | None:
     """Why an experiment's record of ``tuning.json`` cannot be used as it is (a choice that is
     not its grid's lowest validation score, the first in grid order on a tie; a paper-width
@@ -67,10 +74,15 @@ def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
                      "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
 
     for exp, rec in tuning.items():
+        noise = fitted_noise(rec)
+        sigma2 = f"sigma^2={noise:.3g}" if noise is not None else ""
         for label, m in rec.get("methods", {}).items():
-            fitted = m["chosen"].get("width") == "fitted"
-            row(exp, label, m["grid"], m["chosen"],
-                f" (s={m['width']['scale']:.3g})" if fitted else "")
+            note = ""
+            if m["chosen"].get("width") == "fitted":
+                note = f" (s={m['width']['scale']:.3g}" + (f", {sigma2})" if sigma2 else ")")
+            elif m["chosen"].get("noise") == "fitted":
+                note = f" ({sigma2})"
+            row(exp, label, m["grid"], m["chosen"], note)
             paper = paper_choice(m)
             if paper is not None:  # the paper's width, its beta chosen on the same grid
                 row(exp, f"{label} (paper)", [g for g in m["grid"]
