@@ -63,6 +63,8 @@ class _Policy:
             FileNotFoundError: no index (a run from before it existed: re-run the same
                 ``full_run`` command, which skips the work and writes it) or no such model,
                 naming the models there are.
+            ValueError: the checkpoint found is not the model listed (its ``meta.json`` names
+                another kind, seed or training identity: a moved or swapped directory).
         """
         import json
 
@@ -79,7 +81,7 @@ class _Policy:
         for e in entries:
             if (e["experiment"], e["kind"], e["variant"], e["seed"]) == (experiment, kind,
                                                                         variant, seed):
-                return run_dir / e["path"]
+                return _checked_entry(run_dir, e)
         have = sorted({f"{e['experiment']} {e['kind']}"
                        f"{' [' + e['variant'] + ']' if e['variant'] else ''} seed {e['seed']}"
                        for e in entries})
@@ -349,3 +351,24 @@ class DptPolicy(_Policy):
         """DPT (or AD-BC) of a study's run; ``options`` as :meth:`from_checkpoint`."""
         return cls.from_checkpoint(cls.checkpoint_of(run_dir, experiment, "dpt", seed),
                                    **options)
+
+
+def _checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
+    """The checkpoint directory of a checkpoint-index entry, once its own ``meta.json``
+    (checksummed) agrees with the entry: kind, seed and training identity (the index's, or
+    the 8 hex digits that name the directory, ``<kind>-<identity>-seed<k>``, in an index
+    written before identities were recorded)."""
+    path = run_dir / entry["path"]
+    meta = ckpt.read_meta(path)
+    parts = path.parent.name.split("-")  # <kind>-<identity[:8]>-seed<k>
+    listed = entry.get("identity") or (parts[1] if len(parts) >= 3 else "")
+    got = str(meta.get("identity", ""))
+    what = (f"{entry['experiment']} {entry['kind']}"
+            + (f" [{entry['variant']}]" if entry["variant"] else "") + f" seed {entry['seed']}")
+    if (meta.get("kind"), meta.get("seed")) != (entry["kind"], entry["seed"]) \
+            or not listed or not got.startswith(str(listed)):
+        raise ValueError(f"{path} holds {meta.get('kind')} seed {meta.get('seed')} of training "
+                         f"identity {got or '?'}, but checkpoints/index.json lists it as "
+                         f"{what} of identity {listed or '?'}: the directory was moved or "
+                         "swapped; re-run the study's full_run command, which retrains it")
+    return path

@@ -38,8 +38,11 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
            for (name, kind, variant, seed), final in finals.items()}
     kept = [e for e in entries if isinstance(e, dict) and
             (e.get("experiment"), e.get("kind"), e.get("variant"), e.get("seed")) not in new]
+    # each model's training identity (its meta.json's), so a reader can tell a moved or
+    # swapped checkpoint directory from the one listed
     entries = kept + [{"experiment": k[0], "kind": k[1], "variant": k[2], "seed": k[3],
-                       "path": p} for k, p in sorted(new.items())]
+                       "path": p, "identity": ckpt.read_meta(run_dir / p).get("identity")}
+                      for k, p in sorted(new.items())]
     atomic_write_text(path, json.dumps({"checkpoints": entries}, indent=1))
     return path
 

@@ -178,3 +178,41 @@ def test_save_pretrained_round_trip_acts_the_same(tmp_path, kind) -> None:
     weights.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="model.safetensors: SHA-256 mismatch"):
         cls.from_pretrained(folder)
+
+
+def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path) -> None:
+    """Two weight variants' checkpoint directories swapped: ``from_run`` names the mismatch
+    between the index and the checkpoint's own meta.json instead of loading the other model,
+    also with an index written before identities were recorded."""
+    import json
+    import shutil
+
+    from spice_ray.records import CHECKPOINT_INDEX, write_checkpoint_index
+
+    cfg = make_config("smoke", "darkroom")
+    run = tmp_path / "run"
+    finals = {}
+    for variant, identity in (("adv", "aaaaaaaa11111111"), ("epi", "bbbbbbbb22222222")):
+        model = build_model("spice", cfg, torch.Generator().manual_seed(0))
+        final = run / "checkpoints" / "ds" / f"spice-{identity[:8]}-seed0" / "final"
+        save_checkpoint(final, model, cfg, "hash", 1, extra={"identity": identity, "seed": 0})
+        finals[("darkroom", "spice", variant, 0)] = final
+    write_checkpoint_index(run, finals)
+    index = json.loads((run / CHECKPOINT_INDEX).read_text())["checkpoints"]
+    assert [e["identity"] for e in index] == ["aaaaaaaa11111111", "bbbbbbbb22222222"]
+    policy = spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")
+    assert policy.env.name == "darkroom"
+    a, b = (finals[("darkroom", "spice", v, 0)] for v in ("adv", "epi"))
+    shutil.move(a, tmp_path / "tmp")
+    shutil.move(b, a)
+    shutil.move(tmp_path / "tmp", b)
+    with pytest.raises(ValueError, match=r"holds spice seed 0 of training identity "
+                                         r"bbbbbbbb22222222, but .* darkroom spice \[adv\] "
+                                         r"seed 0 of identity aaaaaaaa11111111: the directory "
+                                         r"was moved or swapped"):
+        spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")
+    for e in index:  # an index from before identities: the directory's name still tells
+        del e["identity"]
+    (run / CHECKPOINT_INDEX).write_text(json.dumps({"checkpoints": index}))
+    with pytest.raises(ValueError, match="identity aaaaaaaa: the directory was moved"):
+        spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")

@@ -22,6 +22,7 @@ Pure functions over plain dicts, except :func:`cluster_capacity`, which asks Ray
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -421,6 +422,12 @@ def gpus_available(use_gpu: bool, cluster: dict[str, float] | None = None,
         cluster = ray.cluster_resources()
     if cluster.get("GPU", 0) > 0 or TRAINER in declared_labels(environ):
         return True
+    _warn_no_gpu()
+    return False
+
+
+@functools.cache
+def _warn_no_gpu() -> None:
+    """The CPU fallback's warning, once per process (every training job asks again)."""
     logging.getLogger(__name__).warning("train.use_gpu=true but the cluster has no GPU and "
                                         "declares no GPU nodes: training on CPU")
-    return False
