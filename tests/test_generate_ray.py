@@ -70,6 +70,31 @@ def test_resume_after_deleted_and_truncated_shards(ray_local, tmp_path) -> None:
     assert _files(ds) == before  # regenerated shards are byte-identical
 
 
+def test_an_edited_shard_with_a_re_signed_sidecar_is_regenerated(ray_local, tmp_path) -> None:
+    """Shards are a function of (config, seed): one edited and re-signed (new bytes, a fresh
+    sidecar) disagrees with the manifest, so it is regenerated, never signed into a new one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spice_ray.common.artifacts import write_sidecar
+
+    cfg = _cfg("darkroom", **{"data.shard_size": 32})
+    ds = tmp_path / "dr"
+    generate_dataset(cfg, ds)
+    before = _files(ds)
+    path = store.shard_path(ds, "eval", 0)
+    table = pq.read_table(path)
+    i = table.schema.get_field_index("rewards")  # each task gets another task's rewards
+    order = pa.array(range(table.num_rows - 1, -1, -1))
+    table = table.set_column(i, table.schema.field(i), table.column("rewards").take(order))
+    pq.write_table(table, path)
+    write_sidecar(path, rows=table.num_rows)  # a forger re-signs the edited shard
+    rep = generate_dataset(cfg, ds)
+    assert rep.generated == {"train": [], "validation": [], "eval": [0]}
+    assert "re-signed" in rep.invalid["eval"][0]
+    assert _files(ds) == before  # the original bytes are back
+
+
 def test_interrupted_generation_resumes(ray_local, tmp_path, monkeypatch) -> None:
     cfg = _cfg(**{"data.shard_size": 16})
     ds = tmp_path / "int"

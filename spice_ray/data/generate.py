@@ -119,9 +119,30 @@ def _finalise_shard(staging: Path, ds_dir: Path, part: int, split: str, index: i
     return store.write_shard(store.shard_path(ds_dir, split, index), table, compression)
 
 
+def _signed_shards(ds_dir: Path, cfg: ExperimentConfig) -> dict[tuple[str, int], str]:
+    """{(split, shard): sha256} of the dataset's manifest where it is readable and of this
+    config ({} otherwise): the checksums the shards were generated with."""
+    try:
+        man = store.load_manifest(ds_dir)
+        if man.spec != json.loads(json.dumps(store.dataset_spec(cfg.env, cfg.data))):
+            return {}
+        return {(split, i): str(r["sha256"]) for split in SPLITS
+                for i, r in enumerate(man.split(split)["shards"])}
+    except (store.DatasetError, KeyError, TypeError, AttributeError):
+        return {}
+
+
 def find_missing_shards(cfg: ExperimentConfig, ds_dir: Path, splits: tuple[str, ...],
-                        report: GenerationReport) -> list[tuple[str, int]]:
-    """Check every expected shard; delete and return the (split, shard) pairs to generate."""
+                        report: GenerationReport,
+                        signed: dict[tuple[str, int], str] | None = None
+                        ) -> list[tuple[str, int]]:
+    """Check every expected shard; delete and return the (split, shard) pairs to generate.
+
+    Args:
+        signed: the manifest's checksum of each shard (:func:`_signed_shards`): a shard whose
+            own sidecar vouches for other bytes was edited and re-signed, and is regenerated
+            (a shard is a deterministic function of the config and seed), never trusted.
+    """
     missing: list[tuple[str, int]] = []
     absent: list[Path] = []
     for split in splits:
@@ -131,6 +152,10 @@ def find_missing_shards(cfg: ExperimentConfig, ds_dir: Path, splits: tuple[str, 
             lo, hi = store.shard_range(i, n, cfg.data.shard_size)
             path = store.shard_path(ds_dir, split, i)
             record, reason = store.check_shard(path, hi - lo)
+            want = (signed or {}).get((split, i))
+            if record is not None and want is not None and record.get("sha256") != want:
+                record, reason = None, ("its sidecar vouches for other bytes than the "
+                                        "manifest's checksum (edited and re-signed?)")
             if record is not None:
                 report.skipped[split].append(i)
                 continue
@@ -274,8 +299,9 @@ def generate_dataset(cfg: ExperimentConfig, ds_dir: str | Path, splits: tuple[st
             report.generated[split] = []
         log.info("%s: complete and valid, nothing to do", ds_dir)
     else:
+        signed = _signed_shards(ds_dir, cfg)
         (ds_dir / store.MANIFEST).unlink(missing_ok=True)
-        parts = find_missing_shards(cfg, ds_dir, splits, report)
+        parts = find_missing_shards(cfg, ds_dir, splits, report, signed)
         if parts:
             generate_shards(cfg, ds_dir, parts, on_shard)
         write_manifest(cfg, ds_dir)
