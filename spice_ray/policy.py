@@ -63,15 +63,21 @@ class _Policy:
             FileNotFoundError: no index (a run from before it existed: re-run the same
                 ``full_run`` command, which skips the work and writes it) or no such model,
                 naming the models there are.
-            ValueError: the checkpoint found is not the model listed (its ``meta.json`` names
-                another kind, seed or training identity: a moved or swapped directory).
+            ValueError: the index fails its checksum, or the checkpoint found is not the
+                model listed (its ``meta.json`` names another kind, seed or training
+                identity: a moved or swapped directory).
         """
         import json
 
+        from spice_ray.common.artifacts import verify
         from spice_ray.records import CHECKPOINT_INDEX
 
         run_dir = Path(run_dir)
         index = run_dir / CHECKPOINT_INDEX
+        _, why = verify(index)
+        if why not in ("", "missing", "no checksum sidecar (interrupted write)"):
+            raise ValueError(f"{index} fails its SHA-256 sidecar ({why}): re-running the "
+                             "study's full_run command rewrites it from the checkpoints")
         try:
             entries = json.loads(index.read_text())["checkpoints"]
         except FileNotFoundError:

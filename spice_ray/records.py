@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spice_ray.common.artifacts import atomic_write_text
+from spice_ray.common.artifacts import atomic_write_text, verify, write_checked
 from spice_ray.common.console import count
 from spice_ray.config import from_dict
 from spice_ray.model import checkpoint as ckpt
@@ -30,7 +30,10 @@ variant and seed (what ``SpicePolicy.from_run`` reads, so nobody globs hash-name
 def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     """Record (merging with an earlier invocation's) the final checkpoints of ``finals``."""
     path = run_dir / CHECKPOINT_INDEX
+    record, why = verify(path)
     try:
+        if record is None and why != "no checksum sidecar (interrupted write)":
+            raise ValueError(why)  # missing, or edited since written: this run's entries only
         entries = json.loads(path.read_text())["checkpoints"]
     except (OSError, ValueError, KeyError, TypeError):
         entries = []
@@ -43,7 +46,8 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     entries = kept + [{"experiment": k[0], "kind": k[1], "variant": k[2], "seed": k[3],
                        "path": p, "identity": ckpt.read_meta(run_dir / p).get("identity")}
                       for k, p in sorted(new.items())]
-    atomic_write_text(path, json.dumps({"checkpoints": entries}, indent=1))
+    text = json.dumps({"checkpoints": entries}, indent=1)
+    write_checked(path, lambda tmp: tmp.write_text(text))
     return path
 
 

@@ -36,6 +36,7 @@ algorithm or scheduler could add to an exhaustive grid.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -48,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.agents import AgentSpec
-from spice_ray.common.artifacts import atomic_write_text, is_current
+from spice_ray.common.artifacts import is_current, verify, write_checked
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
 from spice_ray.data import store
@@ -217,8 +218,6 @@ def agent_specs(exp: Experiment, cfg: ExperimentConfig, dataset: Path
     return out
 
 
-
-
 def _run(cands: list[Candidate], source: str | None, cfg: ExperimentConfig, data: dict, seed: int,
          pool: EvalPool) -> pd.DataFrame:
     """Online rows of every candidate, one actor pass per distinct eval config."""
@@ -358,9 +357,16 @@ def task_groups(dataset: Path, cfg: ExperimentConfig) -> dict[int, int] | None:
 
 
 def read_tuning(run_dir: Path) -> dict[str, Any]:
-    """``results/tuning.json`` ({} when missing or unreadable: everything is tuned again)."""
+    """``results/tuning.json`` ({} when missing, unreadable or failing its SHA-256 sidecar:
+    everything is tuned again; a file from before sidecars is read, each record still
+    re-checked by ``record_problem`` before use)."""
+    path = Path(run_dir) / TUNING_FILE
+    record, why = verify(path)
+    if record is None and why not in ("missing", "no checksum sidecar (interrupted write)"):
+        log.warning("%s: %s: every choice is tuned again", path, why)
+        return {}
     try:
-        data = json.loads((Path(run_dir) / TUNING_FILE).read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -381,7 +387,8 @@ def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict
         tuning[name] = record
         skipped = record is old.get(name)
         if not skipped:  # a re-run with nothing new leaves the file as it was
-            atomic_write_text(run_dir / TUNING_FILE, json.dumps({**old, **tuning}, indent=1))
+            text = json.dumps({**old, **tuning}, indent=1)
+            write_checked(run_dir / TUNING_FILE, functools.partial(Path.write_text, data=text))
         points = sum(len(m["grid"]) for m in record["methods"].values())
         console.line(f"  {name}: {count(len(record['methods']), 'method')}, "
                      f"{count(points, 'grid point')} on {record['tasks']} validation tasks"

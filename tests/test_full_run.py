@@ -70,6 +70,11 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert "darkroom_online_state" in tables  # the other regret reading's table
     # every method's settings chosen on validation tasks over one grid, then run once on eval
     tuning = json.loads((run_dir / "results" / "tuning.json").read_text())
+    # the files that decide results carry their checksums like every table
+    from spice_ray.common.artifacts import verify
+
+    assert verify(run_dir / "results" / "tuning.json")[0] is not None
+    assert verify(run_dir / "checkpoints" / "index.json")[0] is not None
     # DPT* acts greedily from its policy head: it has nothing to tune and no record
     assert set(tuning) == {n for n in plan.configs if EXPERIMENTS[n].tuned}
     assert "darkroom" in tuning and "darkroom_dpt_star" not in tuning

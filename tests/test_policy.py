@@ -211,8 +211,15 @@ def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path) -> None:
                                          r"seed 0 of identity aaaaaaaa11111111: the directory "
                                          r"was moved or swapped"):
         spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")
-    for e in index:  # an index from before identities: the directory's name still tells
+    # an index edited after it was written fails its checksum, by name
+    edited = json.loads((run / CHECKPOINT_INDEX).read_text())
+    edited["checkpoints"].reverse()
+    (run / CHECKPOINT_INDEX).write_text(json.dumps(edited))
+    with pytest.raises(ValueError, match=r"index.json fails its SHA-256 sidecar"):
+        spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")
+    for e in index:  # an index from before identities (and sidecars): the directory's name
         del e["identity"]
     (run / CHECKPOINT_INDEX).write_text(json.dumps({"checkpoints": index}))
+    (run / (CHECKPOINT_INDEX + ".sha256")).unlink()
     with pytest.raises(ValueError, match="identity aaaaaaaa: the directory was moved"):
         spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")

@@ -266,3 +266,26 @@ def test_fit_width_pools_every_seeds_model_without_labels() -> None:
     assert fit["targets"] == 2 * 8 * BANDIT.env.horizon
     assert fit["log_lik"] >= fit["log_lik_paper"]  # s maximises it; s = 1 is one candidate
     assert 0.0 <= fit["scale"] and fit["per_seed"]["0"] != fit["per_seed"]["1"]
+
+
+def test_tuning_json_is_read_only_while_it_matches_its_checksum(tmp_path, caplog) -> None:
+    """``results/tuning.json`` decides every tuned table: written with a SHA-256 sidecar, read
+    back while it matches; an edit since (a score lowered by hand) makes the stage tune every
+    experiment again, naming the file; a file from before sidecars is still read."""
+    import functools
+    from pathlib import Path
+
+    from spice_ray.common.artifacts import sidecar_path, write_checked
+
+    path = tmp_path / tuning.TUNING_FILE
+    path.parent.mkdir(parents=True)
+    record = {"bandit": {"methods": {"SPICE": {"grid": [{"setting": {"beta": 1.0},
+                                                          "mean": 2.0}]}}}}
+    write_checked(path, functools.partial(Path.write_text, data=json.dumps(record)))
+    assert tuning.read_tuning(tmp_path) == record
+    path.write_text(json.dumps(record).replace("2.0", "0.5"))
+    with caplog.at_level("WARNING"):
+        assert tuning.read_tuning(tmp_path) == {}
+    assert "tuning.json: SHA-256 mismatch (corrupted): every choice is tuned again" in caplog.text
+    sidecar_path(path).unlink()  # written before sidecars: read, each record re-checked later
+    assert tuning.read_tuning(tmp_path)["bandit"]["methods"]["SPICE"]["grid"][0]["mean"] == 0.5
