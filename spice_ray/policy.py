@@ -145,30 +145,35 @@ class _Policy:
         checksums); ``options`` override the saved ones (e.g. ``rule="greedy"``).
 
         Raises:
-            ValueError: a file is missing or corrupt, or holds another model kind.
+            ValueError: naming the file or field: a file is missing or corrupt; it holds
+                another model kind; its architecture is not the one its run config builds, or
+                would not fit in this machine's memory; its weights have other names or
+                shapes, or non-finite values; an option is unknown.
         """
-        import json
-
         from safetensors.torch import load_file
 
         from spice_ray.common.artifacts import verify_dir
-        from spice_ray.model.registry import model_class
 
         directory = Path(directory)
         why = verify_dir(directory, (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG))
         if why:
             raise ValueError(f"{why}; save the policy again")
-        meta = json.loads((directory / PRETRAINED_CONFIG).read_text())
-        if meta.get("kind") != cls.kind:
-            raise ValueError(f"{directory} holds a {meta.get('kind')!r} model; "
-                             f"{cls.__name__} needs {cls.kind!r}")
-        model = model_class(cls.kind).from_spec(meta["spec"])
-        model.load_state_dict(load_file(str(directory / PRETRAINED_WEIGHTS)))
-        cfg = from_dict(meta["config"])
-        saved = dict(meta.get("options", {}))
-        if "fusion" in saved:
-            saved["fusion"] = FusionConfig(**saved["fusion"])
-        return cls._build(model.eval().to(device), cfg, device, **{**saved, **options})
+        model, cfg, saved = _pretrained_model(directory, cls.kind, cls.__name__)
+        where = directory / PRETRAINED_WEIGHTS
+        try:
+            model.load_state_dict(load_file(str(where)))
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise ValueError(f"{where} does not hold this model's weights: "
+                             f"{excerpt(str(exc).splitlines()[0])}") from None
+        bad = [k for k, v in model.state_dict().items()
+               if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise ValueError(f"{where} holds non-finite values in {', '.join(bad[:3])}")
+        try:
+            return cls._build(model.eval().to(device), cfg, device, **{**saved, **options})
+        except TypeError as exc:
+            raise ValueError(f"{directory / PRETRAINED_CONFIG} or the call: an option is not "
+                             f"one of {cls.__name__}'s ({exc})") from None
 
     def to(self, device: str | torch.device) -> Any:
         """The same policy on ``device`` ("cpu", "cuda"), with an empty context (call
@@ -378,3 +383,51 @@ def _checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
                          f"{what} of identity {listed or '?'}: the directory was moved or "
                          "swapped; re-run the study's full_run command, which retrains it")
     return path
+
+
+def _pretrained_model(directory: Path, kind: str, name: str
+                      ) -> tuple[Any, Any, dict[str, Any]]:
+    """The freshly built model, run config and saved options of a :meth:`save_pretrained`
+    folder's ``config.json``, checked before any weight is read: the kind, a run config that
+    validates, an architecture equal to the one that config builds (so a hand-edited
+    ``max_len`` or width is refused, not allocated), and weights that fit in memory."""
+    from spice_ray.common.artifacts import UnreadableFile, read_json
+    from spice_ray.config import ConfigError
+    from spice_ray.model.registry import build_model
+    from spice_ray.runtime.resources import available_memory, human_bytes, model_estimate
+
+    path = directory / PRETRAINED_CONFIG
+    try:
+        meta = read_json(path)
+    except UnreadableFile as exc:
+        raise ValueError(str(exc)) from None
+    if meta.get("kind") != kind:
+        raise ValueError(f"{directory} holds a {excerpt(meta.get('kind'))} model; "
+                         f"{name} needs {kind!r}")
+    try:
+        cfg = from_dict(meta["config"])
+    except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as exc:
+        raise ValueError(f"{path}: field config is not a run config "
+                         f"({excerpt(str(exc))})") from None
+    with torch.device("meta"):
+        expected = build_model(kind, cfg).spec()
+    if meta.get("spec") != expected:
+        got = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
+        fields = sorted(k for k in set(expected) | set(got) if got.get(k) != expected.get(k))
+        raise ValueError(f"{path}: field spec ({', '.join(fields) or 'its type'}) is not the "
+                         "architecture its run config builds: edited by hand?")
+    weights = model_estimate(cfg, kind).state_bytes // 4  # fp32 weights and frozen buffers
+    if weights > available_memory():
+        raise ValueError(f"{path}: the model's weights need ~{human_bytes(weights)}, more "
+                         "than this machine's available memory")
+    saved = meta.get("options", {})
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: field options is not an object")
+    saved = dict(saved)
+    if "fusion" in saved:
+        try:
+            saved["fusion"] = FusionConfig(**saved["fusion"])
+        except (TypeError, ValueError, ConfigError) as exc:
+            raise ValueError(f"{path}: field options.fusion is invalid "
+                             f"({excerpt(str(exc))})") from None
+    return build_model(kind, cfg), cfg, saved

@@ -223,3 +223,57 @@ def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path) -> None:
     (run / (CHECKPOINT_INDEX + ".sha256")).unlink()
     with pytest.raises(ValueError, match="identity aaaaaaaa: the directory was moved"):
         spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m["spec"].update(max_len=10**9),
+     r"field spec \(max_len\) is not the architecture its run config builds"),
+    (lambda m: (m["spec"]["config"].update(n_embd=65536),
+                m["config"]["model"].update(n_embd=65536)),
+     r"weights need ~.*more than this machine's available memory"),
+    (lambda m: m.update(config=[1, 2]), r"field config is not a run config"),
+    (lambda m: m["spec"].update(num_actions=-1), r"field spec \(num_actions\)"),
+    (lambda m: m.update(options=["x"]), r"field options is not an object"),
+    (lambda m: m["options"].update(colour="blue"), r"an option is not one of SpicePolicy's"),
+])
+def test_from_pretrained_refuses_an_edited_config_by_field(tmp_path, edit, match) -> None:
+    """A hand-edited (and re-signed) config.json is refused with a ValueError naming the field,
+    before anything the size of its numbers is allocated."""
+    import json
+
+    from spice_ray.common.artifacts import write_sidecar
+
+    folder = spice_ray.SpicePolicy.from_checkpoint(
+        _checkpoint(tmp_path, make_config("smoke", "bandit"), "spice")
+    ).save_pretrained(tmp_path / "pretrained")
+    path = folder / "config.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+    write_sidecar(path)
+    with pytest.raises(ValueError, match=match):
+        spice_ray.SpicePolicy.from_pretrained(folder)
+
+
+def test_from_pretrained_refuses_non_finite_and_misshapen_weights(tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from spice_ray.common.artifacts import write_sidecar
+
+    folder = spice_ray.SpicePolicy.from_checkpoint(
+        _checkpoint(tmp_path, make_config("smoke", "bandit"), "spice")
+    ).save_pretrained(tmp_path / "pretrained")
+    path = folder / "model.safetensors"
+    state = load_file(str(path))
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    for bad, match in ((float("nan"), f"non-finite values in {name}"),
+                       (None, "does not hold this model's weights")):
+        edited = dict(state)
+        if bad is None:
+            edited[name] = torch.zeros(3, 3)
+        else:
+            edited[name] = state[name].clone().fill_(bad)
+        save_file(edited, str(path))
+        write_sidecar(path)
+        with pytest.raises(ValueError, match=match):
+            spice_ray.SpicePolicy.from_pretrained(folder)
