@@ -583,3 +583,44 @@ def test_publish_dir_is_all_or_nothing(tmp_path) -> None:
     # Ray's copied logs, which nothing later trusts, are published without sidecars
     publish_dir(target, good, sidecars=False)
     assert sorted(p.name for p in target.rglob("*")) == ["a.txt", "b.txt", "sub"]
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo", "directory"])
+def test_the_lock_is_never_opened_through_a_link_or_a_special_file(tmp_path, planted) -> None:
+    """A symbolic link (or a FIFO, or a directory) in place of the run's lock is refused by
+    name, and the file a link points to is left as it was (it was truncated before)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    lock = run / runlock.LOCK_NAME
+    if planted == "symlink":
+        lock.symlink_to(outside)
+    elif planted == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    words = "a symbolic link" if planted == "symlink" else "not a regular file"
+    with pytest.raises(runlock.RunDirectoryLocked, match=f"lock {re.escape(str(lock))} is "
+                                                         f"{words}"):
+        runlock.acquire(run)
+    assert outside.read_text() == "keep me"
+
+
+def test_config_and_log_writes_never_follow_a_link_out_of_the_run(tmp_path) -> None:
+    """config.yaml is written by rename (a link there is replaced, its target untouched), and
+    the run's log refuses to append through a link."""
+    from spice_ray.common.console import Console
+    from spice_ray.runtime.cli import setup_logging
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    (run / "config.yaml").symlink_to(outside)
+    path = make_config("smoke", "bandit").write(run)
+    assert not path.is_symlink() and "env:" in path.read_text()
+    (run / "logs" / "driver.log").symlink_to(outside)
+    with pytest.raises(runlock.UnsafeRunPath, match="driver.log is a symbolic link"):
+        setup_logging(run, Console())
+    assert outside.read_text() == "keep me"

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -33,6 +34,35 @@ LOCK_NAME = ".spice-ray.lock"
 
 class RunDirectoryLocked(SpiceRayError, RuntimeError):
     """Another live process holds the run directory."""
+
+
+class UnsafeRunPath(SpiceRayError, OSError):
+    """A file the run writes in place is a symbolic link or not a regular file: writing
+    through it would change a file outside the run directory."""
+
+
+def open_in_run(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open(path, flags | O_CREAT | O_NOFOLLOW)`` of a file a run writes in place (its
+    lock, its log): a descriptor of a regular file, never through a symbolic link.
+
+    Raises:
+        UnsafeRunPath: naming the file, when it is a link, a directory, a FIFO, ...
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+    except OSError:
+        if path.is_symlink():
+            raise UnsafeRunPath(f"{path} is a symbolic link: refused (writing through it would "
+                                "change a file outside the run directory); remove it") from None
+        if path.exists() and not path.is_file():
+            raise UnsafeRunPath(f"{path} is not a regular file: remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeRunPath(f"{path} is not a regular file (a FIFO or device?): remove it")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _describe(holder: dict[str, Any]) -> str:
@@ -91,7 +121,10 @@ def acquire(run_dir: str | Path, command: str | None = None) -> RunLock:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = open_in_run(path, os.O_RDWR)
+    except UnsafeRunPath as exc:
+        raise RunDirectoryLocked(f"the run directory's lock {exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

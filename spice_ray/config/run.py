@@ -276,11 +276,11 @@ class ExperimentConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def write(self, directory: str | Path, name: str = "config.yaml") -> Path:
-        """Write the resolved config beside a stage's outputs and return its path."""
-        path = Path(directory) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_yaml())
-        return path
+        """Write the resolved config beside a stage's outputs (atomically: a symbolic link
+        there is replaced, never written through) and return its path."""
+        from spice_ray.common.artifacts import atomic_write_text
+
+        return atomic_write_text(Path(directory) / name, self.to_yaml())
 
     def replace(self, **sections: Any) -> ExperimentConfig:
         """A copy with whole sections or top-level fields replaced (validated again)."""

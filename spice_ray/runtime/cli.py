@@ -113,7 +113,11 @@ def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: st
     problems = resources.size_problems(cfgs, run_dir, address)
     if not problems:
         console = console or Console()
-        setup_logging(run_dir, console, verbose)
+        try:
+            setup_logging(run_dir, console, verbose)
+        except runlock.UnsafeRunPath as exc:
+            lock.release()
+            fail(str(exc))
         started = not ray.is_initialized()
         try:
             init_ray(address, verbose=verbose, console=console)
@@ -167,6 +171,10 @@ class _LogFile(logging.FileHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         self.failed = True
+
+    def _open(self):  # appends to a regular file of the run, never through a symbolic link
+        fd = runlock.open_in_run(self.baseFilename, os.O_WRONLY | os.O_APPEND)
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
 
 def _file_handler(path: Path) -> logging.Handler:
