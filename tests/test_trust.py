@@ -624,3 +624,21 @@ def test_config_and_log_writes_never_follow_a_link_out_of_the_run(tmp_path) -> N
     with pytest.raises(runlock.UnsafeRunPath, match="driver.log is a symbolic link"):
         setup_logging(run, Console())
     assert outside.read_text() == "keep me"
+
+
+def test_an_out_with_a_newline_and_a_repeated_by_are_refused_by_name(tmp_path, capsys) -> None:
+    """A newline in --out made Ray Data stage files in a sibling directory outside it; a
+    column given twice to --by was a ValueError traceback."""
+    from spice_ray.runtime.cli import check_writable
+
+    with pytest.raises(SystemExit) as exit_info:
+        check_writable(tmp_path / "a\nb")
+    assert exit_info.value.code == 2
+    assert "control character (a newline?)" in capsys.readouterr().err
+    assert not (tmp_path / "a\nb").exists()
+    rows = pd.DataFrame([{"experiment": "t", "env": "bandit", "method": "SPICE", "rule": "ucb",
+                          "config": "{}", "variant": "", "seed": 0, "task_id": 0,
+                          "metric": "cumulative_regret", "x": 1, "value": 1.0}])
+    write(tmp_path, "t", rows, inputs="x")
+    assert results_main([str(tmp_path), "t", "--by", "method,method"]) == 2
+    assert "--by 'method,method' names a column twice" in capsys.readouterr().err

@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             print("no rows match", file=sys.stderr)
             return 1
         by = args.by.split(",") if args.by else None
+        if by and len(set(by)) < len(by):
+            raise ResultsError(f"--by {excerpt(args.by)} names a column twice")
         out = df if args.raw else summarise(df, by, args.stat, pool=args.pool)
         if not args.raw and by and any(c in out.columns and c not in by for c in LABEL_KEYS):
             out.insert(len(by), "label", out.apply(row_label, axis=1))  # as the report reads

@@ -19,7 +19,7 @@ from spice_ray import envs
 from spice_ray.common import runlock
 from spice_ray.common.artifacts import publish_dir
 from spice_ray.common.console import Console
-from spice_ray.common.errors import SpiceRayError, Stopped, current_stage
+from spice_ray.common.errors import SpiceRayError, Stopped, current_stage, excerpt
 from spice_ray.common.runlock import RunLock
 from spice_ray.config import (
     PRESET_NAMES,
@@ -359,6 +359,10 @@ def check_writable(directory: str | Path) -> Path:
         SystemExit(2): with a message naming the directory, if it cannot be written.
     """
     directory = Path(directory)
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(directory)):
+        print(f"error: output directory {excerpt(str(directory))} has a control character "
+              "(a newline?) in its name: choose another --out", file=sys.stderr)
+        raise SystemExit(2)
     if directory.exists() and not directory.is_dir():
         print(f"error: output directory {directory} is a file, not a directory: choose "
               "another --out", file=sys.stderr)
