@@ -542,6 +542,17 @@ def test_sweep_restore_guard(tmp_path) -> None:
         check_restorable(exp, inputs, "h")
     os.chmod(exp / "tuner.pkl", 0o644)
     assert check_restorable(exp, inputs, "h")["inputs"] == "h"
+    # Tune also unpickles fields of its experiment state JSON: the same rule for every file
+    state = exp / "experiment_state-2026-11-25_00-00-00.json"
+    state.write_text("{}")
+    os.chmod(state, 0o666)
+    with pytest.raises(SweepError, match=r"experiment_state-.*\.json is owned by .* mode 0o666"):
+        check_restorable(exp, inputs, "h")
+    state.unlink()
+    (exp / "trial_0").mkdir()
+    (exp / "trial_0" / "params.pkl").symlink_to(tmp_path / "elsewhere.pkl")
+    with pytest.raises(SweepError, match=r"params.pkl is a symbolic link"):
+        check_restorable(exp, inputs, "h")
 
 
 def test_publish_dir_is_all_or_nothing(tmp_path) -> None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -129,10 +130,12 @@ def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str | None) -> di
     """Refuse to restore a Tune experiment unless it is ours and was run with these inputs
     (``inputs=None``: any inputs, for reading its results back).
 
-    ``Tuner.restore`` unpickles ``tuner.pkl`` (and Tune's other ``*.pkl`` files): whoever can
-    write them can run code here. So restoring needs (1) ``<name>.inputs.json`` beside the
-    experiment, recording the same inputs hash, and (2) the experiment directory and every
-    pickle in it owned by this user and not writable by group or others.
+    ``Tuner.restore`` unpickles ``tuner.pkl``, Tune's other ``*.pkl`` files and fields inside
+    ``experiment_state-*.json`` (cloudpickled, hex-encoded): whoever can write any of them can
+    run code here. So restoring (and reading the results back) needs (1) ``<name>.inputs.json``
+    beside the experiment, recording the same inputs hash, and (2) the experiment directory and
+    every file and folder in it owned by this user, not writable by group or others, and not a
+    symbolic link (which would lead the reader outside it).
 
     Returns:
         The recorded inputs file.
@@ -156,8 +159,11 @@ def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str | None) -> di
                          "checkpoints or dataset); use another name or resume=False "
                          "(--fresh) to start again")
     uid = os.getuid()
-    for path in [exp_dir, inputs_file, *sorted(exp_dir.rglob("*.pkl"))]:
+    for path in [exp_dir, inputs_file, *sorted(exp_dir.rglob("*"))]:
         st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            raise SweepError(f"{path} is a symbolic link; restoring would read (and unpickle) "
+                             "what it points to. Remove it or use --fresh")
         if st.st_uid != uid or st.st_mode & 0o022:
             raise SweepError(
                 f"{path} is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}; "
