@@ -31,9 +31,9 @@ from spice_ray.config import FusionConfig, from_dict
 from spice_ray.fusion import RandomSource
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import load_model
+from spice_ray.run_models import PRETRAINED_CONFIG, checked_entry, pretrained_model, tuned_fusion
 
 PRETRAINED_WEIGHTS = "model.safetensors"
-PRETRAINED_CONFIG = "config.json"
 
 
 def excerpt_array(x: Any) -> str:
@@ -87,7 +87,7 @@ class _Policy:
         for e in entries:
             if (e["experiment"], e["kind"], e["variant"], e["seed"]) == (experiment, kind,
                                                                         variant, seed):
-                return _checked_entry(run_dir, e)
+                return checked_entry(run_dir, e)
         have = sorted({f"{e['experiment']} {e['kind']}"
                        f"{' [' + e['variant'] + ']' if e['variant'] else ''} seed {e['seed']}"
                        for e in entries})
@@ -158,7 +158,7 @@ class _Policy:
         why = verify_dir(directory, (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG))
         if why:
             raise ValueError(f"{why}; save the policy again")
-        model, cfg, saved = _pretrained_model(directory, cls.kind, cls.__name__)
+        model, cfg, saved = pretrained_model(directory, cls.kind, cls.__name__)
         where = directory / PRETRAINED_WEIGHTS
         try:
             model.load_state_dict(load_file(str(where)))
@@ -307,20 +307,43 @@ class SpicePolicy(_Policy):
     def _options(self) -> dict[str, Any]:
         return {"rule": self.fusion.rule, "fusion": self.fusion}
 
+    tuned: dict[str, Any] | None = None
+    """The setting chosen on validation tasks that this policy runs (:meth:`from_run`), or
+    None: the settings passed in or trained with."""
+
     @classmethod
     def from_run(cls, run_dir: str | Path, experiment: str, seed: int = 0, variant: str = "",
-                 **options: Any) -> SpicePolicy:
+                 tuned: bool = True, **options: Any) -> SpicePolicy:
         """SPICE of a study's run: ``from_run("runs/small", "darkroom", seed=1)``; ``variant``
-        picks a weight ablation ("none", "iw", ...); ``options`` as :meth:`from_checkpoint`."""
-        return cls.from_checkpoint(cls.checkpoint_of(run_dir, experiment, "spice", seed,
-                                                     variant), **options)
+        picks a weight ablation ("none", "iw", ...); ``options`` as :meth:`from_checkpoint`.
+
+        With ``tuned`` (the default) and no ``options`` but ``device``, the policy is the
+        one behind the run's ``<experiment>_tuned`` table: SPICE's fusion at the setting the
+        tuning stage chose on validation tasks (``results/tuning.json``: beta or its schedule,
+        tau, the fitted width and noise), said in its repr. Without a usable tuning record
+        for it (a weight ablation, a run without the tuning stage), the checkpoint's own
+        settings."""
+        path = cls.checkpoint_of(run_dir, experiment, "spice", seed, variant)
+        device = options.pop("device", "cpu")
+        if not tuned or options or variant:
+            return cls.from_checkpoint(path, device=device, **options)
+        model, cfg = cls._load(path, "spice", device)
+        choice = tuned_fusion(Path(run_dir), experiment, cfg)
+        if choice is None:
+            return cls._build(model, cfg, device)
+        setting, fusion = choice
+        policy = cls._build(model, cfg, device, rule=fusion.rule, fusion=fusion)
+        policy.tuned = setting
+        return policy
 
     def __repr__(self) -> str:
         f = self.fusion
         beta = "beta_t=sqrt(2 log t)" if f.beta_schedule == "sqrt2logt" else f"beta={f.beta}"
+        tuned = "" if self.tuned is None else ", tuned on validation: " + ", ".join(
+            f"{k}={v}" for k, v in self.tuned.items())
         return (f"SpicePolicy({self.env.name}, A={self.env.num_actions}, rule={f.rule}, {beta},"
                 f" kernel={f.kernel}, context_limit={self.context_limit}, "
-                f"device={self.device})")
+                f"device={self.device}{tuned})")
 
     def posterior(self, state: Any | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per-action posterior (mean, variance) at the current step, float64 [A] or [B, A].
@@ -363,71 +386,3 @@ class DptPolicy(_Policy):
         return cls.from_checkpoint(cls.checkpoint_of(run_dir, experiment, "dpt", seed),
                                    **options)
 
-
-def _checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
-    """The checkpoint directory of a checkpoint-index entry, once its own ``meta.json``
-    (checksummed) agrees with the entry: kind, seed and training identity (the index's, or
-    the 8 hex digits that name the directory, ``<kind>-<identity>-seed<k>``, in an index
-    written before identities were recorded)."""
-    path = run_dir / entry["path"]
-    meta = ckpt.read_meta(path)
-    parts = path.parent.name.split("-")  # <kind>-<identity[:8]>-seed<k>
-    listed = entry.get("identity") or (parts[1] if len(parts) >= 3 else "")
-    got = str(meta.get("identity", ""))
-    what = (f"{entry['experiment']} {entry['kind']}"
-            + (f" [{entry['variant']}]" if entry["variant"] else "") + f" seed {entry['seed']}")
-    if (meta.get("kind"), meta.get("seed")) != (entry["kind"], entry["seed"]) \
-            or not listed or not got.startswith(str(listed)):
-        raise ValueError(f"{path} holds {meta.get('kind')} seed {meta.get('seed')} of training "
-                         f"identity {got or '?'}, but checkpoints/index.json lists it as "
-                         f"{what} of identity {listed or '?'}: the directory was moved or "
-                         "swapped; re-run the study's full_run command, which retrains it")
-    return path
-
-
-def _pretrained_model(directory: Path, kind: str, name: str
-                      ) -> tuple[Any, Any, dict[str, Any]]:
-    """The freshly built model, run config and saved options of a :meth:`save_pretrained`
-    folder's ``config.json``, checked before any weight is read: the kind, a run config that
-    validates, an architecture equal to the one that config builds (so a hand-edited
-    ``max_len`` or width is refused, not allocated), and weights that fit in memory."""
-    from spice_ray.common.artifacts import UnreadableFile, read_json
-    from spice_ray.config import ConfigError
-    from spice_ray.model.registry import build_model
-    from spice_ray.runtime.resources import available_memory, human_bytes, model_estimate
-
-    path = directory / PRETRAINED_CONFIG
-    try:
-        meta = read_json(path)
-    except UnreadableFile as exc:
-        raise ValueError(str(exc)) from None
-    if meta.get("kind") != kind:
-        raise ValueError(f"{directory} holds a {excerpt(meta.get('kind'))} model; "
-                         f"{name} needs {kind!r}")
-    try:
-        cfg = from_dict(meta["config"])
-    except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as exc:
-        raise ValueError(f"{path}: field config is not a run config "
-                         f"({excerpt(str(exc))})") from None
-    with torch.device("meta"):
-        expected = build_model(kind, cfg).spec()
-    if meta.get("spec") != expected:
-        got = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
-        fields = sorted(k for k in set(expected) | set(got) if got.get(k) != expected.get(k))
-        raise ValueError(f"{path}: field spec ({', '.join(fields) or 'its type'}) is not the "
-                         "architecture its run config builds: edited by hand?")
-    weights = model_estimate(cfg, kind).state_bytes // 4  # fp32 weights and frozen buffers
-    if weights > available_memory():
-        raise ValueError(f"{path}: the model's weights need ~{human_bytes(weights)}, more "
-                         "than this machine's available memory")
-    saved = meta.get("options", {})
-    if not isinstance(saved, dict):
-        raise ValueError(f"{path}: field options is not an object")
-    saved = dict(saved)
-    if "fusion" in saved:
-        try:
-            saved["fusion"] = FusionConfig(**saved["fusion"])
-        except (TypeError, ValueError, ConfigError) as exc:
-            raise ValueError(f"{path}: field options.fusion is invalid "
-                             f"({excerpt(str(exc))})") from None
-    return build_model(kind, cfg), cfg, saved

@@ -277,3 +277,39 @@ def test_from_pretrained_refuses_non_finite_and_misshapen_weights(tmp_path) -> N
         write_sidecar(path)
         with pytest.raises(ValueError, match=match):
             spice_ray.SpicePolicy.from_pretrained(folder)
+
+
+def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
+    """``from_run`` gives the policy behind the tuned table: the beta, tau and fitted width
+    chosen on validation (``tuning.json``), said in its repr; ``tuned=False`` or explicit
+    options give the checkpoint's own settings; an edited record is not used."""
+    import functools
+    import json
+    from pathlib import Path
+
+    from spice_ray.common.artifacts import write_checked
+    from spice_ray.records import write_checkpoint_index
+
+    cfg = make_config("smoke", "darkroom")
+    run = tmp_path / "run"
+    final = run / "checkpoints" / "ds" / "spice-aaaaaaaa-seed0" / "final"
+    save_checkpoint(final, build_model("spice", cfg, torch.Generator().manual_seed(0)), cfg,
+                    "hash", 1, extra={"identity": "aaaaaaaa11111111", "seed": 0})
+    write_checkpoint_index(run, {("darkroom", "spice", "", 0): final})
+    chosen = {"beta": 2.0, "tau": 0.3, "width": "fitted"}
+    record = {"darkroom": {"noise_var": {"fitted": 4.0, "config": 0.09}, "methods": {"SPICE": {
+        "grid": [{"setting": chosen, "mean": 1.0}], "chosen": chosen,
+        "width": {"scale": 0.25}}}}}
+    path = run / "results" / "tuning.json"
+    write_checked(path, functools.partial(Path.write_text, data=json.dumps(record)))
+    policy = spice_ray.SpicePolicy.from_run(run, "darkroom")
+    f = policy.fusion
+    assert (f.beta, f.beta_schedule, f.tau, f.width_scale, f.noise_var) == (
+        2.0, "fixed", 0.3, 0.25, 4.0)
+    assert repr(policy).endswith("tuned on validation: beta=2.0, tau=0.3, width=fitted)")
+    plain = spice_ray.SpicePolicy.from_run(run, "darkroom", tuned=False)
+    assert plain.tuned is None and plain.fusion == cfg.fusion
+    assert spice_ray.SpicePolicy.from_run(run, "darkroom", beta=0.5).fusion.beta == 0.5
+    record["darkroom"]["methods"]["SPICE"]["chosen"] = {"beta": 4.0}  # not its grid's best
+    write_checked(path, functools.partial(Path.write_text, data=json.dumps(record)))
+    assert spice_ray.SpicePolicy.from_run(run, "darkroom").tuned is None
