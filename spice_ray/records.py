@@ -14,7 +14,8 @@ import pandas as pd
 
 from spice_ray.common.artifacts import atomic_write_text, verify, write_checked
 from spice_ray.common.console import count
-from spice_ray.config import from_dict
+from spice_ray.config import ConfigError, ExperimentConfig, from_dict, load_config
+from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.train.loop import steps_per_epoch
 
@@ -125,3 +126,48 @@ def write_timing(run_dir: Path, timings: dict[str, float], units: list[dict[str,
         {"stages": {k: round(v, 3) for k, v in timings.items()},
          "units": [{**u, "seconds": round(u["seconds"], 3)} for u in units]}, indent=1))
     return path
+
+
+_HOW_NOT_WHAT = {"out_dir": True, "track": True, "track_uri": True, "track_project": True,
+                 "sweep": True, "data": store.EXECUTION_FIELDS + ("shard_size", "compression"),
+                 "train": ("num_workers", "threads", "together", "use_gpu", "worker_cpus",
+                           "checkpoint_every", "max_failures"),
+                 "eval": ("num_actors", "actor_cpus", "actor_gpus")}
+"""Config fields that change how a study computes, not what its tables say (where it runs,
+on how many workers, shards and trackers): a re-run may change them."""
+
+
+def _what(config: dict[str, Any]) -> dict[str, Any]:
+    """A config dict without :data:`_HOW_NOT_WHAT`."""
+    out = {}
+    for key, value in config.items():
+        skip = _HOW_NOT_WHAT.get(key, ())
+        if skip is True:
+            continue
+        out[key] = ({k: v for k, v in value.items() if k not in skip}
+                    if isinstance(value, dict) else value)
+    return out
+
+
+def check_same_study(run_dir: Path, name: str, cfg: ExperimentConfig) -> None:
+    """Refuse to run experiment ``name`` into a run directory that holds it with another
+    config: its tables would be replaced while the report still mixed in the other
+    experiments' results of the old config.
+
+    Raises:
+        ConfigError: naming the run directory, the experiment and the fields that differ.
+    """
+    path = Path(run_dir) / "configs" / f"{name}.yaml"
+    if not path.is_file():
+        return
+    try:
+        old = load_config(path).to_dict()
+    except (ConfigError, OSError, ValueError):
+        return  # unreadable: rewritten by this run, as a missing one would be
+    diffs = store.diff_fields(_what(old), _what(cfg.to_dict()))
+    if diffs:
+        raise ConfigError(
+            f"{run_dir} holds experiment {name} run with another config ("
+            + "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+            + "): its tables would be replaced and the report would mix the two. Use another "
+            f"--out for this config, or delete {run_dir} to replace that study")

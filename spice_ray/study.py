@@ -39,6 +39,7 @@ from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import (
     Finals,
     busy_seconds,
+    check_same_study,
     timing_notes,
     training_table,
     write_checkpoint_index,
@@ -123,7 +124,10 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
         if item not in used:
             raise ConfigError(f"--set {item!r}: no chosen experiment's environment has "
                               f"env.{_env_field(item)}")
+    for name, cfg in cfgs.items():
+        check_same_study(run_dir, name, cfg)
     return StudyPlan(cfgs, run_dir, tuple(experiments))
+
 
 
 # ---- stage 2: pretraining ----------------------------------------------------------------

@@ -653,3 +653,23 @@ def test_an_out_with_a_newline_and_a_repeated_by_are_refused_by_name(tmp_path, c
     write(tmp_path, "t", rows, inputs="x")
     assert results_main([str(tmp_path), "t", "--by", "method,method"]) == 2
     assert "--by 'method,method' names a column twice" in capsys.readouterr().err
+
+
+def test_a_re_run_with_another_config_into_a_study_is_refused(tmp_path) -> None:
+    """A run directory holds one study: re-running an experiment into it with a config that
+    changes its results is refused before any work, naming the fields (its tables would be
+    replaced and the report would mix both); how it runs (workers, threads) may change."""
+    from spice_ray.study import plan_study
+
+    run = tmp_path / "run"
+    plan = plan_study("smoke", run, experiments=("bandit", "darkroom"))
+    for name, cfg in plan.configs.items():
+        cfg.write(run / "configs", f"{name}.yaml")
+    with pytest.raises(ConfigError, match=r"holds experiment bandit run with another config "
+                                          r"\(fusion\.noise_var: on disk 0\.09, requested "
+                                          r"0\.04\).*Use another --out"):
+        plan_study("smoke", run, overrides=["fusion.noise_var=0.04"], experiments=("bandit",))
+    plan_study("smoke", run, overrides=["train.num_workers=1", "train.threads=1"],
+               experiments=("bandit",))
+    shutil.copytree(run, tmp_path / "moved")  # out_dir differs: the same study
+    plan_study("smoke", tmp_path / "moved", experiments=("bandit", "darkroom"))

@@ -124,6 +124,11 @@ def write_spec(ds_dir: Path, spec: dict[str, Any]) -> None:
         artifacts.atomic_write_text(path, json.dumps(spec, indent=1, sort_keys=True))
 
 
+def diff_fields(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Each field where two nested dicts differ: ``"<path>: on disk <a>, requested <b>"``."""
+    return _diff(a, b, prefix)
+
+
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
