@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spice_ray.results import summarise, write
+from spice_ray.results import ResultsError, summarise, write
 from spice_ray.results.__main__ import main as results_main
 from spice_ray.results.summary import STATS, bootstrap_ci, improvement, iqm
 
@@ -107,9 +107,12 @@ def test_a_summary_by_method_keeps_a_methods_settings_apart(tmp_path, capsys) ->
     s = summarise(df, ["method"]).set_index("config")
     assert s.loc['{"beta":1.0,"beta_schedule":"fixed"}', "mean"] == pytest.approx(4.5)
     assert s.loc['{"beta":1.0,"beta_schedule":"sqrt2logt"}', "mean"] == pytest.approx(8.5)
+    # pooled on request, each task counted once (its two settings averaged), not twice
     pooled = summarise(df, ["method"], pool=True).set_index("method")
-    assert pooled.loc["SPICE", "n"] == 20 and list(pooled.columns) == ["mean", "sem", "n",
+    assert pooled.loc["SPICE", "n"] == 10 and list(pooled.columns) == ["mean", "sem", "n",
                                                                          "seeds"]
+    assert pooled.loc["SPICE", "mean"] == pytest.approx(6.5)
+    assert pooled.loc["SPICE", "sem"] == pytest.approx(np.std(tasks + 2.0, ddof=1) / np.sqrt(10))
     write(tmp_path, "bandit_online", df)
     assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--format",
                          "csv"]) == 0
@@ -123,7 +126,7 @@ def test_a_summary_by_method_keeps_a_methods_settings_apart(tmp_path, capsys) ->
     out = pd.read_csv(io.StringIO(capsys.readouterr().out))
     assert list(out.columns) == ["method", "mean", "sem", "n", "seeds"]
     assert out[["method", "mean", "n"]].values.tolist() == [["DPT", 13.5, 10],
-                                                            ["SPICE", 6.5, 20]]
+                                                            ["SPICE", 6.5, 10]]
 
 
 def test_a_labelled_method_takes_its_settings_inside_its_parentheses() -> None:
@@ -212,3 +215,25 @@ def test_cluster_bootstrap_counts_clusters_not_tasks() -> None:
     assert clo < 4.5 < chi and (chi - clo) > 2.5 * (hi - lo)
     assert cluster_bootstrap_ci(values, groups) == (clo, chi)  # seeded
     assert np.isnan(cluster_bootstrap_ci(values, np.zeros(100))[0])  # one cluster: no interval
+
+
+def test_several_x_in_a_group_are_refused_unless_pooled_and_the_iqm_is_inside_its_ci() -> None:
+    """``summarise(df, ["method"], stat="iqm")`` over rows at every context length pooled
+    20 x 16 values, and its IQM fell outside its own interval: several x in a group are now an
+    error naming them; pooled on request, the estimate and the interval are of the same
+    per-task values."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for x in (0, 5, 10):
+        for task in range(16):
+            for seed in (0, 1):
+                rows.append({"method": "SPICE", "metric": "suboptimality", "x": x,
+                             "task_id": task, "seed": seed,
+                             "value": float(rng.exponential(1.0 + x))})
+    df = pd.DataFrame(rows)
+    with pytest.raises(ResultsError, match=r"at 3 values of x \(0, 5, 10\): add x"):
+        summarise(df, ["method"], "iqm")
+    by_x = summarise(df, ["method", "x"], "iqm")
+    assert list(by_x["n"]) == [16, 16, 16]
+    pooled = summarise(df, ["method"], "iqm", pool=True).iloc[0]
+    assert pooled["n"] == 16 and pooled["ci_low"] <= pooled["iqm"] <= pooled["ci_high"]

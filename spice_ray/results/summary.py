@@ -130,6 +130,19 @@ def _settings_apart(per_task: pd.DataFrame, by: list[str]) -> list[str]:
             and groups[c].nunique(dropna=False).max() > 1]
 
 
+def _refuse_several_x(per_task: pd.DataFrame, by: list[str]) -> None:
+    """ResultsError naming the x values when a group of ``by`` spans several of them."""
+    if "x" not in per_task.columns or "x" in by or per_task.empty:
+        return
+    spans = per_task.groupby(by, dropna=False, observed=True)["x"].nunique()
+    if spans.max() > 1:
+        xs = sorted(per_task["x"].unique())
+        shown = ", ".join(f"{x:g}" for x in xs[:6]) + (", ..." if len(xs) > 6 else "")
+        raise ResultsError(f"the rows of one group are at {len(xs)} values of x ({shown}): "
+                           "add x to the grouping (--by ...,x), pick one (--at last, "
+                           "--where \"x == ...\"), or pool them explicitly (--pool)")
+
+
 def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "sem", *,
               pool: bool = False) -> pd.DataFrame:
     """A statistic over tasks, after averaging seeds per task.
@@ -144,14 +157,17 @@ def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "se
             metrics in a group are never pooled: ``metric`` is added after ``by``.
         stat: "sem": columns ``mean``, ``sem``; "bootstrap": ``mean``, ``ci_low``,
             ``ci_high`` (95%); "iqm": ``iqm``, ``ci_low``, ``ci_high``.
-        pool: group by exactly ``by``, pooling a method's settings into one row.
+        pool: group by exactly ``by``, pooling a method's settings (and context lengths or
+            steps ``x``) into one row, each task counted once (its values averaged).
 
     Returns:
         One row per group with the grouping columns, the stat's columns, ``n`` (tasks) and
         ``seeds``; the SEM of a single task is NaN.
 
     Raises:
-        ResultsError: a grouping column is not in the rows.
+        ResultsError: a grouping column is not in the rows, or (without ``pool``) a group
+            holds rows at several ``x``: a mean over context lengths or steps is no statistic
+            of one (add ``x`` to ``by``, or filter one).
     """
     seeds = df.groupby(_keys(df), dropna=False,
                        observed=True)["seed"].nunique().rename("seeds").reset_index()
@@ -169,6 +185,11 @@ def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "se
         by.append("metric")  # a return and a regret in one mean is no statistic: never pooled
     if not pool:
         by += _settings_apart(per_task, by)
+        _refuse_several_x(per_task, by)
+    # one value per task in each group (what a pooled group averages over its settings and
+    # steps), so n counts tasks, not task-settings, and the estimate is the one bootstrapped
+    per_task = per_task.groupby([*by, "task_id"], dropna=False, observed=True).agg(
+        value=("value", "mean"), seeds=("seeds", "max")).reset_index()
     g = per_task.groupby(by, dropna=False, observed=True)
     out = g["value"].agg(mean="mean", std="std", n="count").reset_index()
     out["seeds"] = g["seeds"].max().to_numpy()
