@@ -202,3 +202,22 @@ def test_a_vector_env_plays_consecutive_tasks_each_as_its_own_env() -> None:
     assert not np.array_equal(means[0], means[1])  # two tasks, not one task twice
     with pytest.raises(ValueError, match="num_envs must be >= 1, not 0"):
         gymnasium.make_vec("spice_ray/bandit-v0", num_envs=0, preset="smoke")
+
+
+def test_import_spice_ray_registers_every_environment_with_gymnasium() -> None:
+    """``gymnasium.make("spice_ray/bandit-v0")`` after a plain ``import spice_ray`` (it was a
+    NamespaceNotFound: ``import spice_ray.envs.gym`` was needed), in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    import spice_ray
+    from spice_ray.envs.base import names
+
+    assert set(spice_ray.GYM_ENVS) == set(names())
+    code = ("import gymnasium, spice_ray; "
+            "env = gymnasium.make('spice_ray/bandit-v0', preset='smoke', task=1); "
+            "obs, _ = env.reset(seed=0); print(env.action_space.n)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "5"

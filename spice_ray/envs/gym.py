@@ -89,18 +89,13 @@ GYM_NAMESPACE = "spice_ray"
 
 
 def register_gym_envs() -> list[str]:
-    """Register ``spice_ray/<name>-v0`` for every environment (idempotent); returns the ids."""
+    """Register ``spice_ray/<name>-v0`` for every environment (idempotent; ``import
+    spice_ray`` has done it already); returns the ids."""
+    from spice_ray import _register_gym_ids
     from spice_ray.envs.base import names
 
-    ids = []
-    for name in names():
-        env_id = f"{GYM_NAMESPACE}/{name}-v0"
-        if env_id not in gymnasium.registry:
-            gymnasium.register(id=env_id, entry_point="spice_ray.data.tasks:gym_env",
-                               vector_entry_point="spice_ray.data.tasks:gym_vector_env",
-                               kwargs={"name": name})
-        ids.append(env_id)
-    return ids
+    _register_gym_ids()
+    return [f"{GYM_NAMESPACE}/{name}-v0" for name in names()]
 
 
 register_gym_envs()
