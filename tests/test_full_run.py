@@ -43,6 +43,12 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert 10 <= len(lines) <= 60, proc.stdout
     assert [line for line in lines if not CONSOLE_LINE.match(line)] == [], proc.stdout
     assert proc.stderr.strip() == "", proc.stderr[-3000:]
+    # the README's console excerpt is this run's: the same stage headers and counts
+    readme = (ROOT / "README.md").read_text().split("## What you see on the console")[1]
+    excerpt = readme.split("```")[1].splitlines()
+    headers = [re.sub(r" /\S+", " RUN", line) for line in excerpt if line.startswith("[")]
+    assert headers == [re.sub(r" /\S+", " RUN", line) for line in lines
+                       if line.startswith("[")], headers
     assert any(re.search(r"\d+/\d+ bandit spice seed 0: \d+ epochs, loss [\d.]+ "
                          r"\(policy [\d.]+, td [\d.]+, shrink [\d.]+, anchor [\d.]+\)", line)
                for line in lines), proc.stdout
