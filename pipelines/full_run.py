@@ -8,9 +8,9 @@
 Stages: datasets (Ray Data) -> pretraining SPICE and DPT per seed, plus the darkroom weight
 ablation (Ray Train) -> tuning every method's settings on validation tasks (Ray actors;
 results/tuning.json) -> evaluation of every controller and baseline on the eval tasks (Ray
-actors) -> result tables (results/*.parquet) -> figures (figures/*.png) -> report.md. Each stage is skipped when
-its output is complete and matches the config, so an interrupted run resumes where it stopped
-and a re-run does no work.
+actors) -> result tables (results/*.parquet) -> figures (figures/*.png) -> report.md. Each
+stage is skipped when its output is complete and matches the config, so an interrupted run
+resumes where it stopped and a re-run does no work.
 """
 
 from __future__ import annotations
