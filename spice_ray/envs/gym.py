@@ -24,6 +24,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from spice_ray.common.gym_ids import GYM_NAMESPACE, register_ids
 from spice_ray.envs.base import Environment
 
 
@@ -85,16 +86,14 @@ class TaskEnv(gymnasium.Env):
         return nxt[0].astype(np.float64), float(rewards[0]), False, done, info
 
 
-GYM_NAMESPACE = "spice_ray"
 
 
 def register_gym_envs() -> list[str]:
     """Register ``spice_ray/<name>-v0`` for every environment (idempotent; ``import
     spice_ray`` has done it already); returns the ids."""
-    from spice_ray import _register_gym_ids
     from spice_ray.envs.base import names
 
-    _register_gym_ids()
+    register_ids()
     return [f"{GYM_NAMESPACE}/{name}-v0" for name in names()]
 
 
