@@ -91,9 +91,13 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
             chosen = next(g for g in method["grid"] if g["setting"] == method["chosen"])
             assert chosen["mean"] == best, (name, label)
     grids = {label: len(m["grid"]) for label, m in tuning["darkroom"]["methods"].items()}
-    assert grids == {"SPICE": 40, "SPICE (flat prior)": 20, "Count-UCB": 5, "DPT": 1,
+    assert grids == {"SPICE": 40, "SPICE (flat prior)": 40, "Count-UCB": 10, "DPT": 1,
                      "Random": 1}  # beta (4 and the schedule) x tau (4) where a kernel has one
-    # x SPICE's width: the paper's and the scale fitted on validation contexts without labels
+    # x SPICE's width: the paper's and the scale fitted on validation contexts without labels;
+    # x the other fused methods' noise variance (the darkroom's targets are n-step returns):
+    # the config's and the one fitted with SPICE's width
+    assert tuning["darkroom"]["noise_var"]["config"] == 0.09
+    assert tuning["darkroom"]["noise_var"]["fitted"] > 0 and "noise_var" not in tuning["bandit"]
     for name, record in tuning.items():
         for label, method in record["methods"].items():
             assert ("width" in method) == (label == "SPICE"), (name, label)
