@@ -70,7 +70,7 @@ def pretrained_model(directory: Path, kind: str, name: str
         fields = sorted(k for k in set(expected) | set(got) if got.get(k) != expected.get(k))
         raise ValueError(f"{path}: field spec ({', '.join(fields) or 'its type'}) is not the "
                          "architecture its run config builds: edited by hand?")
-    weights = model_estimate(cfg, kind).state_bytes // 4  # fp32 weights and frozen buffers
+    weights = model_estimate(cfg, kind).state_bytes // 4  # at least 4 bytes a parameter
     if weights > available_memory():
         raise ValueError(f"{path}: the model's weights need ~{human_bytes(weights)}, more "
                          "than this machine's available memory")
