@@ -69,13 +69,13 @@ class _Policy:
         """
         import json
 
-        from spice_ray.common.artifacts import verify
+        from spice_ray.common.artifacts import MISSING, NO_SIDECAR, verify
         from spice_ray.records import CHECKPOINT_INDEX
 
         run_dir = Path(run_dir)
         index = run_dir / CHECKPOINT_INDEX
         _, why = verify(index)
-        if why not in ("", "missing", "no checksum sidecar (interrupted write)"):
+        if why not in ("", MISSING, NO_SIDECAR):
             raise ValueError(f"{index} fails its SHA-256 sidecar ({why}): re-running the "
                              "study's full_run command rewrites it from the checkpoints")
         try:
@@ -165,8 +165,7 @@ class _Policy:
         except (RuntimeError, ValueError, OSError) as exc:
             raise ValueError(f"{where} does not hold this model's weights: "
                              f"{excerpt(str(exc).splitlines()[0])}") from None
-        bad = [k for k, v in model.state_dict().items()
-               if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        bad = ckpt.nonfinite_names(model.state_dict())
         if bad:
             raise ValueError(f"{where} holds non-finite values in {', '.join(bad[:3])}")
         try:

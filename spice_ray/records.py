@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spice_ray.common.artifacts import atomic_write_text, verify, write_checked
+from spice_ray.common.artifacts import NO_SIDECAR, atomic_write_text, verify, write_checked_text
 from spice_ray.common.console import count
 from spice_ray.config import ConfigError, ExperimentConfig, from_dict, load_config
 from spice_ray.data import store
@@ -33,7 +33,7 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     path = run_dir / CHECKPOINT_INDEX
     record, why = verify(path)
     try:
-        if record is None and why != "no checksum sidecar (interrupted write)":
+        if record is None and why != NO_SIDECAR:
             raise ValueError(why)  # missing, or edited since written: this run's entries only
         entries = json.loads(path.read_text())["checkpoints"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -47,8 +47,7 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     entries = kept + [{"experiment": k[0], "kind": k[1], "variant": k[2], "seed": k[3],
                        "path": p, "identity": ckpt.read_meta(run_dir / p).get("identity")}
                       for k, p in sorted(new.items())]
-    text = json.dumps({"checkpoints": entries}, indent=1)
-    write_checked(path, lambda tmp: tmp.write_text(text))
+    write_checked_text(path, json.dumps({"checkpoints": entries}, indent=1))
     return path
 
 

@@ -48,7 +48,7 @@ def pretrained_model(directory: Path, kind: str, name: str
     from spice_ray.common.artifacts import UnreadableFile, read_json
     from spice_ray.config import ConfigError
     from spice_ray.model.registry import build_model
-    from spice_ray.runtime.resources import available_memory, human_bytes, model_estimate
+    from spice_ray.runtime.resources import available_memory, human_bytes
 
     path = directory / PRETRAINED_CONFIG
     try:
@@ -63,14 +63,15 @@ def pretrained_model(directory: Path, kind: str, name: str
     except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as exc:
         raise ValueError(f"{path}: field config is not a run config "
                          f"({excerpt(str(exc))})") from None
-    with torch.device("meta"):
-        expected = build_model(kind, cfg).spec()
+    with torch.device("meta"):  # no memory: the architecture only
+        shape = build_model(kind, cfg)
+    expected = shape.spec()
     if meta.get("spec") != expected:
         got = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
         fields = sorted(k for k in set(expected) | set(got) if got.get(k) != expected.get(k))
         raise ValueError(f"{path}: field spec ({', '.join(fields) or 'its type'}) is not the "
                          "architecture its run config builds: edited by hand?")
-    weights = model_estimate(cfg, kind).state_bytes // 4  # at least 4 bytes a parameter
+    weights = 4 * sum(t.numel() for t in (*shape.parameters(), *shape.buffers()))  # fp32
     if weights > available_memory():
         raise ValueError(f"{path}: the model's weights need ~{human_bytes(weights)}, more "
                          "than this machine's available memory")
@@ -95,8 +96,8 @@ def tuned_fusion(run_dir: Path, experiment: str, cfg: Any
     import logging
 
     from spice_ray.agents import AgentSpec
-    from spice_ray.results.choices import fitted_noise, record_problem
-    from spice_ray.tuning import candidates, read_tuning
+    from spice_ray.results.choices import record_problem
+    from spice_ray.tuning import grid_point, read_tuning
 
     record = read_tuning(run_dir).get(experiment)
     method = (record or {}).get("methods", {}).get("SPICE")
@@ -104,9 +105,6 @@ def tuned_fusion(run_dir: Path, experiment: str, cfg: Any
         logging.getLogger(__name__).info("%s: no usable tuning record of SPICE for %s: the "
                                          "checkpoint's settings", run_dir, experiment)
         return None
-    fitted = method["width"]["scale"] if "width" in method else None
-    for c in candidates(AgentSpec("spice", fusion=cfg.fusion), cfg.eval, fitted,
-                        fitted_noise(record)):
-        if dict(c.setting) == method["chosen"]:
-            return dict(c.setting), c.spec.fusion
-    return None
+    point = grid_point(AgentSpec("spice", fusion=cfg.fusion), cfg.eval, record,
+                       method["chosen"])
+    return None if point is None else (dict(point.setting), point.spec.fusion)

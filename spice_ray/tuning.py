@@ -36,7 +36,6 @@ algorithm or scheduler could add to an exhaustive grid.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import re
@@ -49,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.agents import AgentSpec
-from spice_ray.common.artifacts import is_current, verify, write_checked
+from spice_ray.common.artifacts import MISSING, NO_SIDECAR, is_current, verify, write_checked_text
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
 from spice_ray.data import store
@@ -75,8 +74,7 @@ WIDTHS = ("paper", "fitted")
 """The learned prior's width on the grid: sigma_Q as the paper uses it (``fusion.width_scale``
 = 1) and s sigma_Q with s fitted label-free on the validation contexts (:func:`fit_width`)."""
 NOISES = ("paper", "fitted")
-"""The likelihood variance on the grid of fused methods without a learned width, where targets
-are n-step returns: ``fusion.noise_var`` as configured and sigma^2 fitted with SPICE's s."""
+"""sigma^2 of the other fused methods where targets are n-step returns: configured, fitted."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
 
 TUNING_FILE = "results/tuning.json"
@@ -98,8 +96,7 @@ class Candidate:
 
 
 def fits_noise(spec: AgentSpec) -> bool:
-    """Whether ``spec``'s grid fits the likelihood variance: a fused method whose evidence
-    targets are n-step returns (see the module docstring)."""
+    """Whether ``spec``'s grid fits the likelihood variance (fused, n-step evidence)."""
     return spec.info.fused and needs_nstep(spec.fusion)
 
 
@@ -308,25 +305,30 @@ def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig,
     what the paper's prior gives and what the fitted width adds, both tuned on validation."""
     specs = agent_specs(exp, cfg, dataset)
     out: dict[str, list[Candidate]] = {}
-    noise = fitted_noise(record)
     for ev_name in exp.tuned:
         for base in bases(specs[ev_name], cfg):
             method = record["methods"][base.label]
-            chosen = method["chosen"]
-            fitted = method["width"]["scale"] if "width" in method else None
-            match = [c for c in candidates(base, cfg.eval, fitted, noise)
-                     if dict(c.setting) == chosen]
-            if not match:
-                raise ValueError(f"tuning.json: {base.label} chose {chosen}, which is not on "
-                                 "its grid")
-            out.setdefault(ev_name, []).append(match[0])
+            match = grid_point(base, cfg.eval, record, method["chosen"])
+            if match is None:
+                raise ValueError(f"tuning.json: {base.label} chose {method['chosen']}, which "
+                                 "is not on its grid")
+            out.setdefault(ev_name, []).append(match)
             paper = paper_choice(method)
             if paper is not None:
-                point = next(c for c in candidates(base, cfg.eval, fitted, noise)
-                             if dict(c.setting) == paper)
+                point = grid_point(base, cfg.eval, record, paper)
                 spec = dataclasses.replace(point.spec, method="spice-paper")
                 out[ev_name].append(Candidate(spec, cfg.eval, point.setting))
     return out
+
+
+def grid_point(base: AgentSpec, eval_cfg: EvalConfig, record: dict[str, Any],
+               setting: dict[str, Any]) -> Candidate | None:
+    """The candidate of ``base``'s grid at ``setting``, with the width and noise variance its
+    experiment's tuning ``record`` fitted (None: not on the grid)."""
+    method = record["methods"][base.label]
+    fitted = method["width"]["scale"] if "width" in method else None
+    return next((c for c in candidates(base, eval_cfg, fitted, fitted_noise(record))
+                 if dict(c.setting) == setting), None)
 
 
 def evaluate_tuned(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals, pool: EvalPool,
@@ -362,7 +364,7 @@ def read_tuning(run_dir: Path) -> dict[str, Any]:
     re-checked by ``record_problem`` before use)."""
     path = Path(run_dir) / TUNING_FILE
     record, why = verify(path)
-    if record is None and why not in ("missing", "no checksum sidecar (interrupted write)"):
+    if record is None and why not in (MISSING, NO_SIDECAR):
         log.warning("%s: %s: every choice is tuned again", path, why)
         return {}
     try:
@@ -387,8 +389,7 @@ def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict
         tuning[name] = record
         skipped = record is old.get(name)
         if not skipped:  # a re-run with nothing new leaves the file as it was
-            text = json.dumps({**old, **tuning}, indent=1)
-            write_checked(run_dir / TUNING_FILE, functools.partial(Path.write_text, data=text))
+            write_checked_text(run_dir / TUNING_FILE, json.dumps({**old, **tuning}, indent=1))
         points = sum(len(m["grid"]) for m in record["methods"].values())
         console.line(f"  {name}: {count(len(record['methods']), 'method')}, "
                      f"{count(points, 'grid point')} on {record['tasks']} validation tasks"
@@ -435,15 +436,15 @@ def headline(run_dir: Path, experiments: list[str]) -> tuple[dict[str, float], d
         final = task_means(final_values(load(run_dir, f"{exp}_tuned"), "cumulative_regret"))
         for method, value in final.groupby("method")["value"].mean().items():
             metrics[f"{_key(exp)}/{_key(str(method))}/final_regret"] = float(value)
+    tuning = {exp: r for exp, r in read_tuning(run_dir).items() if exp in experiments}
     params = {f"{_key(exp)}/{_key(label)}/{_key(name)}": value
-              for exp, record in read_tuning(run_dir).items() if exp in experiments
+              for exp, record in tuning.items()
               for label, method in record.get("methods", {}).items()
               for name, value in method["chosen"].items()}
     params |= {f"{_key(exp)}/{_key(label)}/width_scale": method["width"]["scale"]
-               for exp, record in read_tuning(run_dir).items() if exp in experiments
+               for exp, record in tuning.items()
                for label, method in record.get("methods", {}).items()
                if method["chosen"].get("width") == "fitted"}
     params |= {f"{_key(exp)}/noise_var_fitted": record["noise_var"]["fitted"]
-               for exp, record in read_tuning(run_dir).items()
-               if exp in experiments and "noise_var" in record}
+               for exp, record in tuning.items() if "noise_var" in record}
     return metrics, params

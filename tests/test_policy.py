@@ -283,11 +283,9 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
     """``from_run`` gives the policy behind the tuned table: the beta, tau and fitted width
     chosen on validation (``tuning.json``), said in its repr; ``tuned=False`` or explicit
     options give the checkpoint's own settings; an edited record is not used."""
-    import functools
     import json
-    from pathlib import Path
 
-    from spice_ray.common.artifacts import write_checked
+    from spice_ray.common.artifacts import write_checked_text
     from spice_ray.records import write_checkpoint_index
 
     cfg = make_config("smoke", "darkroom")
@@ -301,7 +299,7 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
         "grid": [{"setting": chosen, "mean": 1.0}], "chosen": chosen,
         "width": {"scale": 0.25}}}}}
     path = run / "results" / "tuning.json"
-    write_checked(path, functools.partial(Path.write_text, data=json.dumps(record)))
+    write_checked_text(path, json.dumps(record))
     policy = spice_ray.SpicePolicy.from_run(run, "darkroom")
     f = policy.fusion
     assert (f.beta, f.beta_schedule, f.tau, f.width_scale, f.noise_var) == (
@@ -311,5 +309,5 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
     assert plain.tuned is None and plain.fusion == cfg.fusion
     assert spice_ray.SpicePolicy.from_run(run, "darkroom", beta=0.5).fusion.beta == 0.5
     record["darkroom"]["methods"]["SPICE"]["chosen"] = {"beta": 4.0}  # not its grid's best
-    write_checked(path, functools.partial(Path.write_text, data=json.dumps(record)))
+    write_checked_text(path, json.dumps(record))
     assert spice_ray.SpicePolicy.from_run(run, "darkroom").tuned is None

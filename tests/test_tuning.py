@@ -272,16 +272,14 @@ def test_tuning_json_is_read_only_while_it_matches_its_checksum(tmp_path, caplog
     """``results/tuning.json`` decides every tuned table: written with a SHA-256 sidecar, read
     back while it matches; an edit since (a score lowered by hand) makes the stage tune every
     experiment again, naming the file; a file from before sidecars is still read."""
-    import functools
-    from pathlib import Path
 
-    from spice_ray.common.artifacts import sidecar_path, write_checked
+    from spice_ray.common.artifacts import sidecar_path, write_checked_text
 
     path = tmp_path / tuning.TUNING_FILE
     path.parent.mkdir(parents=True)
     record = {"bandit": {"methods": {"SPICE": {"grid": [{"setting": {"beta": 1.0},
                                                           "mean": 2.0}]}}}}
-    write_checked(path, functools.partial(Path.write_text, data=json.dumps(record)))
+    write_checked_text(path, json.dumps(record))
     assert tuning.read_tuning(tmp_path) == record
     path.write_text(json.dumps(record).replace("2.0", "0.5"))
     with caplog.at_level("WARNING"):

@@ -26,6 +26,11 @@ from pathlib import Path
 from typing import Any
 
 SIDECAR_SUFFIX = ".sha256"
+MISSING = "missing"
+""":func:`verify`'s reason when the file does not exist."""
+NO_SIDECAR = "no checksum sidecar (interrupted write)"
+""":func:`verify`'s reason when the file has no sidecar (an interrupted write, or a file from
+before sidecars: callers that read such legacy files test for it)."""
 
 
 def file_sha256(path: str | Path) -> str:
@@ -98,6 +103,11 @@ def write_checked(path: str | Path, write: Callable[[Path], Any], **extra: Any
     return write_sidecar(path, **extra)
 
 
+def write_checked_text(path: str | Path, text: str, **extra: Any) -> dict[str, Any]:
+    """:func:`write_checked` of a text file."""
+    return write_checked(path, lambda tmp: tmp.write_text(text), **extra)
+
+
 def publish_dir(directory: str | Path, write: Callable[[Path], Any], *,
                 sidecars: bool = True) -> Path:
     """Publish a directory whole, the one way every stage does it: ``write(staging)`` fills a
@@ -152,9 +162,9 @@ def verify(path: str | Path) -> tuple[dict[str, Any] | None, str]:
     path = Path(path)
     side = sidecar_path(path)
     if not path.is_file():
-        return None, "missing"
+        return None, MISSING
     if not side.is_file():
-        return None, "no checksum sidecar (interrupted write)"
+        return None, NO_SIDECAR
     try:
         record = json.loads(side.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):

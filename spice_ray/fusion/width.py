@@ -209,9 +209,9 @@ def fit_width_and_noise(mean: Tensor, std: Tensor, targets: Tensor, *,
     Args:
         mean, std, targets, mask, bounds: as :func:`fit_width_scale` (``bounds`` for s).
         noise_bounds: (lo, hi), 0 < lo < hi, the range of sigma^2 allowed; the search covers
-            its part between 1e-4 and 4 times the mean squared residual (the optimum lies
-            below that mean, sigma^2's optimum at s = 0) and above the posterior's floor
-            (:data:`NOISE_VAR_FLOOR`).
+            its part between 1e-4 and 4 times the mean squared residual (sigma^2's optimum at
+            s = 0; an optimum beyond 4 times it is returned at that edge) and above the
+            posterior's floor (:data:`NOISE_VAR_FLOOR`).
 
     Returns:
         (s, sigma^2): s as :func:`fit_width_scale` returns it at that sigma^2.
@@ -234,8 +234,8 @@ def fit_width_and_noise(mean: Tensor, std: Tensor, targets: Tensor, *,
         u = torch.tensor([s * s], dtype=torch.float64)
         return s, float(_log_lik(u, r2, v, noise)[0])
 
-    # sigma^2 alone (s = 0) would be the mean squared residual; the joint optimum lies below
-    # it, so the grid spans 1e-4 to 4 times it (inside noise_bounds)
+    # sigma^2 alone (s = 0) would be the mean squared residual: the grid spans 1e-4 to 4
+    # times it (inside noise_bounds); an optimum beyond is returned at the grid's edge
     scale = float(r2.mean())
     lo, hi = max(lo, 1e-4 * scale), max(min(hi, 4.0 * scale), lo * 1.0001)
     num = max(2, int(math.ceil(NOISE_GRID_PER_DECADE * math.log10(hi / lo))) + 1)

@@ -155,13 +155,18 @@ def content_id(directory: str | Path) -> str:
     return f"{who}:{_checked_sha256(Path(directory), WEIGHTS, meta)}"
 
 
+def nonfinite_names(state: dict[str, Any]) -> list[str]:
+    """The floating-point tensors of a state dict that hold a NaN or an infinity."""
+    return [k for k, v in state.items()
+            if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+
+
 def _load_file(directory: Path, name: str, meta: dict[str, Any]) -> Any:
     _checked_sha256(directory, name, meta)
     path = directory / name
     state = torch.load(path, map_location="cpu", weights_only=True)
     if name == WEIGHTS:
-        bad = [k for k, v in state.items()
-               if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+        bad = nonfinite_names(state)
         if bad:
             raise CheckpointError(f"checkpoint file {path} holds non-finite values in "
                                   f"{', '.join(bad[:3])}: the model diverged before it was saved")
