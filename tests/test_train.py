@@ -81,6 +81,39 @@ def test_local_run_killed_after_first_checkpoint_resumes(smoke_bandit, tmp_path,
     assert pretrain(cfg, "dpt", 0, ds) == final  # a finished run is skipped
 
 
+def test_a_longer_training_resumes_from_a_shorter_one_and_equals_a_straight_run(
+        smoke_bandit, tmp_path) -> None:
+    """Under a constant rate the epochs are not in a model's identity: 3 epochs resumed from a
+    1-epoch final are bit for bit a straight 3-epoch training (the scaling ladder's rungs), and
+    a 1-epoch training never resumes from the longer one's later checkpoints."""
+    _, ds = smoke_bandit
+
+    def cfg(epochs: int, out: Path, *extra: str):
+        return make_config("smoke", "bandit", overrides=[
+            "train.num_workers=0", f"train.epochs={epochs}", "train.checkpoint_every=1",
+            f"out_dir={out}", *extra])
+
+    short, short_dir = plan_job(cfg(1, tmp_path / "ladder"), "spice", 0, ds)
+    long, long_dir = plan_job(cfg(3, tmp_path / "ladder"), "spice", 0, ds)
+    assert short.identity() == long.identity() and short_dir == long_dir
+    cosine = [plan_job(cfg(e, tmp_path, "train.cosine_schedule=true"), "spice", 0, ds)[0]
+              for e in (1, 3)]
+    assert cosine[0].identity() != cosine[1].identity()  # the rate depends on the last epoch
+
+    assert ckpt.read_meta(pretrain(cfg(1, tmp_path / "ladder"), "spice", 0, ds))["epoch"] == 0
+    resumed = pretrain(cfg(3, tmp_path / "ladder"), "spice", 0, ds)
+    straight = pretrain(cfg(3, tmp_path / "straight"), "spice", 0, ds)
+    assert ckpt.read_meta(resumed)["epoch"] == 2
+    a, b = load_model(resumed, kind="spice").state_dict(), load_model(straight,
+                                                                      kind="spice").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # back to 1 epoch in the same directory: the epoch-0 checkpoint, not the later ones
+    again = pretrain(cfg(1, tmp_path / "ladder"), "spice", 0, ds)
+    assert ckpt.read_meta(again)["epoch"] == 0
+    first = load_model(again, kind="spice").state_dict()
+    assert not all(torch.equal(first[k], a[k]) for k in a)
+
+
 def test_optimizer_is_fused_adamw_with_the_loop_update() -> None:
     """Training's AdamW is the fused kernel; its updates equal the per-parameter loop's to
     float32 rounding over several steps."""

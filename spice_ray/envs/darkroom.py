@@ -157,6 +157,14 @@ def optimal_action(tasks: DarkroomTasks, states: np.ndarray) -> np.ndarray:
     ).astype(np.int64)
 
 
+def optimal_actions(goals: np.ndarray, states: np.ndarray) -> np.ndarray:
+    """Every shortest-path action at each state, bool [B, 5]: the moves that bring x or y
+    closer to the goal, and "stay" alone on the goal itself."""
+    d = np.asarray(goals, dtype=np.int64) - np.asarray(states, dtype=np.int64)  # (B, 2)
+    on_goal = (d == 0).all(1)
+    return np.stack([d[:, 0] > 0, d[:, 0] < 0, d[:, 1] > 0, d[:, 1] < 0, on_goal], axis=1)
+
+
 def optimal_rewards(tasks: DarkroomTasks, horizon: int, starts: np.ndarray | None = None
                     ) -> np.ndarray:
     """Reward r*_t of the optimal policy from the start at steps t = 1..H, [B, H].

@@ -57,14 +57,20 @@ class TrainJob:
 
     def identity(self) -> str:
         """Hash of everything that determines what the model learns; not how the steps are
-        computed (workers, threads, device), which changes the weights only in rounding."""
+        computed (workers, threads, device), which changes the weights only in rounding.
+
+        Under a constant learning rate (no cosine schedule) the number of epochs is left out
+        too: epoch e's weights are then the same whatever the last epoch is (batches are keyed
+        by (seed, epoch)), so a longer training resumes from a shorter one's checkpoints (the
+        scaling ladder's rungs) and ``final_is_current`` still tells them apart by epoch."""
         c = self.config
+        skip = {"num_workers", "threads", "use_gpu", "worker_cpus", "together", "max_failures",
+                "checkpoint_every"}
+        if not c["train"].get("cosine_schedule", False):
+            skip.add("epochs")
         return config_hash({"kind": self.kind, "seed": self.seed, "data": self.dataset_hash,
                             "env": c["env"], "model": c["model"],
-                            "train": {k: v for k, v in c["train"].items()
-                                      if k not in ("num_workers", "threads", "use_gpu",
-                                                   "worker_cpus", "together", "max_failures",
-                                                   "checkpoint_every")}})
+                            "train": {k: v for k, v in c["train"].items() if k not in skip}})
 
 
 def steps_per_epoch(cfg: ExperimentConfig) -> int:
@@ -350,15 +356,17 @@ class LocalContext:
 
     def resume_dir(self) -> Path | None:
         return latest_intact(sorted(self.scratch_dir().glob("epoch-*"), reverse=True),
-                             self.job.identity())
+                             self.job)
 
     def report(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
         self.history.append(metrics)
 
 
-def latest_intact(candidates: Iterable[Path], identity: str | None = None) -> Path | None:
+def latest_intact(candidates: Iterable[Path], job: TrainJob | None = None) -> Path | None:
     """The first checkpoint in ``candidates`` (newest first) whose files pass their checksums
-    and whose job identity is ``identity`` (when given); unusable ones are logged and skipped.
+    and, when ``job`` is given, that belongs to it: its training identity, at an epoch no later
+    than the job's last (a shorter training of the same identity must not resume from a longer
+    one's checkpoints). Unusable ones are logged and skipped.
     """
     for path in candidates:
         try:
@@ -366,8 +374,12 @@ def latest_intact(candidates: Iterable[Path], identity: str | None = None) -> Pa
         except ckpt.CheckpointError as exc:
             log.warning("skipping unusable checkpoint %s: %s", path, exc)
             continue
-        if identity is not None and meta.get("identity") not in (None, identity):
+        if job is not None and meta.get("identity") not in (None, job.identity()):
             log.warning("skipping checkpoint %s: it belongs to another job", path)
+            continue
+        if job is not None and int(meta.get("epoch", -1)) >= job.cfg.train.epochs:
+            log.info("skipping checkpoint %s: epoch %s is past this training's last",
+                     path, meta.get("epoch"))
             continue
         return path
     return None

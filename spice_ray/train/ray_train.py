@@ -119,7 +119,7 @@ class RayContext:
                 shutil.copytree(d, local, dirs_exist_ok=True)
             candidates.append(local)
         candidates += sorted((self.run_dir / RAY_DIR).glob("checkpoint_*"), reverse=True)
-        return latest_intact(candidates, self.job.identity())
+        return latest_intact(candidates, self.job)
 
     def report(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
         import ray.train
@@ -368,7 +368,7 @@ def final_is_current(final_dir: Path, job: TrainJob) -> bool:
     candidates = sorted([*(run_dir / RAY_DIR).glob("checkpoint_*"),
                          *(run_dir / "local").glob("epoch-*")],
                         key=lambda p: p.stat().st_mtime, reverse=True)
-    source = latest_intact(candidates, job.identity())
+    source = latest_intact(candidates, job)
     if source is not None and int(ckpt.read_meta(source)["epoch"]) == last:
         publish_final(source, final_dir)
         log.warning("%s: republished from the intact checkpoint %s", final_dir, source)
