@@ -89,7 +89,7 @@ for _scale in PRESETS.values():
 # over lambda_q = 1 on validation tasks without labels (tools/loss_weight.py: the higher mean
 # log-likelihood of the next target under the fitted prior, -0.258 vs -0.376 on bandit_latent,
 # -0.280 vs -0.287 on bandit_template, -0.361 vs -0.424 on linear_bandit; one seed each, the
-# commands in the README; lambda_q = 30 scored higher still on bandit_latent, -0.246, measured
+# commands in docs/design.md; lambda_q = 30 scored higher still on bandit_latent, -0.246, measured
 # after the study ran at 10), and the template and latent families run at horizon 200 rather
 # than 500 so that those steps cost about what 310 did (a T = 200 step is 3.5x cheaper).
 _STRUCTURED = {
