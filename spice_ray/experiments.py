@@ -17,6 +17,7 @@ import pandas as pd
 
 from spice_ray import envs
 from spice_ray.agents import AgentSpec
+from spice_ray.common.plugins import load_plugins
 from spice_ray.config import ExperimentConfig, FusionConfig
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
 from spice_ray.evaluate.calibration import ORACLE_METRICS
@@ -332,3 +333,52 @@ EXPERIMENTS: dict[str, Experiment] = {
 DEFAULT_EXPERIMENTS = ("bandit", "bandit20", "darkroom", "darkroom_continuous",
                        "darkroom_dpt_star", "bandit_template", "bandit_latent", "linear_bandit",
                        "darkroom_region")
+
+
+# ---- extension from outside the package ------------------------------------------------------
+
+def add_evaluation(experiment: str, evaluation: Evaluation, tables: tuple[str, ...] = (),
+                   tuned: bool = True) -> Experiment:
+    """Add an evaluation to a registered experiment (e.g. an installed plugin's agent, see
+    ``spice_ray.common.plugins``): the tuning stage runs its methods on the validation tasks
+    (``tuned``) and they join the ``<experiment>_tuned`` table, and its rows go into each table
+    named in ``tables`` (their figures and the report follow). Adding the same evaluation again
+    is a no-op.
+
+    Raises:
+        ValueError: an unknown experiment or table, or another evaluation of that name.
+    """
+    if experiment not in EXPERIMENTS:
+        raise ValueError(f"experiment {experiment!r} is invalid: one of {list(EXPERIMENTS)}")
+    exp = EXPERIMENTS[experiment]
+    if evaluation in exp.evaluations:
+        return exp
+    if any(e.name == evaluation.name for e in exp.evaluations):
+        raise ValueError(f"experiment {experiment!r} already has an evaluation named "
+                         f"{evaluation.name!r}")
+    names = [t.name for t in exp.tables]
+    unknown = [t for t in tables if t not in names]
+    if unknown:
+        raise ValueError(f"table {unknown[0]!r} is invalid for experiment {experiment!r}: one "
+                         f"of {names}")
+    EXPERIMENTS[experiment] = dataclasses.replace(
+        exp, evaluations=(*exp.evaluations, evaluation),
+        tables=tuple(dataclasses.replace(t, rows=(*t.rows, Select(evaluation.name)))
+                     if t.name in tables else t for t in exp.tables),
+        tuned=(*exp.tuned, evaluation.name) if tuned and exp.tuned else exp.tuned)
+    return EXPERIMENTS[experiment]
+
+
+def add_experiment(experiment: Experiment) -> Experiment:
+    """Register a whole experiment (a plugin's), runnable as ``--experiments <name>``.
+
+    Raises:
+        ValueError: the name is taken by another experiment.
+    """
+    if EXPERIMENTS.get(experiment.name, experiment) != experiment:
+        raise ValueError(f"experiment {experiment.name!r} is already registered")
+    EXPERIMENTS[experiment.name] = experiment
+    return experiment
+
+
+load_plugins()  # last: a plugin may extend the experiments above

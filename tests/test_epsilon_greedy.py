@@ -1,20 +1,57 @@
-"""Epsilon-greedy, added as its own module: the registry finds it, it explores at the rate it
-says, and it runs through the same online protocol as every agent."""
+"""Epsilon-greedy, added from outside the package (``examples/epsilon_greedy``, a plugin by
+entry point): the registry finds it, it explores at the rate it says, it runs through the same
+online protocol as every agent, and an installed plugin runs through a whole smoke study."""
 
 from __future__ import annotations
 
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 
+from spice_ray import experiments
 from spice_ray.agents import METHODS, AgentSpec, make_agent
-from spice_ray.agents.epsilon_greedy import EpsilonGreedy
+from spice_ray.common import plugins
 from spice_ray.common.rng import StepDraws, TaskStreams
 from spice_ray.config import EvalConfig, make_config
 from spice_ray.data.tasks import generate_tasks
+from spice_ray.evaluate import evaluate
 from spice_ray.evaluate.online import online_rows
+from spice_ray.results.tables import load
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN_DIR = ROOT / "examples" / "epsilon_greedy"
+MODULE = "spice_ray_epsilon_greedy"
 
 
-def test_registered_by_its_own_module_and_built_by_make_agent() -> None:
+@pytest.fixture(scope="module", autouse=True)
+def plugin_module():
+    """The example's module imported here, and every registry it touched restored after, so
+    no other test sees its agent or its rows."""
+    methods, exps = dict(METHODS), dict(experiments.EXPERIMENTS)
+    sys.path.insert(0, str(PLUGIN_DIR))
+    try:
+        yield importlib.import_module(MODULE)
+    finally:
+        sys.path.remove(str(PLUGIN_DIR))
+        sys.modules.pop(MODULE, None)
+        METHODS.clear()
+        METHODS.update(methods)
+        experiments.EXPERIMENTS.clear()
+        experiments.EXPERIMENTS.update(exps)
+
+
+@pytest.fixture
+def EpsilonGreedy(plugin_module):  # noqa: N802 -- the class, named as the tests use it
+    return plugin_module.EpsilonGreedy
+
+
+def test_registered_by_its_own_module_and_built_by_make_agent(EpsilonGreedy) -> None:
     env = make_config("smoke", "bandit").environment()
     spec = AgentSpec("epsilon-greedy")
     assert METHODS["epsilon-greedy"].label == spec.label == "Epsilon-greedy"
@@ -24,7 +61,7 @@ def test_registered_by_its_own_module_and_built_by_make_agent() -> None:
                                                           .environment())
 
 
-def test_explores_uniformly_at_rate_epsilon() -> None:
+def test_explores_uniformly_at_rate_epsilon(EpsilonGreedy) -> None:
     """Arm 2 is the best mean of every task once each arm is seen: the agent takes it with
     probability 1 - eps + eps / A and each other arm with eps / A."""
     tasks, arms, eps = 20_000, 4, 0.2
@@ -56,3 +93,50 @@ def test_runs_through_the_online_protocol_far_below_random() -> None:
     assert 0 < by["Epsilon-greedy"] < 0.5 * by["Random"]
     configs = set(final[final["method"] == "Epsilon-greedy"]["config"])
     assert configs == {'{"epsilon":0.1,"sigma":0.3}'}
+
+
+def test_the_plugin_adds_its_rows_to_the_bandit_experiment_and_evaluates_in_process() -> None:
+    bandit = experiments.EXPERIMENTS["bandit"]
+    assert "epsilon-greedy" in bandit.tuned
+    online = next(t for t in bandit.tables if t.name == "bandit_online")
+    assert online.rows[-1].evaluation == "epsilon-greedy"
+    with pytest.raises(ValueError, match="table 'nope' is invalid"):
+        experiments.add_evaluation("bandit", experiments.Evaluation(
+            "other", lambda cfg: [], ("online",)), tables=("nope",))
+    rows = evaluate(["epsilon-greedy", "random"], env="bandit", num_tasks=32,
+                    overrides=["env.horizon=200", "eval.online_horizon=200"])
+    final = rows[(rows["x"] == 200) & (rows["metric"] == "cumulative_regret")]
+    by = final.groupby("method")["value"].mean()
+    assert 0 < by["Epsilon-greedy"] < 0.5 * by["Random"]
+
+
+def _installed(site: Path) -> dict[str, str]:
+    """What ``pip install examples/epsilon_greedy`` declares, on a path of its own: the
+    distribution's metadata with its entry point (the module comes from PYTHONPATH)."""
+    info = site / "spice_ray_epsilon_greedy-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: spice-ray-epsilon-greedy\n"
+                                   "Version: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[{plugins.GROUP}]\nepsilon_greedy = {MODULE}\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.ray
+def test_an_installed_plugin_runs_through_a_smoke_study(tmp_path) -> None:
+    """Tuning, evaluation, a table, a figure and the report, with no file under spice_ray/
+    naming it: the driver and every Ray actor load it by its entry point."""
+    env = _installed(tmp_path / "site")
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
+                           "smoke", "--experiments", "bandit", "--out", str(run)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list((ROOT / "spice_ray").rglob("*epsilon*"))
+    for table in ("bandit_online", "bandit_tuned"):
+        df = load(run, table)
+        assert (df["method"] == "Epsilon-greedy").any(), table
+    tuning = (run / "results" / "tuning.json").read_text()
+    assert "Epsilon-greedy" in tuning
+    assert "Epsilon-greedy" in (run / "report.md").read_text()
+    assert (run / "figures" / "bandit_online.png").stat().st_size > 0

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
+from spice_ray.common.plugins import load_plugins
 from spice_ray.config import EvalConfig, FusionConfig
 from spice_ray.fusion import RandomSource
 
@@ -154,6 +155,8 @@ class AgentSpec:
     """spice-flat and count: the constant prior (mean, variance) of every action."""
 
     def __post_init__(self) -> None:
+        if self.method not in METHODS:  # perhaps an installed plugin's
+            load_plugins()
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r} is invalid: one of {', '.join(METHODS)}")
 
@@ -164,6 +167,8 @@ class AgentSpec:
 
     @property
     def info(self) -> Method:
+        if self.method not in METHODS:  # perhaps an installed plugin's
+            load_plugins()
         return METHODS[self.method]
 
     @property

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from spice_ray.common.plugins import load_plugins
+
 if TYPE_CHECKING:
     from spice_ray.common.rng import TaskStreams
 
@@ -238,6 +240,8 @@ def env_class(name: str) -> type[Environment]:
     Raises:
         KeyError: naming the registered environments.
     """
+    if name not in _REGISTRY:  # perhaps an installed plugin's
+        load_plugins()
     try:
         return _REGISTRY[name]
     except KeyError:

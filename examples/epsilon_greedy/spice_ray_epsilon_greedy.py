@@ -1,13 +1,27 @@
-"""Epsilon-greedy, a classical bandit reference: the best empirical mean, except that with
-probability epsilon the arm is drawn uniformly (each arm once first, as Emp does)."""
+"""Epsilon-greedy as a spice-ray plugin: a new agent, added to the study from outside the package.
+
+    pip install -e examples/epsilon_greedy        # declares the entry point below
+    python pipelines/full_run.py --preset smoke --experiments bandit --out /tmp/eps
+
+The bandit study then tunes it on validation tasks, evaluates it on the eval tasks, and shows
+it in ``bandit_online``, ``bandit_tuned``, their figures and the report; in-process,
+``spice_ray.evaluate.evaluate(["epsilon-greedy", "ucb"], env="bandit")`` scores it in seconds.
+Nothing under ``spice_ray/`` names it: this module's ``pyproject.toml`` declares it in the
+entry-point group ``spice_ray.plugins``, and every spice-ray process (the driver, Ray actors)
+imports it the first time it meets a name it does not know.
+
+The agent: the best empirical mean, except that with probability epsilon the arm is drawn
+uniformly (each arm once first, as Emp does).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from spice_ray.agents.base import Method, register_method
+from spice_ray.agents import AgentSpec, Method, register_method
 from spice_ray.agents.classical import CountingBandit
+from spice_ray.experiments import Evaluation, add_evaluation
 from spice_ray.fusion import argmax_ties, sample_categorical
 
 EPSILON = 0.1
@@ -43,3 +57,7 @@ class EpsilonGreedy(CountingBandit):
 register_method("epsilon-greedy", Method(
     "Epsilon-greedy", lambda spec, env, b: EpsilonGreedy(), stateless_only=True,
     constants=lambda cfg: {"epsilon": EPSILON}))
+
+# its rows in the bandit experiment: tuned (one setting) and in the online table
+add_evaluation("bandit", Evaluation("epsilon-greedy", lambda cfg: [AgentSpec("epsilon-greedy")],
+                                    ("online",)), tables=("bandit_online",))
