@@ -49,10 +49,12 @@ from spice_ray.results.analysis import (
     tuned_gap,
     width_of,
 )
+from spice_ray.results.choices import fitted_scale
 from spice_ray.results.summary import final_values, task_means
 from spice_ray.results.tables import load
 from spice_ray.study import plan_study
 from spice_ray.train.loop import steps_per_epoch
+from spice_ray.tuning import read_tuning
 
 FAMILIES = {"bandit_latent": "spice", "bandit_template": "spice", "darkroom_dpt_star": "dpt"}
 """The ladder's experiments and the model kind each trains."""
@@ -154,18 +156,18 @@ def _loss_rows(rung: Rung, finals: list[Path]) -> list[dict[str, object]]:
 
 def _prior_rows(rung: Rung, seeds: int) -> list[dict[str, object]]:
     df = load(rung.run_dir, f"{rung.family}_prior")
-    width = df["config"].map(width_of) != 1.0
+    fitted = df["config"].map(width_of) != 1.0
+    means = {tag: df[mask & df["x"].isin(HS)].groupby(["metric", "x"])["value"].mean()
+             for tag, mask in (("paper", ~fitted), ("fitted", fitted))}
     out = []
-    for fitted in (False, True):
-        sub = df[(width == fitted) & df["x"].isin(HS)]
-        means = sub.groupby(["metric", "x"])["value"].mean()
-        tag = "fitted" if fitted else "paper"
-        for h in HS:
-            if ("oracle_rmse", h) not in means:
-                continue
-            if not fitted:  # Q-bar does not depend on the width
-                out.append(_row(rung, seeds, "prior_rmse", means["oracle_rmse", h], h))
-            out.append(_row(rung, seeds, f"coverage_90_{tag}", means["coverage_90", h], h))
+    for quantity, tag, metric in (("prior_rmse", "paper", "oracle_rmse"),
+                                  ("coverage_90_paper", "paper", "coverage_90"),
+                                  ("coverage_90_fitted", "fitted", "coverage_90")):
+        out += [_row(rung, seeds, quantity, means[tag][metric, h], h) for h in HS
+                if (metric, h) in means[tag]]
+    scale = fitted_scale(read_tuning(rung.run_dir).get(rung.family))
+    if scale is not None:
+        out.append(_row(rung, seeds, "width_scale", scale))
     return out
 
 
@@ -239,25 +241,27 @@ def _fmt(value: float, lo: float = math.nan, hi: float = math.nan) -> str:
 
 
 def ladder_markdown(table: pd.DataFrame) -> str:
-    """One markdown table per family: a row per rung, a column per quantity (and h)."""
+    """One markdown table per family: a row per quantity (and h), a column per rung."""
     parts = ["# Scaling ladder", "",
              "Each rung trains the rung below's model further (same seeds, constant rate); "
              "every setting chosen on validation tasks; intervals are 95% (bootstrap over "
              "tasks for the gap closed, +-1.96 SEM over tasks for regret and return).", ""]
     for family, rows in table.groupby("family", sort=False):
-        cols: dict[str, dict[int, str]] = {}
-        for r in rows.itertuples():
-            name = r.quantity if r.h < 0 else f"{r.quantity} h={r.h}"
-            cols.setdefault(name, {})[r.multiple] = _fmt(r.value, r.lo, r.hi)
         rungs = sorted(rows["multiple"].unique())
         steps = rows.groupby("multiple")["steps"].first()
         seeds = rows.groupby("multiple")["seeds"].first()
+        cells: dict[str, dict[int, str]] = {}
+        for r in rows.itertuples():
+            name = r.quantity if r.h < 0 else f"{r.quantity}, h={r.h}"
+            cells.setdefault(name, {})[r.multiple] = _fmt(r.value, r.lo, r.hi)
         parts += [f"## {family}", "",
-                  "| rung | steps | seeds | " + " | ".join(cols) + " |",
-                  "|---|---|---|" + "---|" * len(cols)]
-        for m in rungs:
-            parts.append(f"| {m}x | {steps[m]:,} | {seeds[m]} | "
-                         + " | ".join(c.get(m, "-") for c in cols.values()) + " |")
+                  "| quantity | " + " | ".join(f"{m}x: {steps[m]:,} steps, {seeds[m]} seed"
+                                                 f"{'s' if seeds[m] > 1 else ''}"
+                                                 for m in rungs) + " |",
+                  "|---|" + "---|" * len(rungs)]
+        for name, by_rung in cells.items():
+            parts.append(f"| {name} | " + " | ".join(by_rung.get(m, "-") for m in rungs)
+                         + " |")
         parts.append("")
     return "\n".join(parts)
 
