@@ -318,6 +318,41 @@ def test_results_cli(tmp_path, capsys) -> None:
     assert results_main([str(tmp_path), "bandit_online", "--where", "bogus ==="]) == 2
 
 
+def test_settings_read_as_typed_columns_for_where_and_by(tmp_path, capsys) -> None:
+    """beta, width_scale, kernel ... are columns of their own on reading (missing where a
+    method has none), so a query can filter and group on them; the stored table keeps
+    config."""
+    rows = []
+    for method, config in (("SPICE", '{"beta":1.0,"kernel":"rbf","width_scale":0.2}'),
+                           ("SPICE", '{"beta":2.0,"kernel":"rbf"}'),
+                           ("UCB", '{"c":0.5,"sigma":0.3}'), ("Random", "{}")):
+        for task in range(3):
+            rows.append({"experiment": "bandit", "env": "bandit", "method": method,
+                         "rule": "ucb", "config": config, "seed": 0, "task_id": task,
+                         "metric": "cumulative_regret", "x": 9,
+                         "value": float(task) + len(config)})
+    write(tmp_path, "bandit_online", pd.DataFrame(rows))
+    df = load(tmp_path, "bandit_online", settings=True)
+    assert df["beta"].dtype == "float64" and df["kernel"].dtype == "string"
+    assert df["beta"].tolist()[:6] == [1.0] * 3 + [2.0] * 3
+    assert df["beta"].isna().sum() == 6 and df["kernel"].isna().sum() == 6
+    assert df["width_scale"].notna().sum() == 3 and df["c"].dropna().unique().tolist() == [0.5]
+    assert "beta" not in load(tmp_path, "bandit_online").columns
+    assert results_main([str(tmp_path), "bandit_online", "--where", "beta == 1",
+                         "--by", "method", "--format", "csv"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == "method,mean,sem,n,seeds" and len(out) == 2 and out[1].startswith("SPICE,")
+    assert results_main([str(tmp_path), "bandit_online", "--where", "c < 1 or beta > 1",
+                         "--by", "method,beta", "--format", "csv"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("method,beta,") and out[1].startswith("SPICE,2.0,")
+    assert out[2].startswith("UCB,,")
+    # on screen, the label stands for the config's JSON
+    assert results_main([str(tmp_path), "bandit_online", "--by", "method"]) == 0
+    screen = capsys.readouterr().out
+    assert "SPICE (beta=1.0" in screen and '{"beta"' not in screen
+
+
 def test_unwritable_out_dir_fails_clearly(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")

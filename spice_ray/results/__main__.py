@@ -6,6 +6,7 @@
     python -m spice_ray.results RUN_DIR bandit_offline --by method,x --format csv
     python -m spice_ray.results RUN_DIR bandit_online --by method --stat bootstrap
     python -m spice_ray.results RUN_DIR bandit_online --by method --pool  # settings in one row
+    python -m spice_ray.results RUN_DIR bandit_online --by method,beta --where "beta >= 1"
     python -m spice_ray.results RUN_DIR compare SPICE DPT       # P(SPICE beats DPT) per table
     python -m spice_ray.results RUN_DIR bandit_online --by method --at last \
         --where "metric == 'cumulative_regret'" --format latex   # a table for the paper
@@ -23,6 +24,7 @@ from spice_ray.common.errors import excerpt
 from spice_ray.results import paper
 from spice_ray.results.query import QueryError, filter_rows
 from spice_ray.results.report import _label as row_label
+from spice_ray.results.schema import KEY
 from spice_ray.results.summary import LABEL_KEYS, STATS, improvement, summarise
 from spice_ray.results.tables import ResultsError, describe, list_experiments, list_sweeps, load
 
@@ -44,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool", action="store_true",
                    help="group by exactly --by, pooling a method's settings into one row")
     p.add_argument("--where", default=None,
-                   help="row filter: column names, literals, comparisons, and/or/not, in, "
-                        "arithmetic; e.g. \"metric == 'cumulative_regret' and x == 500\"")
+                   help="row filter: column names (the schema's, and each setting of config "
+                        "as its own column: beta, tau, width_scale, c, ...), literals, "
+                        "comparisons, and/or/not, in, arithmetic; e.g. \"metric == "
+                        "'cumulative_regret' and x == 500\"")
     p.add_argument("--format", choices=("table", "csv", "json", "markdown", "latex"),
                    default="table",
                    help="markdown / latex: one metric at one x, mean +- SEM, the best row in "
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.methods:
                 raise ResultsError(f"unexpected arguments {args.methods}: only 'compare' "
                                    "takes methods")
-            df = load(args.run_dir, args.experiment)
+            df = load(args.run_dir, args.experiment, settings=True)
         if args.where and args.experiment != "compare":
             try:
                 df = filter_rows(df, args.where)
@@ -84,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         by = args.by.split(",") if args.by else None
         if by and len(set(by)) < len(by):
             raise ResultsError(f"--by {excerpt(args.by)} names a column twice")
+        if not by or args.raw:  # the typed settings served --where; the rows keep config
+            df = df[[c for c in df.columns if c in KEY or c == "value" or c in (by or [])]
+                    ] if not args.experiment.startswith("sweeps/") else df
         out = df if args.raw else summarise(df, by, args.stat, pool=args.pool)
         if not args.raw and by and any(c in out.columns and c not in by for c in LABEL_KEYS):
             out.insert(len(by), "label", out.apply(row_label, axis=1))  # as the report reads
@@ -102,10 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         print(out.to_csv(index=False), end="")
     elif args.format == "json":
         print(out.to_json(orient="records", indent=1))
-    else:
+    else:  # on screen the label says what config does (csv and json keep the JSON)
+        shown = out.drop(columns="config") if "label" in out and "config" in out else out
         with pd.option_context("display.max_rows", 500, "display.width", 200,
                                "display.max_columns", 20):
-            print(out.to_string(index=False))
+            print(shown.to_string(index=False))
     return 0
 
 

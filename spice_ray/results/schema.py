@@ -16,9 +16,20 @@
 
 Each key (every column but ``value``) appears at most once in a table. Evaluation produces
 :data:`ROW_COLUMNS` (no experiment, no variant); the study adds both when it writes a table.
+
+The settings inside ``config`` also read as typed columns (:func:`settings_columns`; ``load(...,
+settings=True)`` and the results CLI add them): one column per key (``beta``, ``tau``,
+``width_scale``, ``c``, ...), numbers as float64 and text as strings, missing (NaN / <NA>)
+where a row's method has no such setting, so ``--where "beta == 1"`` and ``--by method,beta``
+work. They are derived from ``config`` on reading, never stored: ``config`` stays the record.
 """
 
 from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
 
 COLUMNS = ("experiment", "env", "method", "rule", "config", "variant", "seed", "task_id",
            "metric", "x", "value")
@@ -31,3 +42,32 @@ ROW_COLUMNS = tuple(c for c in COLUMNS if c not in ("experiment", "variant"))
 ROW_KEY = ROW_COLUMNS[:-1]
 NO_SEED = -1
 """``seed`` of rows of methods without a training seed (classical and reference agents)."""
+
+SETTING_PREFIX = "setting."
+"""Prefix of a setting column whose key is also a schema column (none today)."""
+
+
+def settings_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """The settings of every row's ``config`` as typed columns, aligned with ``df``'s index.
+
+    One column per key found in any config (sorted): float64 where every value present is a
+    number, boolean where every one is true/false, string otherwise (lists as their JSON);
+    missing where a row's config lacks the key. Each distinct config is parsed once.
+    """
+    codes, configs = pd.factorize(df["config"].astype(object), use_na_sentinel=False)
+    parsed = [json.loads(c) if isinstance(c, str) and c else {} for c in configs]
+    keys = sorted({k for d in parsed for k in d})
+    out = {}
+    for key in keys:
+        values = [d.get(key) for d in parsed]
+        present = [v for v in values if v is not None]
+        if present and all(isinstance(v, bool) for v in present):
+            col = pd.array(values, dtype="boolean")
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+            col = np.array([np.nan if v is None else float(v) for v in values])
+        else:
+            col = pd.array([None if v is None else v if isinstance(v, str)
+                            else json.dumps(v) for v in values], dtype="string")
+        name = SETTING_PREFIX + key if key in COLUMNS else key
+        out[name] = col[codes] if len(codes) else col[:0]
+    return pd.DataFrame(out, index=df.index)

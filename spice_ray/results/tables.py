@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from spice_ray.common import artifacts
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.results.schema import COLUMNS, DTYPES, KEY
+from spice_ray.results.schema import COLUMNS, DTYPES, KEY, settings_columns
 
 SWEEPS_PREFIX = "sweeps/"
 """Table names starting with this read ``<run_dir>/sweeps/<name>.parquet`` (sweep tables)."""
@@ -164,10 +164,12 @@ def list_sweeps(run_dir: str | Path) -> list[str]:
     return sorted(f"{SWEEPS_PREFIX}{p.stem}" for p in (Path(run_dir) / "sweeps").glob("*.parquet"))
 
 
-def load(run_dir: str | Path, experiment: str | None = None) -> pd.DataFrame:
+def load(run_dir: str | Path, experiment: str | None = None, settings: bool = False
+         ) -> pd.DataFrame:
     """One experiment's table (or all of them concatenated when ``experiment`` is None).
 
     ``experiment`` may also name a sweep table, ``sweeps/<name>`` (returned as stored).
+    ``settings=True`` adds each config key as a typed column (``schema.settings_columns``).
 
     Raises:
         ResultsError: the run directory or table does not exist, the name is not a plain
@@ -190,4 +192,5 @@ def load(run_dir: str | Path, experiment: str | None = None) -> pd.DataFrame:
         frames.append(read_frame(path))
     if experiment and experiment.startswith(SWEEPS_PREFIX):
         return frames[0]
-    return pd.concat(frames, ignore_index=True).astype(DTYPES)
+    df = pd.concat(frames, ignore_index=True).astype(DTYPES)
+    return pd.concat([df, settings_columns(df)], axis=1) if settings else df
