@@ -16,6 +16,7 @@ import pytest
 from spice_ray.experiments import EXPERIMENTS
 from spice_ray.results import load, summarise, write
 from spice_ray.results.__main__ import main as results_main
+from spice_ray.results.tables import write_frame
 from spice_ray.study import plan_study, run_study, study_tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -351,6 +352,26 @@ def test_settings_read_as_typed_columns_for_where_and_by(tmp_path, capsys) -> No
     assert results_main([str(tmp_path), "bandit_online", "--by", "method"]) == 0
     screen = capsys.readouterr().out
     assert "SPICE (beta=1.0" in screen and '{"beta"' not in screen
+
+
+def test_results_cli_hints_at_values_and_prints_summary_tables(tmp_path, capsys) -> None:
+    """A filter that matches nothing says what the columns it names hold; a table of
+    summaries (a sweep's *_summary) prints as stored instead of a traceback."""
+    _fixture_table(tmp_path)
+    assert results_main([str(tmp_path), "bandit_online", "--where",
+                         "x == 500 and method == 'C'"]) == 1
+    err = capsys.readouterr().err
+    assert "no rows match; in bandit_online: x in {9}; method in {'A', 'B'}" in err
+    write_frame(tmp_path / "sweeps" / "kb_summary.parquet", pd.DataFrame(
+        {"config": ['{"beta":1}', '{"beta":2}'], "mean": [1.5, 2.5], "sem": [0.1, 0.2],
+         "n": [4, 4]}))
+    assert results_main([str(tmp_path), "sweeps/kb_summary", "--where", "mean > 2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "2.5" in out[1]
+    assert results_main([str(tmp_path), "sweeps/kb_summary", "--by", "config"]) == 2
+    assert "holds summaries, not per-task values" in capsys.readouterr().err
+    assert results_main([str(tmp_path), "sweeps/kb_summary", "--at", "last"]) == 2
+    assert "--at needs the columns x and metric" in capsys.readouterr().err
 
 
 def test_unwritable_out_dir_fails_clearly(tmp_path) -> None:

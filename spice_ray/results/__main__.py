@@ -22,7 +22,7 @@ import pandas as pd
 
 from spice_ray.common.errors import excerpt
 from spice_ray.results import paper
-from spice_ray.results.query import QueryError, filter_rows
+from spice_ray.results.query import QueryError, columns_named, filter_rows, values_hint
 from spice_ray.results.report import _label as row_label
 from spice_ray.results.schema import KEY
 from spice_ray.results.summary import LABEL_KEYS, STATS, improvement, summarise
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ResultsError(f"unexpected arguments {args.methods}: only 'compare' "
                                    "takes methods")
             df = load(args.run_dir, args.experiment, settings=True)
+        whole = df
         if args.where and args.experiment != "compare":
             try:
                 df = filter_rows(df, args.where)
@@ -83,11 +84,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.at is not None and args.experiment != "compare":
             df = _at(df, args.at)
         if df.empty:
-            print("no rows match", file=sys.stderr)
+            named = (columns_named(args.where) if args.where else []) + (
+                ["x"] if args.at is not None else [])
+            hint = values_hint(whole, list(dict.fromkeys(named)))
+            print("no rows match" + (f"; in {args.experiment}: {hint}" if hint else ""),
+                  file=sys.stderr)
             return 1
         by = args.by.split(",") if args.by else None
         if by and len(set(by)) < len(by):
             raise ResultsError(f"--by {excerpt(args.by)} names a column twice")
+        if not args.raw and not {"value", "seed", "task_id"} <= set(df.columns):
+            if by or args.stat != "sem" or args.format in ("markdown", "latex"):
+                raise ResultsError(f"{args.experiment} holds summaries, not per-task values, "
+                                   "so --by, --stat and --format markdown|latex do not apply; "
+                                   "without them it prints as stored (--where works)")
+            args.raw = True  # a summary table (e.g. a sweep's *_summary): shown as stored
         if not by or args.raw:  # the typed settings served --where; the rows keep config
             df = df[[c for c in df.columns if c in KEY or c == "value" or c in (by or [])]
                     ] if not args.experiment.startswith("sweeps/") else df
@@ -119,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _at(df: pd.DataFrame, at: str) -> pd.DataFrame:
     """The rows at one x per metric: its last step ("last") or the given x."""
+    if "x" not in df.columns or "metric" not in df.columns:
+        raise ResultsError("--at needs the columns x and metric, which this table has not")
     if at == "last":
         return df[df["x"] == df.groupby("metric")["x"].transform("max")]
     try:

@@ -214,3 +214,30 @@ def filter_rows(df: pd.DataFrame, expr: str) -> pd.DataFrame:
             or not pd.api.types.is_bool_dtype(mask.dtype)):
         raise QueryError("the filter must be a condition on the rows, e.g. x == 500")
     return df[_as_bool(mask).to_numpy()]
+
+
+def columns_named(expr: str) -> list[str]:
+    """The column names ``expr`` reads, in order of first use (backticked names unquoted)."""
+    tree, aliases = parse(expr)
+    names = [aliases.get(n.id, n.id) for n in ast.walk(tree) if isinstance(n, ast.Name)]
+    return list(dict.fromkeys(n for n in names if n not in ("True", "False", "None")))
+
+
+def values_hint(df: pd.DataFrame, columns: list[str], limit: int = 8) -> str:
+    """What each of ``columns`` holds in ``df``, for a filter that matched nothing: its range
+    and count of values for a numeric column with many, else up to ``limit`` values."""
+    parts = []
+    for col in columns:
+        if col not in df.columns:
+            continue
+        values = pd.unique(df[col].dropna())
+        if len(values) == 0:
+            parts.append(f"{col} is always missing")
+        elif pd.api.types.is_numeric_dtype(df[col]) and len(values) > limit:
+            parts.append(f"{col} from {values.min():g} to {values.max():g} ({len(values)} "
+                         "values)")
+        else:
+            shown = sorted(values.tolist(), key=str)[:limit]
+            more = f", ... ({len(values)} values)" if len(values) > limit else ""
+            parts.append(f"{col} in {{{', '.join(map(repr, shown))}{more}}}")
+    return "; ".join(parts)
