@@ -181,14 +181,16 @@ class _Policy:
                                  device, **self._options())
 
     def reset(self, num_envs: int | None = None,
-              draws: RandomSource | int | None = None) -> None:
+              draws: RandomSource | int | None = 0) -> None:
         """Start empty contexts for ``num_envs`` environments (None: one, with scalar
         actions).
 
         Args:
             draws: randomness of Thompson sampling / policy sampling and of tie-breaking: a
-                seed, a ``torch.Generator`` or per-task ``StepDraws`` (what the evaluation
-                uses); None: ties go to the lowest index.
+                seed (default 0: ties broken at random, as in the study's evaluation, and the
+                same calls give the same actions), a ``torch.Generator`` or per-task
+                ``StepDraws`` (what the evaluation uses); None: ties go to the lowest index,
+                a fixed direction of search the evaluation avoids.
         """
         if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, int)
                                      or num_envs < 1):
@@ -377,6 +379,11 @@ class DptPolicy(_Policy):
 
     def _options(self) -> dict[str, Any]:
         return {"sample": self.agent.sample}
+
+    def __repr__(self) -> str:
+        return (f"DptPolicy({self.env.name}, A={self.env.num_actions}, "
+                f"{'samples from' if self.agent.sample else 'acts greedily on'} its policy, "
+                f"context_limit={self.context_limit}, device={self.device})")
 
     @classmethod
     def from_run(cls, run_dir: str | Path, experiment: str, seed: int = 0,

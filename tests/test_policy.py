@@ -311,3 +311,24 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
     record["darkroom"]["methods"]["SPICE"]["chosen"] = {"beta": 4.0}  # not its grid's best
     write_checked_text(path, json.dumps(record))
     assert spice_ray.SpicePolicy.from_run(run, "darkroom").tuned is None
+
+
+def test_ties_are_broken_at_random_by_default_and_a_dpt_policy_says_what_it_is(tmp_path
+                                                                              ) -> None:
+    """A policy whose logits are all equal (a zeroed head) ties everywhere: by default the
+    ties are broken at random, seeded (the same calls give the same actions), as the study's
+    evaluation does; draws=None gives the lowest index, the bias the evaluation avoids."""
+    cfg = make_config("smoke", "bandit")
+    dpt = spice_ray.DptPolicy.from_checkpoint(_checkpoint(tmp_path, cfg, "dpt"))
+    with torch.no_grad():
+        dpt.agent.model.policy_head.weight.zero_()
+        dpt.agent.model.policy_head.bias.zero_()
+    dpt.reset(num_envs=64)
+    first = dpt.act(None)
+    assert len(set(first.tolist())) == 5  # every arm drawn across 64 tied environments
+    dpt.reset(num_envs=64)
+    np.testing.assert_array_equal(dpt.act(None), first)
+    dpt.reset(num_envs=64, draws=None)
+    assert set(dpt.act(None).tolist()) == {0}
+    assert repr(dpt) == ("DptPolicy(bandit, A=5, acts greedily on its policy, context_limit="
+                         f"{dpt.context_limit}, device=cpu)")
