@@ -24,6 +24,7 @@ from spice_ray.common.console import Console
 from spice_ray.config import ConfigError
 from spice_ray.dryrun import describe_plan
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
+from spice_ray.results.figure_files import FORMATS
 from spice_ray.runtime import resources
 from spice_ray.runtime.cli import add_config_args, run_main, start_run
 from spice_ray.study import plan_study, run_study
@@ -40,13 +41,25 @@ def cli(argv: list[str] | None = None) -> None:
                         + " (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (stages, resources, sizes, times) and exit")
+    parser.add_argument("--figure-format", default="png",
+                        help="comma-separated, of " + ", ".join(FORMATS) + ": every figure as "
+                        "a PNG (the report's) and a copy in each other format, e.g. pdf for a "
+                        "paper (default: %(default)s)")
     args = parser.parse_args(argv)
+    formats = tuple(dict.fromkeys(["png", *(f.strip() for f in args.figure_format.split(",")
+                                            if f.strip())]))
+    if any(f not in FORMATS for f in formats):
+        bad = next(f for f in formats if f not in FORMATS)
+        print(f"error: --figure-format {bad!r} is invalid: one of {', '.join(FORMATS)}",
+              file=sys.stderr)
+        raise SystemExit(2)
     try:  # every experiment's config is valid before Ray starts
         plan = plan_study(args.preset, args.out, args.config, args.overrides,
                           tuple(e for e in args.experiments.split(",") if e))
     except ConfigError as exc:
         print(f"error: bad config: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    plan.figure_formats = formats
     if args.dry_run:
         print(describe_plan(plan))
         problems = resources.size_problems(plan.configs.values(), plan.run_dir, args.address)

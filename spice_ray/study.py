@@ -47,6 +47,7 @@ from spice_ray.records import (
 )
 from spice_ray.results import aggregate, plots
 from spice_ray.results.choices import choices_table, fitted_noise, fitted_scale
+from spice_ray.results.figure_files import copies, extra_formats
 from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
@@ -77,6 +78,8 @@ class StudyPlan:
     units: list[dict[str, Any]] = field(default_factory=list)
     """Wall seconds of each model and evaluation: {"stage", "experiment", "what", "seconds"};
     with ``timings``, ``<run>/logs/timing.json``."""
+    figure_formats: tuple[str, ...] = ("png",)
+    """Figure formats (``plots.FORMATS``): PNG always, PDF / SVG copies beside it on request."""
 
 
 def _env_field(key: str) -> str | None:
@@ -331,7 +334,8 @@ def draw_figures(plan: StudyPlan) -> dict[str, list[Path]]:
         sidecar = table_path(run_dir, table.name).with_name(f"{table.name}.parquet.sha256")
         stamps[table.name] = config_hash({"table": sidecar.read_text(), "code": code,
                                           "title": table.title, "kinds": table.figures})
-        if old.get(table.name) != stamps[table.name] or not all(p.exists() for p in paths):
+        wanted = [*paths, *(c for p in paths for c in copies(p))]
+        if old.get(table.name) != stamps[table.name] or not all(p.exists() for p in wanted):
             df = load(run_dir, table.name)
             for kind, path in zip(table.figures, paths, strict=True):
                 plots.PLOTS[kind](df, path, table.title)
@@ -390,11 +394,13 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
 
     enter_stage("5/6 figures")
     t4 = time.perf_counter()
-    figures = draw_figures(plan)
-    across = aggregate.study_aggregate(run_dir, list(plan.configs))
+    with extra_formats(plan.figure_formats):
+        figures = draw_figures(plan)
+        across = aggregate.study_aggregate(run_dir, list(plan.configs))
     plan.timings["figures"] = time.perf_counter() - t4
     pngs = sum(len(v) for v in figures.values()) + bool(across)
-    console.stage(5, 6, "figures", f"{count(pngs, 'PNG file')}")
+    also = "".join(f", {pngs} {f.upper()}" for f in plan.figure_formats if f != "png")
+    console.stage(5, 6, "figures", f"{count(pngs, 'PNG file')}{also}")
     enter_stage("6/6 report")
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
              *(n for name in plan.configs for n in EXPERIMENTS[name].notes),

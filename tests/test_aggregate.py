@@ -134,3 +134,25 @@ def test_a_curve_hidden_under_another_is_named_and_the_zoom_names_what_it_shows(
                           "DPT": [10.0, 50.0, 100.0]}, "cumulative_regret")
     plots.plot_online(online, tmp_path / "o.png", "t")
     assert "zoomed to UCB, SPICE" in saved["titles"] and "hidden" not in saved["note"]
+
+
+def test_figures_get_vector_copies_on_request(tmp_path) -> None:
+    """--figure-format pdf,svg: every figure's PNG (the report's) and a copy in each format
+    beside it; outside the block, PNG only; an unknown format is refused by name."""
+    import pytest
+
+    from spice_ray.results import plots
+    from spice_ray.results.figure_files import extra_formats
+
+    online = _curve_rows({"SPICE": [1.0, 2.0, 3.0], "UCB": [1.0, 2.5, 4.0]},
+                         "cumulative_regret")
+    with extra_formats(("png", "pdf", "svg")):
+        plots.plot_online(online, tmp_path / "a.png", "t")
+    assert (tmp_path / "a.pdf").read_bytes().startswith(b"%PDF")
+    assert b"<svg" in (tmp_path / "a.svg").read_bytes()[:2000]
+    assert (tmp_path / "a.png").read_bytes().startswith(b"\x89PNG")
+    plots.plot_online(online, tmp_path / "b.png", "t")
+    assert sorted(p.name for p in tmp_path.glob("b.*")) == ["b.png"]
+    with pytest.raises(ValueError, match="figure format 'tiff' is invalid"):
+        with extra_formats(("tiff",)):
+            pass

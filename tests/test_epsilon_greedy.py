@@ -129,7 +129,8 @@ def test_an_installed_plugin_runs_through_a_smoke_study(tmp_path) -> None:
     env = _installed(tmp_path / "site")
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
-                           "smoke", "--experiments", "bandit", "--out", str(run)], env=env,
+                           "smoke", "--experiments", "bandit", "--out", str(run),
+                           "--figure-format", "pdf"], env=env,
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list((ROOT / "spice_ray").rglob("*epsilon*"))
@@ -140,3 +141,7 @@ def test_an_installed_plugin_runs_through_a_smoke_study(tmp_path) -> None:
     assert "Epsilon-greedy" in tuning
     assert "Epsilon-greedy" in (run / "report.md").read_text()
     assert (run / "figures" / "bandit_online.png").stat().st_size > 0
+    # --figure-format pdf (checked here to share the study): a PDF beside every PNG
+    pngs = sorted(p.stem for p in (run / "figures").glob("*.png"))
+    assert pngs and sorted(p.stem for p in (run / "figures").glob("*.pdf")) == pngs
+    assert f"{len(pngs)} PNG files, {len(pngs)} PDF" in proc.stdout

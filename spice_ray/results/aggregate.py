@@ -202,6 +202,7 @@ def study_aggregate(run_dir: Path, experiments: list[str], reps: int = RESAMPLES
     from spice_ray.common.artifacts import atomic_write_text, file_sha256
     from spice_ray.config import config_hash
     from spice_ray.results import plots
+    from spice_ray.results.figure_files import copies
     from spice_ray.results.tables import list_experiments, load, table_path
 
     run_dir = Path(run_dir)
@@ -228,7 +229,7 @@ def study_aggregate(run_dir: Path, experiments: list[str], reps: int = RESAMPLES
     stamp = config_hash({"code": code, "reps": reps, "tables": {
         e: table_path(run_dir, f"{e}_tuned").with_suffix(".parquet.sha256").read_text()
         for e in tables}})
-    if stamps.get("aggregate") != stamp or not path.exists():
+    if stamps.get("aggregate") != stamp or not all(p.exists() for p in (path, *copies(path))):
         plots.plot_aggregate(result, path)
         atomic_write_text(stamps_path, json.dumps({**stamps, "aggregate": stamp}, indent=1))
     agg, imp = result.table, result.improvement

@@ -19,8 +19,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from spice_ray.common.artifacts import atomic_path  # noqa: E402
 from spice_ray.results.analysis import width_of  # noqa: E402
+from spice_ray.results.figure_files import save as _save  # noqa: E402
 from spice_ray.results.summary import summarise  # noqa: E402
 
 METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
@@ -174,21 +174,6 @@ def _notes(note: str, *extra: list[str]) -> str:
     for notes in extra:
         lines += [n for n in notes if n not in lines]
     return "\n".join(lines)
-
-
-def _save(fig, path: Path, note: str | None = None) -> Path:
-    """Write the figure (nothing clipped: the legends outside the axes are kept), with
-    ``note`` (what its bands are) under it."""
-    if fig.get_layout_engine() is None:  # a constrained figure sizes each gap on its own
-        fig.tight_layout()
-    if note:
-        fig.text(0.01, -0.02, note, fontsize=7, ha="left", va="top")
-    try:
-        with atomic_path(path) as tmp:  # never a half PNG; a full disk names the file
-            fig.savefig(tmp, dpi=120, format="png", bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return path
 
 
 def plot_offline(df: pd.DataFrame, path: Path, title: str) -> Path:

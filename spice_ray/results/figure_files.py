@@ -1,0 +1,61 @@
+"""Where a figure goes: a PNG (the report embeds it) and, on request, vector copies beside it.
+
+Every plotting function of :mod:`spice_ray.results.plots` ends in :func:`save`; the figures
+stage wraps itself in :func:`extra_formats` when ``--figure-format pdf`` (or svg) asks for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from spice_ray.common.artifacts import atomic_path  # noqa: E402
+
+FORMATS = ("png", "pdf", "svg")
+"""Figure file formats: PNG always (the report embeds it), PDF and SVG as vector copies."""
+_EXTRA_FORMATS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "extra_formats", default=())
+
+
+@contextlib.contextmanager
+def extra_formats(formats: tuple[str, ...]) -> Iterator[None]:
+    """Inside the block, every figure is also written in each of ``formats`` (of
+    :data:`FORMATS` but png), beside its PNG with that suffix (``--figure-format pdf``)."""
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ValueError(f"figure format {bad[0]!r} is invalid: one of {list(FORMATS)}")
+    token = _EXTRA_FORMATS.set(tuple(f for f in formats if f != "png"))
+    try:
+        yield
+    finally:
+        _EXTRA_FORMATS.reset(token)
+
+
+def copies(path: Path) -> list[Path]:
+    """The vector copies of PNG ``path`` that the current :func:`extra_formats` asks for."""
+    return [path.with_suffix(f".{f}") for f in _EXTRA_FORMATS.get()]
+
+
+def save(fig, path: Path, note: str | None = None) -> Path:
+    """Write the figure (nothing clipped: the legends outside the axes are kept), with
+    ``note`` (what its bands are) under it; also its :func:`copies` in vector formats."""
+    if fig.get_layout_engine() is None:  # a constrained figure sizes each gap on its own
+        fig.tight_layout()
+    if note:
+        fig.text(0.01, -0.02, note, fontsize=7, ha="left", va="top")
+    try:
+        with atomic_path(path) as tmp:  # never a half PNG; a full disk names the file
+            fig.savefig(tmp, dpi=120, format="png", bbox_inches="tight")
+        for copy in copies(path):
+            with atomic_path(copy) as tmp:
+                fig.savefig(tmp, format=copy.suffix[1:], bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return path
