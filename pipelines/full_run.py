@@ -20,7 +20,7 @@ import logging
 import shlex
 import sys
 
-from spice_ray.common.console import Console
+from spice_ray.common.console import Console, fmt_seconds
 from spice_ray.config import ConfigError
 from spice_ray.dryrun import describe_plan
 from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
@@ -79,6 +79,8 @@ def cli(argv: list[str] | None = None) -> None:
     console.line(f"figures: {(plan.run_dir / 'figures').resolve()} ({len(figures)} PNG files)")
     console.line(f"tables:  {(plan.run_dir / 'results').resolve()} "
                  f"(query: python -m spice_ray.results {shlex.quote(str(plan.run_dir))})")
+    stages = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in plan.timings.items() if k != "total")
+    console.line(f"time:    {fmt_seconds(plan.timings.get('total', 0.0))} ({stages})")
 
 
 if __name__ == "__main__":

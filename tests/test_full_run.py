@@ -28,7 +28,7 @@ def _mtimes(run_dir: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime_ns for p in files}
 
 
-CONSOLE_LINE = re.compile(r"^(\[\d/6\] |  \S|spice-ray study|report: |figures: |tables: )")
+CONSOLE_LINE = re.compile(r"^(\[\d/6\] |  \S|spice-ray study|report: |figures: |tables: |time: )")
 """Every line the study prints: stage headers, indented unit lines, its first and last lines."""
 
 
@@ -44,6 +44,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert 10 <= len(lines) <= 60, proc.stdout
     assert [line for line in lines if not CONSOLE_LINE.match(line)] == [], proc.stdout
     assert proc.stderr.strip() == "", proc.stderr[-3000:]
+    assert re.match(r"time: +\d+ (s|min)", lines[-1]) and "pretrain" in lines[-1], lines[-1]
     # the README's console excerpt is this run's: the same stage headers and counts
     readme = (ROOT / "README.md").read_text().split("## What you see on the console")[1]
     excerpt = readme.split("```")[1].splitlines()
