@@ -156,6 +156,40 @@ def test_gymnasium_wrappers() -> None:
     assert r == 0.0 and trunc and info["regret"] == 1.0
 
 
+def test_gymnasium_spaces_are_bounded_checked_and_grids_render() -> None:
+    """Gymnasium's own checker passes on every environment; cell states have their grid's
+    bounds and a bandit's its one zero state; the darkrooms draw an RGB grid (goal green,
+    agent white, visited cells lighter), and a stateless environment refuses to."""
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env
+
+    from spice_ray.envs.base import names
+
+    for name in names():
+        check_env(gymnasium.make(f"spice_ray/{name}-v0", preset="smoke", task=2).unwrapped,
+                  skip_render_check=False)
+    space = gymnasium.make("spice_ray/darkroom-v0", preset="smoke").observation_space
+    assert (space.low.tolist(), space.high.tolist()) == ([0.0, 0.0], [9.0, 9.0])
+    space = gymnasium.make("spice_ray/bandit-v0", preset="smoke").observation_space
+    assert (space.low.tolist(), space.high.tolist()) == ([0.0], [0.0])
+    room = make_config("smoke", "darkroom").environment()
+    env = TaskEnv(room, darkroom.DarkroomTasks(np.array([[3, 1]]), np.array([[0, 0]]), 10), 0,
+                  horizon=5, render_mode="rgb_array")
+    env.reset(seed=0)
+    env.step(0)  # (0, 0) -> (1, 0)
+    img = env.render()
+    assert img.shape == (160, 160, 3) and img.dtype == np.uint8
+
+    def cell(x: int, y: int) -> list[int]:  # the image's rows run from y = 9 down
+        return img[(9 - y) * 16 + 8, x * 16 + 8].tolist()
+
+    assert cell(3, 1) == [40, 170, 60] and cell(1, 0) == [235, 235, 235]
+    assert cell(0, 0) == [90, 90, 90] and cell(5, 5) == [40, 40, 40]
+    assert TaskEnv(room, env.tasks, 0).render() is None
+    with pytest.raises(ValueError, match="needs a grid environment; bandit"):
+        gymnasium.make("spice_ray/bandit-v0", preset="smoke", render_mode="rgb_array")
+
+
 def test_every_environment_is_a_registered_gymnasium_env() -> None:
     """gymnasium.make gives the study's own task: the same means / goal and start as row
     ``task`` of the dataset split at that preset."""

@@ -25,7 +25,7 @@ def generate_tasks(env: EnvConfig, data: DataConfig, split: str, task_ids: np.nd
 
 
 def gym_env(name: str, task: int = 0, split: str = "eval", preset: str = "small",
-            horizon: int | None = None) -> Any:
+            horizon: int | None = None, render_mode: str | None = None) -> Any:
     """Task ``task`` of ``split`` of environment ``name`` at ``preset`` scale as a
     ``gymnasium.Env`` (:class:`spice_ray.envs.gym.TaskEnv`): the same task as row ``task`` of
     the study's dataset of that preset (keyed by ``data.seed``, split and task id). The entry
@@ -36,11 +36,12 @@ def gym_env(name: str, task: int = 0, split: str = "eval", preset: str = "small"
     cfg = make_config(preset, name)
     env = cfg.environment()
     tasks = env.eval_tasks(generate_tasks(cfg.env, cfg.data, split, np.array([int(task)])))
-    return TaskEnv(env, tasks, 0, horizon)
+    return TaskEnv(env, tasks, 0, horizon, render_mode)
 
 
 def gym_vector_env(num_envs: int, name: str, task: int = 0, split: str = "eval",
-                   preset: str = "small", horizon: int | None = None) -> Any:
+                   preset: str = "small", horizon: int | None = None,
+                   render_mode: str | None = None) -> Any:
     """``num_envs`` consecutive tasks ``task, task + 1, ...`` of ``split`` as one Gymnasium
     vector environment (each its own task, not copies of one); the vector entry point of
     ``gymnasium.make_vec("spice_ray/<name>-v0", num_envs=8, split=..., preset=...)``.
@@ -52,5 +53,5 @@ def gym_vector_env(num_envs: int, name: str, task: int = 0, split: str = "eval",
     if int(num_envs) < 1:
         raise ValueError(f"num_envs must be >= 1, not {num_envs!r}")
     return gymnasium.vector.SyncVectorEnv(
-        [partial(gym_env, name, int(task) + i, split, preset, horizon)
+        [partial(gym_env, name, int(task) + i, split, preset, horizon, render_mode)
          for i in range(int(num_envs))])

@@ -162,6 +162,11 @@ class Bandit(Environment):
     def state_dim(self) -> int:
         return STATE_DIM
 
+    @property
+    def state_bounds(self) -> tuple[float, float]:
+        """A bandit has one state, the zero vector."""
+        return (0.0, 0.0)
+
     def columns(self) -> tuple[Column, ...]:
         a, h = self.num_actions, self.horizon
         u8, f32 = np.dtype(np.uint8), np.dtype(np.float32)

@@ -123,6 +123,12 @@ class Environment(ABC):
     def state_dim(self) -> int:
         """S, the width of a state vector."""
 
+    @property
+    def state_bounds(self) -> tuple[Any, Any]:
+        """The range of the state coordinates (Gymnasium's observation space), as numbers
+        or per-coordinate arrays; unbounded unless the environment says otherwise."""
+        return (-np.inf, np.inf)
+
     @abstractmethod
     def columns(self) -> tuple[Column, ...]:
         """The dataset's columns in storage order (``task_id`` first)."""

@@ -324,6 +324,11 @@ class Darkroom(Environment):
     def state_dim(self) -> int:
         return STATE_DIM
 
+    @property
+    def state_bounds(self) -> tuple[float, float]:
+        """Cells (x, y) in [0, grid - 1]."""
+        return (0.0, float(self.grid - 1))
+
     def columns(self) -> tuple[Column, ...]:
         h, u8 = self.horizon, np.dtype(np.uint8)
         # a walk's next states are its states shifted by one; independent draws need both

@@ -158,6 +158,16 @@ class ContinuousDarkroom(Environment):
     def state_dim(self) -> int:
         return int(self.params.state_dim)
 
+    @property
+    def state_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per coordinate, its range over the grid: states are linear in the cell, so over
+        the four corners."""
+        weight, offset = embedding(self.state_dim, self.params.embed_seed)
+        g = self.params.grid_size - 1
+        corners = np.array([[0, 0], [0, g], [g, 0], [g, g]], dtype=np.float64) @ weight.T \
+            + offset
+        return corners.min(0), corners.max(0)
+
     def _tasks(self, grid: darkroom.DarkroomTasks) -> ContinuousTasks:
         weight, offset = embedding(self.state_dim, self.params.embed_seed)
         return ContinuousTasks(grid, weight, offset, float(self.params.reward_width))

@@ -27,6 +27,9 @@ from gymnasium import spaces
 from spice_ray.common.gym_ids import GYM_NAMESPACE, register_ids
 from spice_ray.envs.base import Environment
 
+CELL_PIXELS = 16
+"""Side of a grid cell in a rendered image, in pixels."""
+
 
 class TaskEnv(gymnasium.Env):
     """One evaluation task as a ``gymnasium.Env``.
@@ -38,18 +41,29 @@ class TaskEnv(gymnasium.Env):
         horizon: steps per episode (default: the environment's roll-in length).
 
     ``reset(seed=...)`` seeds the reward noise of stochastic environments.
+    ``render_mode="rgb_array"`` (grid environments: the darkrooms with cell states) draws the
+    grid: visited cells lighter, the goal green, the agent white, :data:`CELL_PIXELS` a cell.
     """
 
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, env: Environment, tasks: Any, index: int = 0,
-                 horizon: int | None = None) -> None:
+                 horizon: int | None = None, render_mode: str | None = None) -> None:
         self.env = env
         self.tasks = tasks
         self.index = int(index)
         self.horizon = int(horizon or env.horizon)
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode={render_mode!r} is invalid: None or 'rgb_array'")
+        if render_mode is not None and not hasattr(env, "grid"):
+            raise ValueError(f"render_mode='rgb_array' needs a grid environment; {env.name} "
+                             "has none")
+        self.render_mode = render_mode
+        self.metadata = {"render_modes": ["rgb_array"] if hasattr(env, "grid") else [],
+                         "render_fps": 4}
         self.action_space = spaces.Discrete(env.num_actions)
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(env.state_dim,),
+        low, high = env.state_bounds
+        self.observation_space = spaces.Box(low, high, shape=(env.state_dim,),
                                             dtype=np.float64)
         self._one = self.select(tasks, self.index)
         self._state = env.reset(self._one)
@@ -84,6 +98,21 @@ class TaskEnv(gymnasium.Env):
         info = {"regret": float(regret[0, -1]), "state": states[0, -1], "action": int(action)}
         done = len(self._history) >= self.horizon
         return nxt[0].astype(np.float64), float(rewards[0]), False, done, info
+
+    def render(self) -> np.ndarray | None:
+        """The grid as an RGB image (uint8 [H, W, 3]) with ``render_mode="rgb_array"``."""
+        if self.render_mode is None:
+            return None
+        size = self.env.grid
+        image = np.full((size, size, 3), 40, dtype=np.uint8)
+        for state, _, _ in self._history:
+            image[int(state[1]), int(state[0])] = 90
+        gx, gy = (int(v) for v in np.asarray(self._one.goals)[0])
+        image[gy, gx] = (40, 170, 60)
+        x, y = (int(v) for v in self._state[0])
+        image[y, x] = (235, 235, 235)
+        image = image[::-1]  # y up, as the figures draw the grid
+        return np.kron(image, np.ones((CELL_PIXELS, CELL_PIXELS, 1), dtype=np.uint8))
 
 
 
