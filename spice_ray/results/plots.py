@@ -330,31 +330,44 @@ def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Pat
     ids = sorted(sub["task_id"].unique())[:tasks]
     size = int(round(np.sqrt(sub["x"].max() + 1)))
     fig, axes = plt.subplots(len(ids), len(methods), figsize=(2.1 * len(methods), 2.1 * len(ids)),
-                             squeeze=False)
+                             squeeze=False, layout="constrained")
+    shown_rows = sub[sub["task_id"].isin(ids)]
+    vmax = max(1.0, float(shown_rows["value"].max())) if len(shown_rows) else 1.0
+    image = None
     for r, task in enumerate(ids):
         for c, method in enumerate(methods):
             rows = sub[(sub["task_id"] == task) & (sub["method"] == method)]
             grid = np.zeros(size * size)
             grid[rows["x"].to_numpy()] = rows["value"].to_numpy()
-            ax = axes[r, c]
-            image = ax.imshow(grid.reshape(size, size).T, origin="lower", cmap="viridis")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax = axes[r, c]  # one colour scale for every panel, so agents compare
+            image = ax.imshow(grid.reshape(size, size).T, origin="lower", cmap="viridis",
+                              vmin=0, vmax=vmax)
+            ax.set_xticks(range(0, size, max(1, size // 5)))
+            ax.set_yticks(range(0, size, max(1, size // 5)))
+            ax.tick_params(labelsize=6, length=2)
+            ax.set_xticks(np.arange(-0.5, size, 1), minor=True)
+            ax.set_yticks(np.arange(-0.5, size, 1), minor=True)
+            ax.grid(which="minor", color="white", linewidth=0.2, alpha=0.3)
+            ax.tick_params(which="minor", length=0)
             if r == 0:
                 ax.set_title(method, fontsize=8)
             if c == 0:
                 ax.set_ylabel(f"task {task}", fontsize=8)
-            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
             for mark, style_ in (("start_cell", {"marker": "s", "facecolors": "none",
                                                  "edgecolors": "white", "s": 60}),
                                  ("goal_cell", {"marker": "*", "color": "red", "s": 90})):
                 if (mark, int(task)) in marks:
                     cell = marks[(mark, int(task))]
                     ax.scatter([cell // size], [cell % size], linewidths=1.2, **style_)
+    if image is not None:
+        bar = fig.colorbar(image, ax=axes, fraction=0.02, pad=0.01, label="visits")
+        bar.locator = ticker.MaxNLocator(integer=True)
+        bar.update_ticks()
     fig.suptitle(f"{title}: state visits per cell (x right, y up)", fontsize=10)
     shown = " white square: start; red star: goal;" if marks else ""
-    return _save(fig, path, f"colour: visits of the cell in the task's rollout (each model's "
-                            f"lowest training seed);{shown} one map per task and method")
+    return _save(fig, path, f"colour: visits of the cell in the task's rollout, one scale for "
+                            f"every map (each model's lowest training seed);{shown} one map per "
+                            "task and method")
 
 
 def plot_aggregate(agg, path: Path) -> Path:
