@@ -209,25 +209,30 @@ def plot_online(df: pd.DataFrame, path: Path, title: str, zoom_methods=("UCB", "
 
 
 def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
-    """Final regret vs test-time sigma, one bar group per sigma (log y: DPT is far larger)."""
+    """Final regret vs test-time sigma: a point and its +- SEM bar per method and setting at
+    each sigma (dodged), on a log axis (DPT is far larger), settings in the labels."""
     sub = df[df["metric"] == "final_regret"].copy()
-    sub["sigma"] = sub["config"].map(lambda c: json.loads(c).get("sigma", np.nan))
-    summ = summarise(sub, ["method", "rule", "sigma"])
-    methods = sorted(summ["method"].unique(), key=lambda m: _order(m))
-    sigmas = sorted(summ["sigma"].unique())
+    cfg = [json.loads(c) for c in sub["config"]]
+    sub["sigma"] = [c.get("sigma", np.nan) for c in cfg]
+    sub["label"] = [f"{m} ({t})" if (t := _config_label(json.dumps(c))) else m
+                    for m, c in zip(sub["method"], cfg, strict=True)]
+    summ = summarise(sub.drop(columns=["config"]), ["label", "method", "sigma"], pool=True)
+    labels, sigmas = sorted(summ["label"].unique(), key=_order), sorted(summ["sigma"].unique())
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    width = 0.8 / max(1, len(methods))
-    for i, method in enumerate(methods):
-        s = summ[summ["method"] == method].set_index("sigma").reindex(sigmas)
-        ax.bar(np.arange(len(sigmas)) + i * width, s["mean"], width, yerr=s["sem"].fillna(0),
-               label=method, capsize=2, color=style(method)["color"])
-    ax.set_xticks(np.arange(len(sigmas)) + 0.4 - width / 2, [f"sigma={s:g}" for s in sigmas])
+    for i, label in enumerate(labels):
+        s, look = summ[summ["label"] == label].set_index("sigma").reindex(sigmas), style(label)
+        ax.errorbar(np.arange(len(sigmas)) - 0.35 + (i + 0.5) * 0.7 / len(labels), s["mean"],
+                    yerr=s["sem"].fillna(0), fmt=look["marker"], color=look["color"],
+                    capsize=2, markersize=5, linestyle="none", label=label)
+    ax.set_xticks(np.arange(len(sigmas)), [f"σ = {s:g}" for s in sigmas])
     ax.set_yscale("log")
     _plain_log_ticks(ax)
-    ax.set(ylabel="final cumulative regret (log)", title=title)
+    ax.set(ylabel="final cumulative regret (log scale)", xlabel="test-time reward noise",
+           title=title)
     _legend(ax)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, path, band_note(sub))
+    return _save(fig, path, band_note(sub).replace("lines: mean; bands / bars", "points: mean; "
+                                                   "bars"))
 
 
 def plot_online_return(df: pd.DataFrame, path: Path, title: str) -> Path:
@@ -331,9 +336,7 @@ def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Pat
     size = int(round(np.sqrt(sub["x"].max() + 1)))
     fig, axes = plt.subplots(len(ids), len(methods), figsize=(2.1 * len(methods), 2.1 * len(ids)),
                              squeeze=False, layout="constrained")
-    shown_rows = sub[sub["task_id"].isin(ids)]
-    vmax = max(1.0, float(shown_rows["value"].max())) if len(shown_rows) else 1.0
-    image = None
+    vmax, image = max([1.0, *sub[sub["task_id"].isin(ids)]["value"]]), None
     for r, task in enumerate(ids):
         for c, method in enumerate(methods):
             rows = sub[(sub["task_id"] == task) & (sub["method"] == method)]
@@ -342,13 +345,12 @@ def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Pat
             ax = axes[r, c]  # one colour scale for every panel, so agents compare
             image = ax.imshow(grid.reshape(size, size).T, origin="lower", cmap="viridis",
                               vmin=0, vmax=vmax)
-            ax.set_xticks(range(0, size, max(1, size // 5)))
-            ax.set_yticks(range(0, size, max(1, size // 5)))
+            for axis in (ax.xaxis, ax.yaxis):  # cell ticks, a faint grid between cells
+                axis.set_ticks(range(0, size, max(1, size // 5)))
+                axis.set_ticks(np.arange(-0.5, size, 1), minor=True)
             ax.tick_params(labelsize=6, length=2)
-            ax.set_xticks(np.arange(-0.5, size, 1), minor=True)
-            ax.set_yticks(np.arange(-0.5, size, 1), minor=True)
-            ax.grid(which="minor", color="white", linewidth=0.2, alpha=0.3)
             ax.tick_params(which="minor", length=0)
+            ax.grid(which="minor", color="white", linewidth=0.2, alpha=0.3)
             if r == 0:
                 ax.set_title(method, fontsize=8)
             if c == 0:
@@ -360,9 +362,8 @@ def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Pat
                     cell = marks[(mark, int(task))]
                     ax.scatter([cell // size], [cell % size], linewidths=1.2, **style_)
     if image is not None:
-        bar = fig.colorbar(image, ax=axes, fraction=0.02, pad=0.01, label="visits")
-        bar.locator = ticker.MaxNLocator(integer=True)
-        bar.update_ticks()
+        fig.colorbar(image, ax=axes, fraction=0.02, pad=0.01, label="visits",
+                     ticks=ticker.MaxNLocator(integer=True))
     fig.suptitle(f"{title}: state visits per cell (x right, y up)", fontsize=10)
     shown = " white square: start; red star: goal;" if marks else ""
     return _save(fig, path, f"colour: visits of the cell in the task's rollout, one scale for "
