@@ -19,10 +19,12 @@ from spice_ray import envs
 from spice_ray.agents import AgentSpec
 from spice_ray.common.plugins import load_plugins
 from spice_ray.config import ExperimentConfig, FusionConfig
+from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
 from spice_ray.evaluate.calibration import ORACLE_METRICS
 from spice_ray.experiment_spec import Evaluation, Experiment, ModelRef, Select, Table
 from spice_ray.results.analysis import (
+    grid_accuracy,
     prior_contribution,
     prior_fit,
     prior_gap,
@@ -223,9 +225,9 @@ DARKROOM_DPT_STAR = Experiment(
                   "the DPT paper's offline protocol: one episode from the corner (0, 0) acting "
                   "greedily on a fixed context of H transitions from independently drawn cells "
                   "with uniform actions (the DPT paper's roll-in)",
-                  ("cumulative_return", "cumulative_regret"),
+                  ("cumulative_return", "cumulative_regret", *ACCURACY_METRICS),
                   (Select("dpt"), Select("random")), ("online_return",),
-                  "DPT* on Darkroom (DPT paper protocol)"),),
+                  "DPT* on Darkroom (DPT paper protocol)", analysis=grid_accuracy),),
     overrides=("data.label=optimal", "env.rollin=uniform"),
     notes=("DPT* (darkroom_dpt_star): the DPT paper reports a return of about 61.5 for DPT on "
            "this protocol (10x10 grid, H = 100, held-out goals, one episode from (0, 0) on a "

@@ -19,8 +19,9 @@ What a rung measures, from its own tables and checkpoints:
   at h in :data:`HS` (at the paper's width and at the width fitted on validation); final regret
   of SPICE, SPICE (paper), the flat and oracle priors at their validation-chosen settings, and
   the share of the flat-to-oracle gap SPICE closes, with its bootstrap interval.
-* DPT* (``darkroom_dpt_star``): losses, the DPT paper's return, and the greedy action's
-  accuracy at every cell of the held-out goals' grids (:mod:`spice_ray.evaluate.accuracy`).
+* DPT* (``darkroom_dpt_star``): losses, the DPT paper's return, and its action's accuracy at
+  every cell of the held-out goals' grids, "stay" on the goal included, from its study table
+  (:mod:`spice_ray.evaluate.accuracy`).
 """
 
 from __future__ import annotations
@@ -35,11 +36,9 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.common.artifacts import atomic_path, atomic_write_text, publish_dir, write_checked
-from spice_ray.config import ConfigError, load_config
-from spice_ray.data.store import load_split
-from spice_ray.evaluate.accuracy import darkroom_action_accuracy
+from spice_ray.config import ConfigError
+from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.model.registry import load_model
 from spice_ray.results.analysis import (
     FLAT,
     LEARNED,
@@ -50,7 +49,7 @@ from spice_ray.results.analysis import (
     width_of,
 )
 from spice_ray.results.choices import fitted_scale
-from spice_ray.results.summary import final_values, task_means
+from spice_ray.results.summary import task_means
 from spice_ray.results.tables import load
 from spice_ray.study import plan_study
 from spice_ray.train.loop import steps_per_epoch
@@ -190,21 +189,21 @@ def _tuned_rows(rung: Rung, seeds: int) -> list[dict[str, object]]:
 
 def _dpt_rows(rung: Rung, finals: list[Path]) -> list[dict[str, object]]:
     df = load(rung.run_dir, rung.family)
-    final = final_values(df[df["method"] == "DPT"], "cumulative_return")
-    per_task = task_means(final.drop(columns=["config", "rule"]))["value"]
-    sem = per_task.std(ddof=1) / np.sqrt(len(per_task))
-    out = [_row(rung, len(finals), "return", per_task.mean(), lo=per_task.mean() - 1.96 * sem,
-                hi=per_task.mean() + 1.96 * sem)]
-    cfg = load_config(rung.run_dir / "configs" / f"{rung.family}.yaml")
-    scores = []
-    for final_dir in finals:
-        data = load_split(rung.run_dir / "datasets" / final_dir.parent.parent.name, "eval",
-                          limit=cfg.eval.num_tasks)
-        model = load_model(final_dir, cfg.env, "dpt")
-        scores.append(darkroom_action_accuracy(model, cfg.env, data))
-    for key in ("accuracy", "accuracy_goal_shown", "accuracy_goal_hidden", "stay_accuracy",
-                "move_accuracy"):
-        out.append(_row(rung, len(finals), key, np.nanmean([s[key] for s in scores])))
+    dpt = task_means(df[df["method"] == "DPT"].drop(columns=["config", "rule"]))
+    last = dpt[(dpt["metric"] == "cumulative_return")]
+    ret = last[last["x"] == last["x"].max()]["value"]
+    sem = ret.std(ddof=1) / np.sqrt(len(ret))
+    out = [_row(rung, len(finals), "return", ret.mean(), lo=ret.mean() - 1.96 * sem,
+                hi=ret.mean() + 1.96 * sem)]
+    wide = dpt[dpt["metric"].isin(ACCURACY_METRICS)].pivot_table(
+        index="task_id", columns="metric", values="value")
+    shown = wide["context_shows_goal"] > 0
+    for name, values in (("accuracy", wide["action_accuracy"]),
+                         ("accuracy_goal_shown", wide.loc[shown, "action_accuracy"]),
+                         ("accuracy_goal_hidden", wide.loc[~shown, "action_accuracy"]),
+                         ("stay_accuracy", wide["stay_accuracy"]),
+                         ("stay_accuracy_goal_shown", wide.loc[shown, "stay_accuracy"])):
+        out.append(_row(rung, len(finals), name, values.mean() if len(values) else math.nan))
     return out
 
 
@@ -295,7 +294,7 @@ def plot_ladder(table: pd.DataFrame, path: Path) -> Path:
         if (q == "return").any():
             curve(axes[3], rows[q == "return"], "DPT* return")
             ax2 = axes[3].twinx()
-            for key, style in (("accuracy", "-"), ("stay_accuracy", ":")):
+            for key, style in (("accuracy", "-"), ("stay_accuracy_goal_shown", ":")):
                 sel = rows[q == key].sort_values("steps")
                 ax2.plot(sel["steps"], sel["value"], linestyle=style, color="grey",
                          label=key.replace("_", " "))

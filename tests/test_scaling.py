@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from spice_ray.config import ConfigError, make_config
+from spice_ray.config import ConfigError
 from spice_ray.envs import darkroom
-from spice_ray.evaluate.accuracy import darkroom_action_accuracy
+from spice_ray.evaluate.accuracy import grid_accuracy
 from spice_ray.ladder import TABLE, plan_ladder
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.results.tables import load
@@ -23,45 +23,24 @@ from spice_ray.results.tables import load
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class FixedAction(torch.nn.Module):
-    """A policy that takes one action everywhere, whatever its context."""
+class FixedAction:
+    """An agent that takes one action everywhere, whatever its context."""
 
     def __init__(self, action: int) -> None:
-        super().__init__()
         self.action = action
 
-    def forward(self, tokens):
-        n = tokens.query_state.shape[0] if hasattr(tokens, "query_state") else len(tokens)
-        logits = torch.zeros(n, 1, darkroom.NUM_ACTIONS)
-        logits[..., self.action] = 1.0
-        return SimpleNamespace(logits=logits)
+    def act(self, t: int, states: torch.Tensor) -> torch.Tensor:
+        return torch.full((len(states),), self.action)
 
 
-def _tasks(goals: np.ndarray, horizon: int = 4) -> dict[str, np.ndarray]:
-    n = len(goals)
-    rewards = np.zeros((n, horizon))
-    rewards[0, 1] = 1.0  # task 0's context shows its goal
-    return {"goal": goals, "query_state": np.zeros((n, 2), dtype=np.int64),
-            "states": np.zeros((n, horizon, 2), dtype=np.int64),
-            "actions": np.zeros((n, horizon), dtype=np.int64), "rewards": rewards,
-            "next_states": np.zeros((n, horizon, 2), dtype=np.int64)}
-
-
-def test_action_accuracy_of_hand_made_policies(monkeypatch) -> None:
-    env = make_config("smoke", "darkroom").env
-    monkeypatch.setattr("spice_ray.evaluate.accuracy.make_tokens",
-                        lambda batch, env: SimpleNamespace(query_state=batch["query_state"]))
+def test_action_accuracy_of_hand_made_agents() -> None:
     goals = np.array([[3, 7], [0, 0], [9, 2]])
-    stay = darkroom_action_accuracy(FixedAction(4), env, _tasks(goals))
+    accuracy, stay = grid_accuracy(FixedAction(4), goals, 10, 5, np.dtype(np.int64))
     # "stay" is right on the goal cell only: 1 cell in 100
-    assert stay["stay_accuracy"] == 1.0 and stay["move_accuracy"] == 0.0
-    assert stay["accuracy"] == pytest.approx(0.01) and stay["tasks"] == 3
-    right = darkroom_action_accuracy(FixedAction(0), env, _tasks(goals))
+    assert stay.tolist() == [1.0, 1.0, 1.0] and accuracy.tolist() == [0.01] * 3
+    accuracy, stay = grid_accuracy(FixedAction(0), goals, 10, 5, np.dtype(np.int64))
     # "+x" is right wherever the goal lies further along x: gx columns of 10 cells each
-    assert right["accuracy"] == pytest.approx(np.mean(goals[:, 0] * 10) / 100)
-    assert right["accuracy_goal_shown"] == pytest.approx(0.3)  # task 0 only, gx = 3
-    assert right["accuracy_goal_hidden"] == pytest.approx((0 + 90) / 200)
-    assert right["stay_accuracy"] == 0.0
+    assert accuracy.tolist() == pytest.approx([0.3, 0.0, 0.9]) and stay.tolist() == [0, 0, 0]
 
 
 def test_optimal_actions_are_the_shortest_path_moves() -> None:
@@ -106,8 +85,11 @@ def test_smoke_ladder_trains_each_model_once_and_tabulates_every_rung(tmp_path) 
     assert set(table["steps"]) == {12, 24}
     for q in ("return", "accuracy", "stay_accuracy", "val_loss"):
         assert table[table["quantity"] == q]["value"].notna().all(), q
-    # the table's return is the rung's own study table
+    # the table's return and accuracy are the rung's own study table's
     rung2 = load(out / "darkroom_dpt_star" / "rung-2x", "darkroom_dpt_star")
+    acc = rung2[(rung2["method"] == "DPT") & (rung2["metric"] == "action_accuracy")]
+    got = table[(table["quantity"] == "accuracy") & (table["multiple"] == 2)]["value"].item()
+    assert 0 <= got <= 1 and got == pytest.approx(acc.groupby("task_id")["value"].mean().mean())
     final = rung2[(rung2["method"] == "DPT") & (rung2["metric"] == "cumulative_return")]
     final = final[final["x"] == final["x"].max()]
     got = table[(table["quantity"] == "return") & (table["multiple"] == 2)]["value"].item()

@@ -1,63 +1,52 @@
-"""Per-action accuracy of a darkroom policy on its task's context: does it pick a shortest-path
-action at every cell, and "stay" on the goal?
+"""Per-action accuracy on a grid: does an agent, with a task's whole context in front of it,
+pick a shortest-path action at every cell, and "stay" on the goal?
 
 DPT* (DPT trained on optimal labels) can read its context and still never stay on the goal,
 whose label is one training query in a hundred; its return alone cannot tell that from not
-finding the goal. This scores the greedy action of the model's policy head at every cell of the
-grid, with the task's whole context in front of it, against the set of optimal actions there.
+finding the goal. The episode protocol (``spice_ray.evaluate.episode``) adds these rows for
+every agent it scores on a grid: the agent, after observing the task's fixed context, is asked
+for its action at every cell, and each action is scored against the set of optimal actions
+there (``envs.darkroom.optimal_actions``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
-from spice_ray.config import EnvConfig
 from spice_ray.envs import darkroom
-from spice_ray.model.tokens import make_tokens
+
+METRICS = ("action_accuracy", "stay_accuracy", "context_shows_goal")
+"""Per task: the share of cells where the action is optimal; 1 if the action on the goal cell
+is "stay" (else 0); 1 if the task's context contains a reward (it shows the goal)."""
 
 
-def darkroom_action_accuracy(model: torch.nn.Module, env: EnvConfig,
-                             data: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """The greedy action's accuracy at every cell of every task of ``data`` (one split).
+def grid_accuracy(agent: Any, goals: np.ndarray, size: int, steps: int, dtype: np.dtype
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The agent's action at every cell of a ``size`` x ``size`` grid, per task.
 
     Args:
-        model: a model whose output has ``logits`` [B, T+1, A] (DPT).
-        env: the darkroom's config (grid size).
-        data: a split's columns, as ``store.load_split`` returns them (one row per task).
+        agent: reset and holding each task's context (it is asked ``act(steps, states)`` once
+            per cell, every task at that cell; a randomised agent's draws are keyed by step,
+            so it draws alike at every cell of a task).
+        goals: int [B, 2] goal cells.
+        steps: the context length the agent has seen (its ``t``).
+        dtype: the states' dtype in this environment.
 
     Returns:
-        ``accuracy``: the share of (task, cell) pairs where the greedy action is optimal;
-        ``accuracy_goal_shown`` / ``accuracy_goal_hidden``: the same over tasks whose context
-        does / does not contain a reward; ``stay_accuracy``: the share of tasks whose greedy
-        action on the goal cell is "stay"; ``move_accuracy``: over the other cells; ``tasks``.
+        (action_accuracy float [B], stay_accuracy float [B]): the share of cells where the
+        action is optimal, and whether it is "stay" on the goal cell.
     """
-    size = env.grid_size
-    cells = darkroom.all_cells(size)
-    goals = np.asarray(data["goal"], dtype=np.int64)
+    goals = np.asarray(goals, dtype=np.int64)
     n = len(goals)
-    correct = np.zeros((n, len(cells)), dtype=bool)
-    on_goal = np.zeros((n, len(cells)), dtype=bool)
-    model.eval()
-    for c, cell in enumerate(cells):
-        batch = dict(data)
-        state = np.broadcast_to(cell, goals.shape)
-        batch["query_state"] = state.astype(np.asarray(data["query_state"]).dtype)
-        with torch.no_grad():
-            action = model(make_tokens(batch, env)).logits[:, -1].argmax(-1).numpy()
-        best = darkroom.optimal_actions(goals, state)
-        correct[:, c] = best[np.arange(n), action]
-        on_goal[:, c] = (state == goals).all(1)
-    shown = np.asarray(data["rewards"]).sum(1) > 0
-
-    def share(mask: np.ndarray) -> float:
-        return float(correct[mask].mean()) if mask.any() else float("nan")
-
-    everywhere = np.ones_like(correct)
-    return {"accuracy": share(everywhere),
-            "accuracy_goal_shown": share(everywhere & shown[:, None]),
-            "accuracy_goal_hidden": share(everywhere & ~shown[:, None]),
-            "stay_accuracy": share(on_goal), "move_accuracy": share(~on_goal),
-            "tasks": float(n)}
+    correct = np.zeros((n, size * size), dtype=bool)
+    stay = np.zeros(n)
+    for c, cell in enumerate(darkroom.all_cells(size)):
+        states = np.broadcast_to(cell, goals.shape)
+        actions = agent.act(steps, torch.as_tensor(states.astype(dtype))).numpy()
+        correct[:, c] = darkroom.optimal_actions(goals, states)[np.arange(n), actions]
+        on_goal = (states == goals).all(1)
+        stay[on_goal] = correct[on_goal, c]
+    return correct.mean(1), stay

@@ -21,6 +21,8 @@ from torch import Tensor
 
 from spice_ray.agents import Agent, AgentSpec, make_agent
 from spice_ray.config import EnvConfig, EvalConfig
+from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
+from spice_ray.evaluate.accuracy import grid_accuracy
 from spice_ray.evaluate.online import agent_draws, applicable_specs, run_online
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
 from spice_ray.fusion import RandomSource
@@ -78,6 +80,7 @@ def episode_rows(env_cfg: EnvConfig, eval_cfg: EvalConfig, data: Mapping[str, np
                torch.as_tensor(np.asarray(encoded.states, dtype=dtype)),
                torch.as_tensor(np.asarray(encoded.next_states, dtype=dtype)))
     steps = np.arange(1, H + 1)
+    shown = (np.asarray(data["rewards"]) > 0).any(1).astype(np.float64)
     frames = []
     for spec in applicable_specs(specs, env, eval_cfg, online=True):
         agent = FrozenContext(make_agent(spec, env, tasks, model, eval_cfg), context)
@@ -89,4 +92,11 @@ def episode_rows(env_cfg: EnvConfig, eval_cfg: EvalConfig, data: Mapping[str, np
                                ("cumulative_regret", regret)):
             frames.append(tidy_rows(env.name, spec.label, spec.rule(), config, seed, task_ids,
                                     metric, steps, values))
+        if hasattr(env, "grid"):  # the action at every cell, on the same fixed context
+            agent.reset(len(task_ids), env.num_actions, agent_draws(eval_cfg.seed, task_ids))
+            accuracy, stay = grid_accuracy(agent, tasks.goals, env.grid, context[0].shape[1],
+                                           dtype)
+            for metric, values in zip(ACCURACY_METRICS, (accuracy, stay, shown), strict=True):
+                frames.append(tidy_rows(env.name, spec.label, spec.rule(), config, seed,
+                                        task_ids, metric, np.array([-1]), values[:, None]))
     return concat_rows(frames)

@@ -285,3 +285,29 @@ def tuned_gap(wide: pd.DataFrame) -> pd.DataFrame:
                     "gap_closed": ratio, "lo": lo, "hi": hi,
                     "defined": bool(d_oracle.mean() > 2 * d_oracle.std(ddof=1) / np.sqrt(n))})
     return pd.DataFrame(out)
+
+
+def grid_accuracy(df: pd.DataFrame) -> list[str]:
+    """Sentences: each method's per-action accuracy on the grid with the task's whole context
+    (``spice_ray.evaluate.accuracy``), over all tasks and split by whether the context shows
+    the goal, and how often it stays on the goal (means over tasks, seeds averaged first)."""
+    if "action_accuracy" not in set(df["metric"]):
+        return []
+    per_task = task_means(df[df["metric"].isin(["action_accuracy", "stay_accuracy",
+                                                 "context_shows_goal"])].drop(
+        columns=["config", "rule"]))
+    out = []
+    for method, rows in per_task.groupby("method", sort=False):
+        wide = rows.pivot_table(index="task_id", columns="metric", values="value")
+        shown = wide["context_shows_goal"] > 0
+        split = ", ".join(f"{wide.loc[mask, 'action_accuracy'].mean():.2f} where the context "
+                          f"{word} the goal ({int(mask.sum())} tasks)"
+                          for mask, word in ((shown, "shows"), (~shown, "does not show"))
+                          if mask.any())
+        stay = wide["stay_accuracy"]
+        out.append(f"{method}: its action at a cell is optimal for "
+                   f"{wide['action_accuracy'].mean():.2f} of cells, given the task's whole "
+                   f"context ({split}); on the goal it stays in {stay.mean():.0%} of tasks"
+                   + (f" ({stay[shown].mean():.0%} of those whose context shows it)."
+                      if shown.any() else "."))
+    return out
