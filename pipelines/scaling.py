@@ -4,6 +4,7 @@ on the latent and template bandits, trained through a geometric ladder of step b
     python pipelines/scaling.py --out runs/scaling                       # 1x 3x 9x 30x, seed 0
     python pipelines/scaling.py --out runs/scaling --families bandit_latent --rungs 1,3
     python pipelines/scaling.py --out runs/scaling --seeds 0,1,2         # for a claim
+    python pipelines/scaling.py --out runs/scaling --table-only          # table of finished rungs
 
 Each rung is a study run of its own (``<out>/<family>/rung-<m>x``, the `small` preset's
 experiment at m times its training steps, tuned on validation tasks and evaluated like the
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="SECTION.FIELD=VALUE", help="a config override for every rung")
     p.add_argument("--address", default=None, help="a Ray cluster (e.g. auto)")
+    p.add_argument("--table-only", action="store_true",
+                   help="rewrite the ladder's table and figure from the rungs already "
+                        "finished, running nothing")
     args = p.parse_args(argv)
     try:
         rungs = plan_ladder(args.out, [f for f in args.families.split(",") if f],
@@ -59,6 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: bad config: {exc}", file=sys.stderr)
         return 2
     rows: list[pd.DataFrame] = []
+    if args.table_only:
+        done = [r for r in rungs if (r.run_dir / "report.md").exists()]
+        if not done:
+            print(f"error: no finished rung under {args.out}", file=sys.stderr)
+            return 1
+        paths = write_ladder(args.out, pd.concat([rung_rows(r) for r in done],
+                                                 ignore_index=True))
+        print(f"ladder table from {len(done)} finished rung(s): {paths[0]} ({paths[1].name}, "
+              f"{paths[2].name})")
+        return 0
     below: dict[str, Path] = {}
     for i, rung in enumerate(rungs, 1):
         print(f"scaling ladder [{i}/{len(rungs)}] {rung.family} {rung.multiple}x: "
