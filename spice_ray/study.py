@@ -46,7 +46,7 @@ from spice_ray.records import (
     write_timing,
 )
 from spice_ray.results import aggregate, plots
-from spice_ray.results.choices import choices_table, fitted_noise, fitted_scale
+from spice_ray.results.choices import choices_table, fitted_decay, fitted_noise, fitted_scale
 from spice_ray.results.figure_files import copies, extra_formats
 from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
@@ -190,8 +190,8 @@ def _tables_done(run_dir: Path, name: str, tables: list[str], inputs_hash: str) 
 
 def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Finals,
                         console: Console = SILENT, pool: EvalPool | None = None,
-                        width_scale: float | None = None, noise_var: float | None = None
-                        ) -> list[str]:
+                        width_scale: float | None = None, noise_var: float | None = None,
+                        width_decay: float = 0.0) -> list[str]:
     """Every evaluation of experiment ``name`` and its tables (skipped when current), on the
     actors of ``pool`` (default: a pool for this experiment).
 
@@ -202,16 +202,18 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
             sources (the rows' config says which: ``width_scale`` appears only when not 1).
         noise_var: the likelihood variance fitted with it (``results.choices.fitted_noise``;
             None: the config's), which those calibration rows use too.
+        width_decay: how that width narrows with the context length (``fitted_decay``).
     """
     if pool is None:
         with EvalPool() as own:
             return evaluate_experiment(plan, name, dataset, finals, console, own, width_scale,
-                                       noise_var)
+                                       noise_var, width_decay)
     exp, cfg = EXPERIMENTS[name], plan.configs[name]
     tables = [t.name for t in exp.tables_for(cfg)]
     specs = agent_specs(exp, cfg, dataset)
     if not any("calibration" in ev.protocols for ev in exp.evaluations):
         width_scale = noise_var = None  # nothing here reads them: the tables do not depend on it
+        width_decay = 0.0
     inputs = config_hash({
         "eval": dataclasses.asdict(cfg.eval), "fusion": dataclasses.asdict(cfg.fusion),
         "specs": {k: [s.config_json(cfg.eval) + s.rule() + s.label for s in v]
@@ -220,7 +222,8 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
                   for k, p in sorted(finals.items()) if k[0] == name},
         "data": store.split_id(dataset, "eval"),
         **({"width_scale": width_scale} if width_scale is not None else {}),
-        **({"noise_var": noise_var} if noise_var is not None else {})})
+        **({"noise_var": noise_var} if noise_var is not None else {}),
+        **({"width_decay": width_decay} if width_decay else {})})
     if _tables_done(plan.run_dir, name, tables, inputs):
         log.info("[evaluate] %s: tables are current, skipped", name)
         console.line(f"  {name}: {count(len(tables), 'table')} current, skipped")
@@ -229,8 +232,9 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
     rows: dict[str, list[pd.DataFrame]] = {ev.name: [] for ev in exp.evaluations}
     runs = [(ev, seed, specs[ev.name], ev.protocols) for ev in exp.evaluations
             for seed in (cfg.seeds if ev.model else (NO_SEED,))]
-    if width_scale is not None and width_scale != 1.0:  # the prior at the fitted width too
-        runs += [(ev, seed, [_at_width(ev_specs, width_scale, noise_var)], ("calibration",))
+    if width_scale is not None and (width_scale != 1.0 or width_decay):  # the fitted width too
+        runs += [(ev, seed, [_at_width(ev_specs, width_scale, noise_var, width_decay)],
+                  ("calibration",))
                  for ev, seed, ev_specs, protocols in list(runs) if "calibration" in protocols]
     bar = console.bar(f"{name}: {len(runs)} evaluations", len(runs) * len(data["task_id"]),
                       "task")
@@ -274,15 +278,15 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
     return tables
 
 
-def _at_width(specs: list[AgentSpec], width_scale: float, noise_var: float | None
-              ) -> AgentSpec:
+def _at_width(specs: list[AgentSpec], width_scale: float, noise_var: float | None,
+              width_decay: float = 0.0) -> AgentSpec:
     """The calibration protocol's spec (the evaluation's first fused one, whose fusion the
-    rows describe) with the learned prior's width scaled by ``width_scale`` (and the
-    likelihood variance ``noise_var`` where one was fitted with it)."""
+    rows describe) with the learned prior's width scaled by ``width_scale`` and narrowed with
+    h by ``width_decay`` (and the likelihood variance ``noise_var`` where one was fitted)."""
     spec = next(s for s in specs if s.info.fused)
     noise = {"noise_var": noise_var} if noise_var is not None else {}
-    return dataclasses.replace(spec, fusion=dataclasses.replace(spec.fusion,
-                                                                width_scale=width_scale, **noise))
+    return dataclasses.replace(spec, fusion=dataclasses.replace(
+        spec.fusion, width_scale=width_scale, width_decay=width_decay, **noise))
 
 
 def _ppo_rows(cfg: ExperimentConfig, data: dict) -> pd.DataFrame:
@@ -386,7 +390,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
                       f"{count(len(plan.configs), 'experiment')} (Ray actors)")
         for name in plan.configs:
             evaluate_experiment(plan, name, datasets[name], finals, console, pool,
-                                fitted_scale(tuned.get(name)), fitted_noise(tuned.get(name)))
+                                fitted_scale(tuned.get(name)), fitted_noise(tuned.get(name)),
+                                fitted_decay(tuned.get(name)))
             if name in tuned:
                 write_tuned_table(name, plan.configs[name], run_dir, datasets[name], finals,
                                   pool, tuned[name])

@@ -15,22 +15,19 @@ The grid (:func:`candidates`):
   over states (darkroom), the bandwidth tau in :data:`TAUS` (every pair);
 - UCB and LinUCB: the exploration constant c in :data:`UCB_C`;
 - and, for methods whose prior's width is the learned sigma_Q (``Method.scales_width``: SPICE),
-  every point twice (:data:`WIDTHS`): at the paper's width (s = 1) and at the scale s fitted on
-  the validation contexts without labels (:func:`fit_width`), so s and beta are chosen together;
-- where the evidence targets are n-step returns (the darkrooms: ``fusion.needs_nstep``), whose
-  variance is the return's and not the reward noise ``fusion.noise_var`` states, SPICE's
-  fitted point also takes the likelihood variance sigma^2 fitted jointly with s, and every
-  other fused method (flat and oracle priors, Count-UCB) runs every point twice
-  (:data:`NOISES`): at the config's sigma^2 and at that fitted one, so each row of the table
-  can have the noise on the environment's scale.
+  every point twice (:data:`WIDTHS`): at the paper's width (s = 1) and at the width fitted on
+  the validation contexts without labels (:func:`fit_width`: the scale s and how it narrows
+  with the context length, ``fusion.width_decay``), so the width and beta are chosen together;
+- where the evidence targets are n-step returns (the darkrooms: ``fusion.needs_nstep``), SPICE's
+  fitted point also takes the likelihood variance sigma^2 fitted with s, and every other fused
+  method runs every point at the config's sigma^2 and at that fitted one (:data:`NOISES`).
 
 Methods without a hyperparameter (DPT, TS, Random, ...) run once on validation too, so every
 row of the tuned table has a validation score.
 
-The grid is exhaustive and small (at most 20 points per method), and every point runs on the
-same tasks, so it runs on the study's evaluation actors (:class:`EvalPool`) in a few batched
-calls: a Ray Tune trial per point would pay a trial's start-up 20 times for nothing a search
-algorithm or scheduler could add to an exhaustive grid.
+The grid is exhaustive and small (at most 20 points per method) and runs on the study's
+evaluation actors (:class:`EvalPool`) in a few batched calls: a Ray Tune trial per point would
+pay a trial's start-up 20 times for nothing a search could add to an exhaustive grid.
 """
 
 from __future__ import annotations
@@ -71,8 +68,8 @@ TAUS = (0.3, 0.5, 0.7, 1.0)
 UCB_C = (0.5, 1.0, 2.0, 4.0)
 """UCB's and LinUCB's exploration constants of the grid."""
 WIDTHS = ("paper", "fitted")
-"""The learned prior's width on the grid: sigma_Q as the paper uses it (``fusion.width_scale``
-= 1) and s sigma_Q with s fitted label-free on the validation contexts (:func:`fit_width`)."""
+"""The learned prior's width on the grid: the paper's sigma_Q, and as :func:`fit_width` fits it."""
+WIDTH_FIT = "scale, decay"  # what fit_width fits: a record fitted otherwise is redone
 NOISES = ("paper", "fitted")
 """sigma^2 of the other fused methods where targets are n-step returns: configured, fitted."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
@@ -100,14 +97,15 @@ def fits_noise(spec: AgentSpec) -> bool:
     return spec.info.fused and needs_nstep(spec.fusion)
 
 
-def candidates(spec: AgentSpec, eval_cfg: EvalConfig, fitted_width: float | None = None,
+def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
+               fitted_width: float | dict[str, float] | None = None,
                fitted_noise: float | None = None) -> list[Candidate]:
     """Every grid point of ``spec`` (see the module docstring), in grid order.
 
     Args:
-        fitted_width: the validation-fitted scale s of the "fitted" width points (methods
-            that read ``fusion.width_scale``); None builds them at s = 1, which only counts
-            the grid (the dry run): their runs would repeat the paper-width points.
+        fitted_width: the validation-fitted width of the "fitted" points (methods that read
+            ``fusion.width_scale``): s, or a :func:`fit_width` record with its decay; None
+            builds them at s = 1, which only counts the grid (the dry run).
         fitted_noise: the likelihood variance fitted with s, for the "fitted" width or noise
             points where :func:`fits_noise`; None keeps ``fusion.noise_var`` (counting only).
     """
@@ -129,9 +127,11 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig, fitted_width: float | None
         for point in points:
             fields = {"beta_schedule": "fixed"} | {k: v for k, v in point
                                                    if k not in ("width", "noise")}
-            if dict(point).get("width") == "fitted":
-                fields["width_scale"] = 1.0 if fitted_width is None else float(fitted_width)
-                fields |= noise
+            if dict(point).get("width") == "fitted":  # s (a float) or {"scale", "decay"}
+                width = fitted_width if isinstance(fitted_width, dict) else {
+                    "scale": 1.0 if fitted_width is None else fitted_width}
+                fields |= {"width_scale": float(width["scale"]),
+                           "width_decay": float(width.get("decay", 0.0))} | noise
             if dict(point).get("noise") == "fitted":
                 fields |= noise
             fusion = dataclasses.replace(spec.fusion, **fields)
@@ -184,12 +184,13 @@ def choose(grid: list[Candidate], scores: pd.DataFrame) -> tuple[Candidate, list
 
 def fit_width(spec: AgentSpec, cfg: ExperimentConfig, data: dict[str, Any],
               sources: dict[int, str]) -> dict[str, Any]:
-    """The scale s of ``spec``'s learned prior width (and, where :func:`fits_noise`, the
-    likelihood variance with it), fitted without labels on the validation contexts of every
-    seed's model at once (``spice_ray.evaluate.width.fit_pooled_width``)."""
+    """The scale s and decay of ``spec``'s learned prior width (and, where :func:`fits_noise`,
+    the likelihood variance with them), fitted without labels on the validation contexts of
+    every seed's model at once (``spice_ray.evaluate.width.fit_pooled_width``)."""
     from spice_ray.evaluate.width import fit_pooled_width
 
-    return fit_pooled_width(sources, data, cfg.env, spec.fusion, fit_noise=fits_noise(spec))
+    return fit_pooled_width(sources, data, cfg.env, spec.fusion, fit_noise=fits_noise(spec),
+                            fit_decay=True)
 
 
 def _flat_prior(cfg: ExperimentConfig, dataset: Path) -> tuple[float, float]:
@@ -243,7 +244,8 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
                  for ev, group in plan.items()},
         "ckpts": {f"{k[1]}/{k[2]}/{k[3]}": ckpt.content_id(p)
                   for k, p in sorted(finals.items()) if k[0] == name},
-        "data": store.split_id(dataset, "validation"), "tasks": cfg.eval.num_tasks})
+        "data": store.split_id(dataset, "validation"), "tasks": cfg.eval.num_tasks,
+        "width_fit": WIDTH_FIT})
     if previous and previous.get("inputs") == inputs:
         problem = record_problem(previous)
         if problem is None:
@@ -266,8 +268,7 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
         ev = exp.evaluation(ev_name)
         seeds = cfg.seeds if ev.model else (NO_SEED,)
         sources = sources_of(ev_name)
-        grids = [candidates(s, cfg.eval, widths[s.label]["scale"] if s.label in widths
-                            else None, noise) for s in group]
+        grids = [candidates(s, cfg.eval, widths.get(s.label), noise) for s in group]
         flat = [c for grid in grids for c in grid]
         rows = pd.concat([_run(flat, sources.get(seed), cfg, data, seed, pool)
                           for seed in seeds], ignore_index=True)
@@ -299,10 +300,8 @@ def bases(specs: list[AgentSpec], cfg: ExperimentConfig) -> list[AgentSpec]:
 
 def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig, dataset: Path
                  ) -> dict[str, list[Candidate]]:
-    """Per tuned evaluation, each method at its chosen setting (from a ``tune_experiment``
-    record); beside a width-tuned method (SPICE), "SPICE (paper)": the paper's width at the
-    setting chosen among the paper-width points (:func:`paper_choice`), so a tuned table shows
-    what the paper's prior gives and what the fitted width adds, both tuned on validation."""
+    """Per tuned evaluation, each method at its chosen setting (a ``tune_experiment`` record);
+    beside SPICE, "SPICE (paper)": the paper's width at its best paper-width point."""
     specs = agent_specs(exp, cfg, dataset)
     out: dict[str, list[Candidate]] = {}
     for ev_name in exp.tuned:
@@ -326,7 +325,7 @@ def grid_point(base: AgentSpec, eval_cfg: EvalConfig, record: dict[str, Any],
     """The candidate of ``base``'s grid at ``setting``, with the width and noise variance its
     experiment's tuning ``record`` fitted (None: not on the grid)."""
     method = record["methods"][base.label]
-    fitted = method["width"]["scale"] if "width" in method else None
+    fitted = method.get("width")
     return next((c for c in candidates(base, eval_cfg, fitted, fitted_noise(record))
                  if dict(c.setting) == setting), None)
 
@@ -441,10 +440,11 @@ def headline(run_dir: Path, experiments: list[str]) -> tuple[dict[str, float], d
               for exp, record in tuning.items()
               for label, method in record.get("methods", {}).items()
               for name, value in method["chosen"].items()}
-    params |= {f"{_key(exp)}/{_key(label)}/width_scale": method["width"]["scale"]
+    params |= {f"{_key(exp)}/{_key(label)}/width_{key}": value
                for exp, record in tuning.items()
                for label, method in record.get("methods", {}).items()
-               if method["chosen"].get("width") == "fitted"}
+               if method["chosen"].get("width") == "fitted"
+               for key, value in method["width"].items() if key in ("scale", "decay")}
     params |= {f"{_key(exp)}/noise_var_fitted": record["noise_var"]["fitted"]
                for exp, record in tuning.items() if "noise_var" in record}
     return metrics, params

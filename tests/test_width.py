@@ -20,11 +20,14 @@ from spice_ray.fusion import (
     NOISE_VAR_FLOOR,
     bootstrap_values,
     fit_width_and_noise,
+    fit_width_decay,
     fit_width_scale,
     nstep_targets,
     scaled_prior_std,
     width_log_likelihood,
+    width_profile,
 )
+from spice_ray.fusion.width import DECAYS
 from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import make_tokens
 
@@ -389,3 +392,92 @@ def test_prior_sentences_and_figure_name_each_width_source(tmp_path) -> None:
     path = plot_calibration(pd.concat([_prior_rows(1.0, 1.0), _prior_rows(0.4, 0.9)]),
                             tmp_path / "prior.png", "template")
     assert path.exists() and path.stat().st_size > 0
+
+
+# ---- a width that narrows with the context length ---------------------------------------------
+
+
+def test_width_profile_and_scaled_std_with_a_decay() -> None:
+    h = torch.tensor([0.0, 1.0, 3.0, 99.0])
+    assert width_profile(h, 0.0).tolist() == [1.0] * 4
+    np.testing.assert_allclose(width_profile(h, 1.0).numpy(), [1, 0.5**0.5, 0.5, 0.1])
+    std = torch.full((4,), 2.0)
+    np.testing.assert_allclose(scaled_prior_std(std, 0.5, 1.0, h).numpy(),
+                               [1, 0.5**0.5, 0.5, 0.1])
+    with pytest.raises(ValueError, match="needs the context length h"):
+        scaled_prior_std(std, 0.5, 1.0)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.3])
+def test_simulated_data_recover_the_decay(decay) -> None:
+    """Targets drawn with a prior sd of s (1 + decay h)^-1/2 sigma: the fit finds the decay
+    on its grid (0: a constant width, the first point, wins) and s near the truth."""
+    rng = np.random.default_rng(11)
+    n, s = 10_000, 0.4
+    h = rng.integers(0, 60, n).astype(np.float64)
+    std = rng.uniform(0.5, 1.5, n)
+    sd = s * std * (1 + decay * h) ** -0.5
+    y = rng.normal(0, np.sqrt(sd**2 + 0.01))
+    got_s, got_decay, noise = fit_width_decay(_t(np.zeros(n)), _t(std), _t(y), _t(h), 0.01)
+    _, joint_decay, joint_noise = fit_width_decay(_t(np.zeros(n)), _t(std), _t(y), _t(h), None)
+    assert noise == 0.01 and joint_noise == pytest.approx(0.01, rel=0.5)
+    assert got_s == pytest.approx(s, rel=0.1)
+    for fitted in (got_decay, joint_decay):  # the grid has 4 points a decade
+        if decay == 0.0:  # constant over the data's h: g(59) within 3% of 1
+            assert fitted * 59 < 0.06
+        else:
+            assert fitted == pytest.approx(decay, rel=0.5)
+
+
+def test_decay_fit_refuses_bad_inputs() -> None:
+    x = _t(np.ones(5))
+    with pytest.raises(ValueError, match="decays"):
+        fit_width_decay(x, x, x, x, 0.1, decays=())
+    with pytest.raises(ValueError, match="h must have the shape"):
+        fit_width_decay(x, x, x, _t(-np.ones(5)), 0.1)
+
+
+def test_online_and_offline_narrow_the_learned_width_with_h() -> None:
+    """The agent's prior at context length h is s (1 + decay h)^-1/2 sigma_Q: after 4
+    observations its posterior equals a decay-free agent's whose scale is s / sqrt(1 + 4
+    decay); the config names the decay only where it is not 0."""
+    cfg, model, batch = _model_and_batch()
+    A = cfg.env.num_actions
+    states = torch.zeros(3, 1)
+    posts = {}
+    for fusion in (FusionConfig(width_scale=0.6, width_decay=0.5),
+                   FusionConfig(width_scale=0.6 / math.sqrt(1 + 4 * 0.5))):
+        agent = SpiceAgent(fusion, model=model, stateless=True)
+        agent.reset(3, A)
+        for t in range(4):
+            agent.observe(torch.as_tensor(batch["actions"][:, t]),
+                          torch.as_tensor(batch["rewards"][:, t], dtype=torch.float64),
+                          states, states)
+        posts[fusion.width_decay] = agent.posterior(states)
+    torch.testing.assert_close(posts[0.5].var, posts[0.0].var, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(posts[0.5].mean, posts[0.0].mean, rtol=1e-12, atol=1e-15)
+    spec = AgentSpec("spice", FusionConfig(width_scale=0.6, width_decay=0.5))
+    assert json.loads(spec.config_json(EvalConfig()))["width_decay"] == 0.5
+    assert "width_decay" not in AgentSpec("spice").config_json(EvalConfig())
+    assert "width_decay" not in AgentSpec("spice-flat", FusionConfig(
+        width_decay=0.5)).config_json(EvalConfig())
+    # offline: at h = 0 the decay changes nothing; at h > 0 the picks read it
+    hs = np.array([0, 6])
+    data = {**batch, "label": np.zeros(3, dtype=np.int64)}
+    out = sequence_outputs(model, make_tokens(data, cfg.env), hs)
+    actions = torch.as_tensor(batch["actions"])
+    rewards = torch.as_tensor(batch["rewards"], dtype=torch.float64)
+    narrowing = spice_offline_picks(spec, out, actions, rewards, hs, A, model)
+    at_h0 = spice_offline_picks(AgentSpec("spice", FusionConfig(width_scale=0.6)), out,
+                                actions, rewards, hs, A, model)
+    assert torch.equal(narrowing[:, 0], at_h0[:, 0])
+
+
+def test_model_fit_with_decay_reports_it_and_nests_the_constant() -> None:
+    cfg, model, batch = _model_and_batch()
+    fusion = FusionConfig()
+    flat = fit_model_width(model, [batch], cfg.env, fusion)
+    fit = fit_model_width(model, [batch], cfg.env, fusion, fit_decay=True)
+    assert fit.decay in DECAYS and fit.log_lik >= flat.log_lik - 1e-12
+    if fit.decay == 0.0:
+        assert fit.scale == flat.scale

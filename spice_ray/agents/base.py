@@ -199,8 +199,9 @@ class AgentSpec:
         """The settings that change this agent's results, as plain values.
 
         Offline, the online-only settings (beta, its schedule) are left out, so specs that
-        differ only there share one offline curve. ``fusion.width_scale`` is in only for
-        methods that read it (:attr:`Method.scales_width`) and only when it is not 1.
+        differ only there share one offline curve. ``fusion.width_scale`` (``width_decay``) is
+        in only for methods that read it (:attr:`Method.scales_width`) and only when it is not
+        1 (0).
         """
         if self.info.fused:
             out = {k: v for k, v in dataclasses.asdict(self.fusion).items() if k != "rule"}
@@ -208,6 +209,8 @@ class AgentSpec:
             # (and every table written before the field existed) is unchanged at the default.
             if not self.info.scales_width or self.fusion.width_scale == WIDTH_SCALE_DEFAULT:
                 out.pop("width_scale")
+            if not self.info.scales_width or self.fusion.width_decay == 0.0:
+                out.pop("width_decay")  # likewise: in only where read and not constant
             if not online:
                 out.pop("beta")
                 out.pop("beta_schedule")

@@ -157,9 +157,12 @@ class SpiceAgent:
         self._context = None
         self._num_tasks = num_tasks
         self._draws = draws
+        self._seen = 0
+        """Transitions observed since reset: the context length h the prior is at."""
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
                 ) -> None:
+        self._seen += 1
         if self.runner is not None:
             self.runner.append(states, actions, rewards, next_states)
         else:
@@ -243,8 +246,12 @@ class SpiceAgent:
             if self.exact_width is not None:
                 exact_var = self.exact_width.moments(states.detach().cpu().numpy())[1]
                 prior_std = torch.from_numpy(exact_var).to(STATS_DTYPE).sqrt()
-            else:  # the learned width, scaled by fusion.width_scale (1: unchanged)
-                prior_std = scaled_prior_std(prior_std, self.fusion.width_scale)
+            else:  # the learned width, scaled by fusion.width_scale (1: unchanged) and
+                # narrowed with the context length by fusion.width_decay (0: not)
+                h = self._seen if self.model is None else min(self._seen,
+                                                              self.model.max_len - 1)
+                prior_std = scaled_prior_std(prior_std, self.fusion.width_scale,
+                                             self.fusion.width_decay, h)
         return fused_posterior(self.fusion, prior_mean, prior_std, counts, mean)
 
     def act(self, t: int, states: Tensor) -> Tensor:

@@ -50,6 +50,9 @@ class FusionConfig:
     paper. Only SPICE's learned prior reads it (not the flat or oracle priors, nor the
     exact-width diagnostic); ``spice_ray.evaluate.width`` fits it on validation tasks without
     labels."""
+    width_decay: float = 0.0
+    """How the learned prior's width narrows with the context length h (>= 0): s sigma_Q
+    (1 + width_decay h)^(-1/2); 0 (constant) is the paper. Fitted with ``width_scale``."""
     beta: float = 1.0
     """Posterior-UCB optimism (>= 0) when beta_schedule is fixed."""
     beta_schedule: Literal["fixed", "sqrt2logt", "sqrt_log_sat"] = "fixed"
@@ -77,6 +80,7 @@ class FusionConfig:
         _check(self.noise_var >= 0, "fusion.noise_var", self.noise_var, "a float >= 0")
         _check(self.v_min > 0, "fusion.v_min", self.v_min, "a float > 0")
         _check(self.width_scale >= 0, "fusion.width_scale", self.width_scale, "a float >= 0")
+        _check(self.width_decay >= 0, "fusion.width_decay", self.width_decay, "a float >= 0")
         _check(self.beta >= 0, "fusion.beta", self.beta, "a float >= 0")
         _check(self.beta_schedule in BETA_SCHEDULES, "fusion.beta_schedule",
                self.beta_schedule, f"one of {', '.join(BETA_SCHEDULES)}")

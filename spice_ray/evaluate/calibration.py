@@ -135,8 +135,10 @@ def calibration_stats(
     if "prior_std" not in out:
         raise ValueError("calibration needs a SpiceModel (a value ensemble)")
     pm = out["prior_mean"].to(torch.float64).numpy()  # (B, P, A)
-    # The width the fusion uses: s sigma_Q, s = fusion.width_scale (1: sigma_Q itself).
-    ps = scaled_prior_std(out["prior_std"], fusion.width_scale).to(torch.float64).numpy()
+    # The width the fusion uses: s g(h) sigma_Q, s = fusion.width_scale (1: sigma_Q itself),
+    # g narrowing with h by fusion.width_decay (0: constant).
+    ps = scaled_prior_std(out["prior_std"], fusion.width_scale, fusion.width_decay,
+                          torch.as_tensor(hs)[None, :, None]).to(torch.float64).numpy()
     for level in levels:
         if not 0 < level < 1:
             raise ValueError(f"level={level} is invalid: in (0, 1)")
@@ -177,6 +179,8 @@ def calibration_rows(
     settings = {"noise_var": fusion.noise_var, "v_min": fusion.v_min}
     if fusion.width_scale != 1.0:  # left out at the paper's 1: the config is unchanged there
         settings["width_scale"] = fusion.width_scale
+    if fusion.width_decay != 0.0:  # likewise at a constant width
+        settings["width_decay"] = fusion.width_decay
     config = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     metrics: dict[str, np.ndarray] = {}
     for i, level in enumerate(stats.levels):

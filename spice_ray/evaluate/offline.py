@@ -171,8 +171,9 @@ def spice_offline_picks(
         counts = torch.stack([c for c, _ in stats], 1)  # (B, P, A)
         mean = torch.stack([m for _, m in stats], 1)  # (B, P, A)
     if spec.uses_model:  # the learned prior, its width scaled by fusion.width_scale
-        prior_mean = outputs["prior_mean"]
-        prior_std = scaled_prior_std(outputs["prior_std"], f.width_scale)
+        prior_mean = outputs["prior_mean"]  # (and narrowed with h by fusion.width_decay)
+        prior_std = scaled_prior_std(outputs["prior_std"], f.width_scale, f.width_decay,
+                                     torch.as_tensor(hs)[None, :, None])
     else:  # the flat prior
         prior_mean = torch.full(counts.shape, spec.prior[0], dtype=torch.float64)
         prior_std = torch.full(counts.shape, spec.prior[1] ** 0.5, dtype=torch.float64)

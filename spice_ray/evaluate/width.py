@@ -28,11 +28,13 @@ from spice_ray.evaluate.offline import sequence_outputs
 from spice_ray.fusion import (
     bootstrap_values,
     fit_width_and_noise,
+    fit_width_decay,
     fit_width_scale,
     needs_bootstrap,
     needs_nstep,
     nstep_targets,
     width_log_likelihood,
+    width_profile,
 )
 from spice_ray.model.registry import ModelSource, load_model
 from spice_ray.model.spice import align_to_transitions
@@ -55,6 +57,8 @@ class WidthFit:
     """Transitions whose target entered the fit."""
     noise_var: float
     """sigma^2 of the fit: fitted with s (``fit_noise``) or the config's ``fusion.noise_var``."""
+    decay: float = 0.0
+    """How the width narrows with the context length (``fit_decay``; 0: constant)."""
 
 
 def transition_predictions(
@@ -115,6 +119,7 @@ def fit_model_width(
     batch_size: int = 32,
     bounds: tuple[float, float] = (1e-3, 1e3),
     fit_noise: bool = False,
+    fit_decay: bool = False,
 ) -> WidthFit:
     """Fit ``fusion.width_scale`` for a trained SPICE model on logged contexts, label-free.
 
@@ -127,6 +132,8 @@ def fit_model_width(
         batch_size: tasks per model forward.
         bounds: the range of s searched besides s = 0.
         fit_noise: fit sigma^2 with s (else ``fusion.noise_var`` is used as it is).
+        fit_decay: fit how the width narrows with the context length too
+            (``spice_ray.fusion.fit_width_decay``; else it is constant).
 
     Returns:
         The :class:`WidthFit` over every complete target of every batch.
@@ -134,41 +141,53 @@ def fit_model_width(
     Raises:
         ValueError: no batch, or no complete target (n-step contexts no longer than n).
     """
-    parts: list[tuple[Tensor, Tensor, Tensor]] = []
-    for batch in batches:
-        mean, std, targets, complete = transition_predictions(model, batch, env_cfg, fusion,
-                                                              batch_size)
-        parts.append((mean[complete], std[complete], targets[complete]))  # (N_b,) each
+    parts = [_complete(*transition_predictions(model, batch, env_cfg, fusion, batch_size))
+             for batch in batches]
     if not parts:
         raise ValueError("batches is empty: the width scale needs at least one context")
-    return _fit_parts(parts, fusion, bounds, fit_noise)
+    return _fit_parts(parts, fusion, bounds, fit_noise, fit_decay)
 
 
-def _fit_parts(parts: list[tuple[Tensor, Tensor, Tensor]], fusion: FusionConfig,
-               bounds: tuple[float, float] = (1e-3, 1e3), fit_noise: bool = False
-               ) -> WidthFit:
-    """The :class:`WidthFit` over the complete targets of every part (mean, std, targets)."""
-    mean, std, targets = (torch.cat(x) for x in zip(*parts, strict=True))  # (N,) each
+def _complete(mean: Tensor, std: Tensor, targets: Tensor, complete: Tensor
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(mean, std, targets, h) of the complete targets, flat; h is the context length each
+    prediction was made at (its column: the position that has not seen its target)."""
+    h = torch.arange(mean.shape[1], dtype=torch.float64).expand_as(mean)
+    return mean[complete], std[complete], targets[complete], h[complete]
+
+
+def _fit_parts(parts: list[tuple[Tensor, Tensor, Tensor, Tensor]], fusion: FusionConfig,
+               bounds: tuple[float, float] = (1e-3, 1e3), fit_noise: bool = False,
+               fit_decay: bool = False) -> WidthFit:
+    """The :class:`WidthFit` over the complete targets of every part (mean, std, targets, h)."""
+    mean, std, targets, h = (torch.cat(x) for x in zip(*parts, strict=True))  # (N,) each
     if targets.numel() == 0:
         raise ValueError(f"no complete target: n-step returns with td_n={fusion.td_n} need "
                          f"contexts longer than {fusion.td_n} transitions")
-    if fit_noise:
+    decay = 0.0
+    if fit_decay:
+        scale, decay, noise = fit_width_decay(mean, std, targets, h,
+                                              None if fit_noise else fusion.noise_var,
+                                              bounds=bounds)
+    elif fit_noise:
         scale, noise = fit_width_and_noise(mean, std, targets, bounds=bounds)
     else:
         noise = fusion.noise_var
         scale = fit_width_scale(mean, std, targets, noise, bounds=bounds)
     return WidthFit(
         scale=scale,
-        log_lik=width_log_likelihood(mean, std, targets, noise, scale),
+        log_lik=width_log_likelihood(mean, std * width_profile(h, decay), targets, noise,
+                                     scale),
         log_lik_paper=width_log_likelihood(mean, std, targets, fusion.noise_var, 1.0),
         num_targets=int(targets.numel()),
         noise_var=noise,
+        decay=decay,
     )
 
 
 def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any],
-                     env_cfg: EnvConfig, fusion: FusionConfig, fit_noise: bool = False
-                     ) -> dict[str, Any]:
+                     env_cfg: EnvConfig, fusion: FusionConfig, fit_noise: bool = False,
+                     fit_decay: bool = False) -> dict[str, Any]:
     """One scale s for several models of an experiment (its training seeds), fitted on the
     same logged contexts: the kernel over every model's predictions at once, each model's own
     s beside it.
@@ -180,23 +199,25 @@ def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any]
         env_cfg: their environment.
         fusion: noise_var (sigma^2) and the evidence targets.
         fit_noise: fit sigma^2 jointly with s (pooled), not take ``fusion.noise_var``.
+        fit_decay: fit the width's narrowing with the context length too (pooled).
 
     Returns:
         {"scale": s, "per_seed": {str(seed): s of that model alone, at the pooled sigma^2},
         "log_lik": mean log-likelihood per target at (s, sigma^2), "log_lik_paper": the same
         at s = 1 and the config's sigma^2, "targets": their number}, and with ``fit_noise``
-        "noise_var": the fitted sigma^2.
+        "noise_var": the fitted sigma^2, and with ``fit_decay`` "decay" (each seed's s at
+        the pooled decay).
     """
-    parts = []
-    for source in sources.values():
-        model = load_model(source, env_cfg, kind="spice")
-        mean, std, targets, complete = transition_predictions(model, data, env_cfg, fusion)
-        parts.append(tuple(x[complete] for x in (mean, std, targets)))  # (N_seed,) each
+    parts = [_complete(*transition_predictions(load_model(source, env_cfg, kind="spice"), data,
+                                               env_cfg, fusion))
+             for source in sources.values()]
     if not parts:
         raise ValueError("sources is empty: the width scale needs at least one model")
-    fit = _fit_parts(parts, fusion, fit_noise=fit_noise)
-    per_seed = {str(seed): fit_width_scale(*part, fit.noise_var)
-                for seed, part in zip(sources, parts, strict=True)}
+    fit = _fit_parts(parts, fusion, fit_noise=fit_noise, fit_decay=fit_decay)
+    per_seed = {str(seed): fit_width_scale(mean, std * width_profile(h, fit.decay), y,
+                                           fit.noise_var)
+                for seed, (mean, std, y, h) in zip(sources, parts, strict=True)}
     return {"scale": fit.scale, "per_seed": per_seed, "log_lik": fit.log_lik,
             "log_lik_paper": fit.log_lik_paper, "targets": fit.num_targets,
-            **({"noise_var": fit.noise_var} if fit_noise else {})}
+            **({"noise_var": fit.noise_var} if fit_noise else {}),
+            **({"decay": fit.decay} if fit_decay else {})}

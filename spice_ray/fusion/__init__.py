@@ -50,9 +50,11 @@ from spice_ray.fusion.rules import (
 )
 from spice_ray.fusion.width import (
     fit_width_and_noise,
+    fit_width_decay,
     fit_width_scale,
     scaled_prior_std,
     width_log_likelihood,
+    width_profile,
 )
 
 __all__ = [
@@ -94,7 +96,9 @@ __all__ = [
     "uniform_weights",
     "weighted_action_stats",
     "fit_width_and_noise",
+    "fit_width_decay",
     "fit_width_scale",
     "scaled_prior_std",
     "width_log_likelihood",
+    "width_profile",
 ]

@@ -33,16 +33,32 @@ _CHUNK_ELEMENTS = 1 << 22
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-def scaled_prior_std(prior_std: Tensor, width_scale: float) -> Tensor:
-    """s sigma_Q: the learned prior's std scaled by ``FusionConfig.width_scale``, any shape.
+def width_profile(h: Tensor, decay: float) -> Tensor:
+    """g(h) = (1 + decay h)^(-1/2), float64: how the learned prior's width narrows with the
+    context length h (``FusionConfig.width_decay``; 0: constant, the paper's). A Normal
+    posterior's sd falls as 1 / sqrt(n0 + n) with n observations; the ensemble's spread
+    sigma_Q does not, so the fitted width may take this shape with n0 = 1 / decay."""
+    return (1.0 + float(decay) * torch.as_tensor(h, dtype=torch.float64)) ** -0.5
 
-    With s = 1 the tensor itself is returned (same values, dtype and device, so the posterior
-    is bit-identical to the unscaled one); otherwise the product in float64 (the posterior's
-    dtype), on the tensor's device.
+
+def scaled_prior_std(prior_std: Tensor, width_scale: float, decay: float = 0.0,
+                     h: Tensor | int | None = None) -> Tensor:
+    """s g(h) sigma_Q: the learned prior's std scaled by ``FusionConfig.width_scale`` and, with
+    a ``decay`` > 0, narrowed by :func:`width_profile` at context length ``h`` (broadcast
+    against ``prior_std``), any shape.
+
+    With s = 1 and no decay the tensor itself is returned (same values, dtype and device, so
+    the posterior is bit-identical to the unscaled one); otherwise the product in float64 (the
+    posterior's dtype), on the tensor's device.
     """
-    if width_scale == 1.0:
+    if width_scale == 1.0 and decay == 0.0:
         return prior_std
-    return prior_std.to(torch.float64) * float(width_scale)
+    out = prior_std.to(torch.float64) * float(width_scale)
+    if decay != 0.0:
+        if h is None:
+            raise ValueError("a width decay needs the context length h")
+        out = out * width_profile(torch.as_tensor(h), decay).to(out.device)
+    return out
 
 
 def _as_float64(x: Tensor) -> Tensor:
@@ -262,3 +278,69 @@ def fit_width_and_noise(mean: Tensor, std: Tensor, targets: Tensor, *,
         if value > best[0]:
             best = (value, x, s)
     return best[2], min(max(math.exp(best[1]), lo), hi)
+
+
+_DECAY_ROUNDS = 4
+"""Rounds of :func:`fit_width_decay`'s coordinate ascent when sigma^2 is fitted too."""
+DECAYS = (0.0, *(10.0 ** (k / 4.0) for k in range(-12, 5)))
+"""The width decays :func:`fit_width_decay` compares: 0 (a constant width) and 1e-3 to 10 at
+four points a decade (n0 = 1 / decay from 1,000 transitions down to 0.1)."""
+
+
+def fit_width_decay(mean: Tensor, std: Tensor, targets: Tensor, h: Tensor,
+                    noise_var: float | None, *, mask: Tensor | None = None,
+                    decays: tuple[float, ...] = DECAYS,
+                    bounds: tuple[float, float] = (1e-3, 1e3)) -> tuple[float, float, float]:
+    """(s, decay, sigma^2) maximising sum log N(y; mean, s^2 g(h)^2 std^2 + sigma^2), label-free,
+    with g = :func:`width_profile`: for each decay of ``decays`` the scale s is fitted as for a
+    constant width, and the decay with the highest likelihood wins (the first on a tie, so 0
+    when nothing is gained). One scale cannot fit a prior whose right width falls several-fold
+    over the context while sigma_Q stays flat; this shape can.
+
+    With ``noise_var`` None, sigma^2 is fitted too, by coordinate ascent: (s, sigma^2) jointly
+    at the current decay (:func:`fit_width_and_noise`), then the decay with sigma^2 held, until
+    the decay repeats (at most :data:`_DECAY_ROUNDS` rounds; each round can only raise the
+    likelihood, and it starts from the constant width's joint fit).
+
+    Args:
+        mean, std, targets, mask, bounds: as :func:`fit_width_scale`.
+        h: the context length each prediction was made at (the position that has not seen its
+            target), shape of ``mean``.
+        noise_var: sigma^2, or None to fit it too.
+
+    Raises:
+        ValueError: as :func:`fit_width_scale`, a negative decay or h, or no decay.
+    """
+    if not decays or any(not math.isfinite(d) or d < 0 for d in decays):
+        raise ValueError(f"decays={decays!r} is invalid: finite values >= 0, at least one")
+    h = torch.as_tensor(h, dtype=torch.float64)
+    if h.shape != torch.as_tensor(mean).shape or bool((h < 0).any()):
+        raise ValueError("h must have the shape of mean and hold context lengths >= 0")
+    std = torch.as_tensor(std, dtype=torch.float64)
+
+    def best_decay(noise: float) -> tuple[float, float]:
+        """(decay, s) of the highest likelihood at sigma^2 = noise (the first on a tie)."""
+        best: tuple[float, float, float] | None = None  # (log L, decay, s)
+        for decay in decays:
+            narrowed = std * width_profile(h, decay)
+            s = fit_width_scale(mean, narrowed, targets, noise, mask=mask, bounds=bounds)
+            value = width_log_likelihood(mean, narrowed, targets, noise, s, mask=mask)
+            if best is None or value > best[0]:
+                best = (value, float(decay), s)
+        assert best is not None
+        return best[1], best[2]
+
+    if noise_var is not None:
+        decay, s = best_decay(float(noise_var))
+        return s, decay, float(noise_var)
+    decay = 0.0 if 0.0 in decays else decays[0]
+    s, noise = fit_width_and_noise(mean, std * width_profile(h, decay), targets, mask=mask,
+                                   bounds=bounds)
+    for _ in range(_DECAY_ROUNDS):
+        new, _ = best_decay(noise)
+        if new == decay:
+            break
+        decay = new
+        s, noise = fit_width_and_noise(mean, std * width_profile(h, decay), targets,
+                                       mask=mask, bounds=bounds)
+    return s, decay, noise

@@ -171,8 +171,11 @@ def prior_fit(df: pd.DataFrame, hs: tuple[int, ...] = (0, 20)) -> list[str]:
     widths = df["config"].map(width_of)
     out = []
     for width in sorted(widths.unique(), key=lambda w: (w != 1.0, w)):  # the paper's first
+        decay = float(json.loads(df.loc[widths == width, "config"].iloc[0]).get(
+            "width_decay", 0.0))
+        shape = f", narrowing as (1 + {decay:.3g} h)^-1/2" if decay else ""
         source = ("" if widths.nunique() == 1 else " (paper width, s = 1)" if width == 1.0
-                  else f" (width fitted on validation, s = {width:.3g})")
+                  else f" (width fitted on validation, s = {width:.3g}{shape})")
         out += _prior_fit_at(df[widths == width], hs, source)
     return out
 

@@ -35,6 +35,15 @@ def fitted_scale(record: dict[str, Any] | None) -> float | None:
     return None
 
 
+def fitted_decay(record: dict[str, Any] | None) -> float:
+    """How the fitted width narrows with the context length (``fusion.width_decay``) in an
+    experiment's tuning record; 0 (constant) when none was fitted."""
+    for method in (record or {}).get("methods", {}).values():
+        if "width" in method:
+            return float(method["width"].get("decay", 0.0))
+    return 0.0
+
+
 def fitted_noise(record: dict[str, Any] | None) -> float | None:
     """The likelihood variance an experiment's tuning record fitted with the width scale
     (where the evidence targets are n-step returns), or None when it fitted none."""
