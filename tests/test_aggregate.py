@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from spice_ray.results import aggregate as agg
-from spice_ray.results.plots import plot_aggregate
+from spice_ray.results.aggregate import plot_aggregate
 from spice_ray.results.summary import iqm
 
 
