@@ -24,7 +24,7 @@ from spice_ray.common.errors import excerpt
 from spice_ray.results import paper
 from spice_ray.results.query import QueryError, columns_named, filter_rows, values_hint
 from spice_ray.results.report import _label as row_label
-from spice_ray.results.schema import KEY
+from spice_ray.results.schema import settings_columns
 from spice_ray.results.summary import LABEL_KEYS, STATS, improvement, summarise
 from spice_ray.results.tables import ResultsError, describe, list_experiments, list_sweeps, load
 
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 print(f"{name:22s} {describe(args.run_dir, name)}")
             return 0
+        added: list[str] = []
         if args.experiment == "compare":
             out = compare(args.run_dir, args.methods, args.table)
             args.raw = True
@@ -74,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.methods:
                 raise ResultsError(f"unexpected arguments {args.methods}: only 'compare' "
                                    "takes methods")
-            df = load(args.run_dir, args.experiment, settings=True)
+            df = load(args.run_dir, args.experiment)
+            if not args.experiment.startswith("sweeps/"):  # each setting a typed column
+                typed = settings_columns(df)
+                df, added = pd.concat([df, typed], axis=1), list(typed.columns)
         whole = df
         if args.where and args.experiment != "compare":
             try:
@@ -99,9 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "so --by, --stat and --format markdown|latex do not apply; "
                                    "without them it prints as stored (--where works)")
             args.raw = True  # a summary table (e.g. a sweep's *_summary): shown as stored
-        if not by or args.raw:  # the typed settings served --where; the rows keep config
-            df = df[[c for c in df.columns if c in KEY or c == "value" or c in (by or [])]
-                    ] if not args.experiment.startswith("sweeps/") else df
+        # the typed settings served --where (and --by where named); the rows keep config
+        df = df.drop(columns=[c for c in added if c not in (by or [])])
         out = df if args.raw else summarise(df, by, args.stat, pool=args.pool)
         if not args.raw and by and any(c in out.columns and c not in by for c in LABEL_KEYS):
             out.insert(len(by), "label", out.apply(row_label, axis=1))  # as the report reads
