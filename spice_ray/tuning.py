@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,9 +54,9 @@ from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES, needs_nstep
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.records import Finals
 from spice_ray.results.choices import best_index, fitted_noise, paper_choice, record_problem
+from spice_ray.results.choices import headline as choices_headline
 from spice_ray.results.schema import NO_SEED
-from spice_ray.results.summary import final_values, task_means
-from spice_ray.results.tables import list_experiments, load, table_path, write
+from spice_ray.results.tables import table_path, write
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,8 @@ TAUS = (0.3, 0.5, 0.7, 1.0)
 UCB_C = (0.5, 1.0, 2.0, 4.0)
 """UCB's and LinUCB's exploration constants of the grid."""
 WIDTHS = ("paper", "fitted")
-"""The learned prior's width on the grid: the paper's sigma_Q, and as :func:`fit_width` fits it."""
+"""The learned prior's width on the grid: the paper's sigma_Q, and as :func:`fit_width` fits it
+(and "constant", its scale without the decay, where the fit's decay is not 0)."""
 WIDTH_FIT = "scale, decay"  # what fit_width fits: a record fitted otherwise is redone
 NOISES = ("paper", "fitted")
 """sigma^2 of the other fused methods where targets are n-step returns: configured, fitted."""
@@ -117,8 +117,11 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
                                                      for schedule in sorted(BETA_FREE_SCHEDULES)]
         if smooth:
             points = [p + (("tau", t),) for p in points for t in TAUS]
-        if info.scales_width:
-            points = [p + (("width", w),) for p in points for w in WIDTHS]
+        width = fitted_width if isinstance(fitted_width, dict) else {
+            "scale": 1.0 if fitted_width is None else fitted_width}  # s or fit_width's record
+        if info.scales_width:  # the constant width too where the fit narrows it with h
+            points = [p + (("width", w),) for p in points
+                      for w in WIDTHS + (("constant",) if width.get("decay") else ())]
         elif fits_noise(spec):
             points = [p + (("noise", n),) for p in points for n in NOISES]
         noise = {"noise_var": float(fitted_noise)} \
@@ -127,11 +130,11 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
         for point in points:
             fields = {"beta_schedule": "fixed"} | {k: v for k, v in point
                                                    if k not in ("width", "noise")}
-            if dict(point).get("width") == "fitted":  # s (a float) or {"scale", "decay"}
-                width = fitted_width if isinstance(fitted_width, dict) else {
-                    "scale": 1.0 if fitted_width is None else fitted_width}
+            if dict(point).get("width") == "fitted":
                 fields |= {"width_scale": float(width["scale"]),
                            "width_decay": float(width.get("decay", 0.0))} | noise
+            if dict(point).get("width") == "constant":
+                fields |= {"width_scale": float(width["constant_scale"])} | noise
             if dict(point).get("noise") == "fitted":
                 fields |= noise
             fusion = dataclasses.replace(spec.fusion, **fields)
@@ -418,33 +421,7 @@ def write_tuned_table(name: str, cfg: ExperimentConfig, run_dir: Path, dataset: 
     return table.name
 
 
-def _key(text: str) -> str:
-    """A metric or parameter name every tracker accepts (letters, digits, _ - . /)."""
-    return re.sub(r"[^A-Za-z0-9_\-./]+", "_", text).strip("_")
-
-
 def headline(run_dir: Path, experiments: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
-    """The study's headline as tracker metrics and parameters: each tuned method's mean final
-    regret over the eval tasks (``<experiment>/<method>/final_regret``) and the setting it was
-    chosen at (``<experiment>/<method>/<name>``, from ``results/tuning.json``)."""
-    have = set(list_experiments(run_dir))
-    metrics: dict[str, float] = {}
-    for exp in experiments:
-        if f"{exp}_tuned" not in have:
-            continue
-        final = task_means(final_values(load(run_dir, f"{exp}_tuned"), "cumulative_regret"))
-        for method, value in final.groupby("method")["value"].mean().items():
-            metrics[f"{_key(exp)}/{_key(str(method))}/final_regret"] = float(value)
-    tuning = {exp: r for exp, r in read_tuning(run_dir).items() if exp in experiments}
-    params = {f"{_key(exp)}/{_key(label)}/{_key(name)}": value
-              for exp, record in tuning.items()
-              for label, method in record.get("methods", {}).items()
-              for name, value in method["chosen"].items()}
-    params |= {f"{_key(exp)}/{_key(label)}/width_{key}": value
-               for exp, record in tuning.items()
-               for label, method in record.get("methods", {}).items()
-               if method["chosen"].get("width") == "fitted"
-               for key, value in method["width"].items() if key in ("scale", "decay")}
-    params |= {f"{_key(exp)}/noise_var_fitted": record["noise_var"]["fitted"]
-               for exp, record in tuning.items() if "noise_var" in record}
-    return metrics, params
+    """The study's headline as tracker metrics and parameters (``results.choices.headline``
+    over this run's ``results/tuning.json``)."""
+    return choices_headline(run_dir, experiments, read_tuning(run_dir))

@@ -206,7 +206,7 @@ def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any]
         "log_lik": mean log-likelihood per target at (s, sigma^2), "log_lik_paper": the same
         at s = 1 and the config's sigma^2, "targets": their number}, and with ``fit_noise``
         "noise_var": the fitted sigma^2, and with ``fit_decay`` "decay" (each seed's s at
-        the pooled decay).
+        the pooled decay) and "constant_scale" (s without a decay, at the same sigma^2).
     """
     parts = [_complete(*transition_predictions(load_model(source, env_cfg, kind="spice"), data,
                                                env_cfg, fusion))
@@ -220,4 +220,14 @@ def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any]
     return {"scale": fit.scale, "per_seed": per_seed, "log_lik": fit.log_lik,
             "log_lik_paper": fit.log_lik_paper, "targets": fit.num_targets,
             **({"noise_var": fit.noise_var} if fit_noise else {}),
-            **({"decay": fit.decay} if fit_decay else {})}
+            **({"decay": fit.decay, "constant_scale": _constant_scale(parts, fit.noise_var)}
+               if fit_decay else {})}
+
+
+def _constant_scale(parts: list[tuple[Tensor, Tensor, Tensor, Tensor]], noise_var: float
+                    ) -> float:
+    """s of a constant width (no decay) over every part, at sigma^2 = ``noise_var``: the
+    tuning stage's other fitted width, since the likelihood's choice of decay need not be the
+    fused posterior's best."""
+    mean, std, targets, _ = (torch.cat(x) for x in zip(*parts, strict=True))
+    return fit_width_scale(mean, std, targets, noise_var)

@@ -5,9 +5,14 @@ Plain functions of the record's dict: no evaluation, no I/O."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from spice_ray.results.summary import final_values, task_means
+from spice_ray.results.tables import list_experiments, load
 
 
 def best_index(grid: list[dict[str, Any]]) -> int:
@@ -97,3 +102,36 @@ def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
                 row(exp, f"{label} (paper)", [g for g in m["grid"]
                                               if g["setting"].get("width") == "paper"], paper)
     return pd.DataFrame(rows)
+
+
+def _key(text: str) -> str:
+    """A metric or parameter name every tracker accepts (letters, digits, _ - . /)."""
+    return re.sub(r"[^A-Za-z0-9_\-./]+", "_", text).strip("_")
+
+
+def headline(run_dir: Path, experiments: list[str], records: dict[str, Any]
+             ) -> tuple[dict[str, float], dict[str, Any]]:
+    """The study's headline as tracker metrics and parameters: each tuned method's mean final
+    regret over the eval tasks (``<experiment>/<method>/final_regret``) and the setting it was
+    chosen at (``<experiment>/<method>/<name>``, from the tuning ``records``)."""
+    have = set(list_experiments(run_dir))
+    metrics: dict[str, float] = {}
+    for exp in experiments:
+        if f"{exp}_tuned" not in have:
+            continue
+        final = task_means(final_values(load(run_dir, f"{exp}_tuned"), "cumulative_regret"))
+        for method, value in final.groupby("method")["value"].mean().items():
+            metrics[f"{_key(exp)}/{_key(str(method))}/final_regret"] = float(value)
+    tuning = {exp: r for exp, r in records.items() if exp in experiments}
+    params = {f"{_key(exp)}/{_key(label)}/{_key(name)}": value
+              for exp, record in tuning.items()
+              for label, method in record.get("methods", {}).items()
+              for name, value in method["chosen"].items()}
+    params |= {f"{_key(exp)}/{_key(label)}/width_{key}": value
+               for exp, record in tuning.items()
+               for label, method in record.get("methods", {}).items()
+               if method["chosen"].get("width") == "fitted"
+               for key, value in method["width"].items() if key in ("scale", "decay")}
+    params |= {f"{_key(exp)}/noise_var_fitted": record["noise_var"]["fitted"]
+               for exp, record in tuning.items() if "noise_var" in record}
+    return metrics, params
