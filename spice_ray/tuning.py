@@ -69,7 +69,7 @@ UCB_C = (0.5, 1.0, 2.0, 4.0)
 WIDTHS = ("paper", "fitted")
 """The learned prior's width on the grid: the paper's sigma_Q, and as :func:`fit_width` fits it
 (and "constant", its scale without the decay, where the fit's decay is not 0)."""
-WIDTH_FIT = "scale, decay"  # what fit_width fits: a record fitted otherwise is redone
+WIDTH_FIT = "scale, decay; constant"  # what fit_width fits: a record fitted otherwise is redone
 NOISES = ("paper", "fitted")
 """sigma^2 of the other fused methods where targets are n-step returns: configured, fitted."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
