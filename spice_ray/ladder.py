@@ -48,7 +48,7 @@ from spice_ray.results.analysis import (
     tuned_gap,
     width_of,
 )
-from spice_ray.results.choices import fitted_scale
+from spice_ray.results.choices import fitted_decay, fitted_scale
 from spice_ray.results.summary import task_means
 from spice_ray.results.tables import load
 from spice_ray.study import plan_study
@@ -164,9 +164,10 @@ def _prior_rows(rung: Rung, seeds: int) -> list[dict[str, object]]:
                                   ("coverage_90_fitted", "fitted", "coverage_90")):
         out += [_row(rung, seeds, quantity, means[tag][metric, h], h) for h in HS
                 if (metric, h) in means[tag]]
-    scale = fitted_scale(read_tuning(rung.run_dir).get(rung.family))
-    if scale is not None:
-        out.append(_row(rung, seeds, "width_scale", scale))
+    record = read_tuning(rung.run_dir).get(rung.family)
+    if fitted_scale(record) is not None:
+        out += [_row(rung, seeds, "width_scale", fitted_scale(record)),
+                _row(rung, seeds, "width_decay", fitted_decay(record))]
     return out
 
 
@@ -297,14 +298,18 @@ def plot_ladder(table: pd.DataFrame, path: Path) -> Path:
             for key, style in (("accuracy", "-"), ("stay_accuracy_goal_shown", ":")):
                 sel = rows[q == key].sort_values("steps")
                 ax2.plot(sel["steps"], sel["value"], linestyle=style, color="grey",
-                         label=key.replace("_", " "))
+                         marker="x", label=key.replace("_", " "))
             ax2.set_ylim(0, 1)
             ax2.set_ylabel("accuracy (grey)")
             ax2.legend(fontsize=7, loc="lower right")
     titles = ("validation loss", "prior RMSE vs exact posterior mean",
               "gap closed (tuned on validation)", "DPT* return (DPT paper protocol)")
+    from matplotlib import ticker
+
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("training steps")
         ax.set_title(title, fontsize=9)
         if ax.lines:
