@@ -93,9 +93,11 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
             chosen = next(g for g in method["grid"] if g["setting"] == method["chosen"])
             assert chosen["mean"] == best, (name, label)
     grids = {label: len(m["grid"]) for label, m in tuning["darkroom"]["methods"].items()}
-    assert grids == {"SPICE": 40, "SPICE (flat prior)": 40, "Count-UCB": 10, "DPT": 1,
+    widths = 3 if tuning["darkroom"]["methods"]["SPICE"]["width"]["decay"] else 2
+    assert grids == {"SPICE": 20 * widths, "SPICE (flat prior)": 40, "Count-UCB": 10, "DPT": 1,
                      "Random": 1}  # beta (4 and the schedule) x tau (4) where a kernel has one
-    # x SPICE's width: the paper's and the scale fitted on validation contexts without labels;
+    # x SPICE's width: the paper's and the one fitted on validation contexts without labels
+    # (and the fit's constant width where its decay with h is not 0);
     # x the other fused methods' noise variance (the darkroom's targets are n-step returns):
     # the config's and the one fitted with SPICE's width
     assert tuning["darkroom"]["noise_var"]["config"] == 0.09
