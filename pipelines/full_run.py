@@ -48,9 +48,9 @@ def cli(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     formats = tuple(dict.fromkeys(["png", *(f.strip() for f in args.figure_format.split(",")
                                             if f.strip())]))
-    if any(f not in FORMATS for f in formats):
-        bad = next(f for f in formats if f not in FORMATS)
-        print(f"error: --figure-format {bad!r} is invalid: one of {', '.join(FORMATS)}",
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        print(f"error: --figure-format {bad[0]!r} is invalid: one of {', '.join(FORMATS)}",
               file=sys.stderr)
         raise SystemExit(2)
     try:  # every experiment's config is valid before Ray starts

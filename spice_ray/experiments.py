@@ -24,7 +24,7 @@ from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
 from spice_ray.evaluate.calibration import ORACLE_METRICS
 from spice_ray.experiment_spec import Evaluation, Experiment, ModelRef, Select, Table
 from spice_ray.results.analysis import (
-    grid_accuracy,
+    action_accuracy,
     prior_contribution,
     prior_fit,
     prior_gap,
@@ -227,7 +227,7 @@ DARKROOM_DPT_STAR = Experiment(
                   "with uniform actions (the DPT paper's roll-in)",
                   ("cumulative_return", "cumulative_regret", *ACCURACY_METRICS),
                   (Select("dpt"), Select("random")), ("online_return",),
-                  "DPT* on Darkroom (DPT paper protocol)", analysis=grid_accuracy),),
+                  "DPT* on Darkroom (DPT paper protocol)", analysis=action_accuracy),),
     overrides=("data.label=optimal", "env.rollin=uniform"),
     notes=("DPT* (darkroom_dpt_star): the DPT paper reports a return of about 61.5 for DPT on "
            "this protocol (10x10 grid, H = 100, held-out goals, one episode from (0, 0) on a "

@@ -37,19 +37,19 @@ import pandas as pd
 
 from spice_ray.common.artifacts import atomic_path, atomic_write_text, publish_dir, write_checked
 from spice_ray.config import ConfigError
-from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.results.analysis import (
     FLAT,
     LEARNED,
     ORACLE,
     PAPER,
+    accuracy_by_task,
     final_by_task,
     tuned_gap,
     width_of,
 )
 from spice_ray.results.choices import fitted_decay, fitted_scale
-from spice_ray.results.summary import task_means
+from spice_ray.results.summary import final_values, task_means
 from spice_ray.results.tables import load
 from spice_ray.study import plan_study
 from spice_ray.train.loop import steps_per_epoch
@@ -141,6 +141,12 @@ def _row(rung: Rung, seeds: int, quantity: str, value: float, h: int = -1,
             "lo": float(lo), "hi": float(hi)}
 
 
+def _mean_row(rung: Rung, seeds: int, quantity: str, values: pd.Series) -> dict[str, object]:
+    """The mean over tasks of ``values`` with its +-1.96 SEM interval."""
+    mean, sem = values.mean(), values.std(ddof=1) / np.sqrt(len(values))
+    return _row(rung, seeds, quantity, mean, lo=mean - 1.96 * sem, hi=mean + 1.96 * sem)
+
+
 def _finals(rung: Rung) -> list[Path]:
     kind = FAMILIES[rung.family]
     return sorted((rung.run_dir / "checkpoints").glob(f"*/{kind}-*-seed*/final"))
@@ -177,10 +183,7 @@ def _tuned_rows(rung: Rung, seeds: int) -> list[dict[str, object]]:
     for method, name in ((LEARNED, "regret_spice"), (PAPER, "regret_spice_paper"),
                          (FLAT, "regret_flat"), (ORACLE, "regret_oracle")):
         if method in wide:
-            v = wide[method].dropna()
-            sem = v.std(ddof=1) / np.sqrt(len(v))
-            out.append(_row(rung, seeds, name, v.mean(), lo=v.mean() - 1.96 * sem,
-                            hi=v.mean() + 1.96 * sem))
+            out.append(_mean_row(rung, seeds, name, wide[method].dropna()))
     for r in tuned_gap(wide).itertuples():
         name = "gap_closed" if r.method == LEARNED else "gap_closed_paper"
         out.append(_row(rung, seeds, name, r.gap_closed if r.defined else math.nan,
@@ -190,14 +193,10 @@ def _tuned_rows(rung: Rung, seeds: int) -> list[dict[str, object]]:
 
 def _dpt_rows(rung: Rung, finals: list[Path]) -> list[dict[str, object]]:
     df = load(rung.run_dir, rung.family)
-    dpt = task_means(df[df["method"] == "DPT"].drop(columns=["config", "rule"]))
-    last = dpt[(dpt["metric"] == "cumulative_return")]
-    ret = last[last["x"] == last["x"].max()]["value"]
-    sem = ret.std(ddof=1) / np.sqrt(len(ret))
-    out = [_row(rung, len(finals), "return", ret.mean(), lo=ret.mean() - 1.96 * sem,
-                hi=ret.mean() + 1.96 * sem)]
-    wide = dpt[dpt["metric"].isin(ACCURACY_METRICS)].pivot_table(
-        index="task_id", columns="metric", values="value")
+    ret = task_means(final_values(df[df["method"] == "DPT"], "cumulative_return").drop(
+        columns=["config", "rule"]))["value"]
+    out = [_mean_row(rung, len(finals), "return", ret)]
+    wide = accuracy_by_task(df)["DPT"]
     shown = wide["context_shows_goal"] > 0
     for name, values in (("accuracy", wide["action_accuracy"]),
                          ("accuracy_goal_shown", wide.loc[shown, "action_accuracy"]),

@@ -272,8 +272,8 @@ def plot_aggregate(agg: Aggregate, path: Path) -> Path:
     """Across experiments: IQM and mean normalised score per method present everywhere, its
     performance profile, and P(SPICE better than X) over the experiments both are in, grouped
     by how many that is; every band and bar a 95% bootstrap interval."""
+    from spice_ray.results.figure_files import save
     from spice_ray.results.plots import _order, method_of, plt, style
-    from spice_ray.results.plots import _save as save
 
     table, profile, improve = agg.table, agg.profile, agg.improvement
     n_exp = len(agg.scores.by_experiment)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
 from spice_ray.results.summary import (
     bootstrap_ci,
     cluster_bootstrap_ci,
@@ -290,18 +291,23 @@ def tuned_gap(wide: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def grid_accuracy(df: pd.DataFrame) -> list[str]:
+def accuracy_by_task(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per method, the grid accuracy rows of a table (``spice_ray.evaluate.accuracy``) as one
+    row per task and a column per metric, training seeds averaged per task first."""
+    per_task = task_means(df[df["metric"].isin(ACCURACY_METRICS)].drop(
+        columns=["config", "rule"]))
+    return {str(method): rows.pivot_table(index="task_id", columns="metric", values="value")
+            for method, rows in per_task.groupby("method", sort=False)}
+
+
+def action_accuracy(df: pd.DataFrame) -> list[str]:
     """Sentences: each method's per-action accuracy on the grid with the task's whole context
     (``spice_ray.evaluate.accuracy``), over all tasks and split by whether the context shows
     the goal, and how often it stays on the goal (means over tasks, seeds averaged first)."""
     if "action_accuracy" not in set(df["metric"]):
         return []
-    per_task = task_means(df[df["metric"].isin(["action_accuracy", "stay_accuracy",
-                                                 "context_shows_goal"])].drop(
-        columns=["config", "rule"]))
     out = []
-    for method, rows in per_task.groupby("method", sort=False):
-        wide = rows.pivot_table(index="task_id", columns="metric", values="value")
+    for method, wide in accuracy_by_task(df).items():
         shown = wide["context_shows_goal"] > 0
         split = ", ".join(f"{wide.loc[mask, 'action_accuracy'].mean():.2f} where the context "
                           f"{word} the goal ({int(mask.sum())} tasks)"

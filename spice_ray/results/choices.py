@@ -31,22 +31,23 @@ def paper_choice(method: dict[str, Any]) -> dict[str, Any] | None:
     return dict(paper[best_index(paper)]["setting"])
 
 
+def _width(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The width record (``fit_width``'s) of an experiment's tuning record, or None."""
+    return next((m["width"] for m in (record or {}).get("methods", {}).values()
+                 if "width" in m), None)
+
+
 def fitted_scale(record: dict[str, Any] | None) -> float | None:
     """The width scale an experiment's tuning record fitted (``tune_experiment``), or None
     when it has none (no learned SPICE, or not tuned)."""
-    for method in (record or {}).get("methods", {}).values():
-        if "width" in method:
-            return float(method["width"]["scale"])
-    return None
+    width = _width(record)
+    return None if width is None else float(width["scale"])
 
 
 def fitted_decay(record: dict[str, Any] | None) -> float:
     """How the fitted width narrows with the context length (``fusion.width_decay``) in an
     experiment's tuning record; 0 (constant) when none was fitted."""
-    for method in (record or {}).get("methods", {}).values():
-        if "width" in method:
-            return float(method["width"].get("decay", 0.0))
-    return 0.0
+    return float((_width(record) or {}).get("decay", 0.0))
 
 
 def fitted_noise(record: dict[str, Any] | None) -> float | None:

@@ -86,10 +86,10 @@ def _config_label(config: str) -> str:
     return ", ".join(parts)
 
 
-def band_note(df: pd.DataFrame) -> str:
+def band_note(df: pd.DataFrame, marks: str = "lines: mean; bands / bars") -> str:
     """What a figure's bands and error bars are: mean ± 1 SEM over N tasks × S seeds."""
     seeds = df.loc[df["seed"] >= 0, "seed"].nunique() if "seed" in df else 0
-    return (f"lines: mean; bands / bars: ± 1 SEM over {df['task_id'].nunique()} tasks"
+    return (f"{marks}: ± 1 SEM over {df['task_id'].nunique()} tasks"
             + (f" (seeds averaged per task, {seeds} seeds)" if seeds > 1 else ""))
 
 
@@ -212,10 +212,9 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Final regret vs test-time sigma: a point and its +- SEM bar per method and setting at
     each sigma (dodged), on a log axis (DPT is far larger), settings in the labels."""
     sub = df[df["metric"] == "final_regret"].copy()
-    cfg = [json.loads(c) for c in sub["config"]]
-    sub["sigma"] = [c.get("sigma", np.nan) for c in cfg]
-    sub["label"] = [f"{m} ({t})" if (t := _config_label(json.dumps(c))) else m
-                    for m, c in zip(sub["method"], cfg, strict=True)]
+    sub["sigma"] = sub["config"].map(lambda c: json.loads(c).get("sigma", np.nan))
+    sub["label"] = [f"{m} ({t})" if (t := _config_label(c)) else m
+                    for m, c in zip(sub["method"], sub["config"], strict=True)]
     summ = summarise(sub.drop(columns=["config"]), ["label", "method", "sigma"], pool=True)
     labels, sigmas = sorted(summ["label"].unique(), key=_order), sorted(summ["sigma"].unique())
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -231,8 +230,7 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
            title=title)
     _legend(ax)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, path, band_note(sub).replace("lines: mean; bands / bars", "points: mean; "
-                                                   "bars"))
+    return _save(fig, path, band_note(sub, "points: mean; bars"))
 
 
 def plot_online_return(df: pd.DataFrame, path: Path, title: str) -> Path:
