@@ -31,7 +31,14 @@ from spice_ray.config import FusionConfig, from_dict
 from spice_ray.fusion import RandomSource
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import load_model
-from spice_ray.run_models import PRETRAINED_CONFIG, checked_entry, pretrained_model, tuned_fusion
+from spice_ray.run_models import (
+    MODEL_CARD,
+    PRETRAINED_CONFIG,
+    checkpoint_of,
+    model_card,
+    pretrained_model,
+    tuned_fusion,
+)
 
 PRETRAINED_WEIGHTS = "model.safetensors"
 
@@ -53,54 +60,26 @@ class _Policy:
         self.num_envs = 1
         self._t = 0
         self._started = False
+        self._seed: int | None = None  # the checkpoint's training seed, when known
+        self._source: tuple[Path, str, int] | None = None  # (run, experiment, seed) if tuned
+
+    checkpoint_of = staticmethod(checkpoint_of)
+    tuned: dict[str, Any] | None = None
+    """The setting chosen on validation tasks that this policy runs (:meth:`from_run`), or
+    None: the settings passed in or trained with."""
 
     @staticmethod
-    def checkpoint_of(run_dir: str | Path, experiment: str, kind: str, seed: int = 0,
-                      variant: str = "") -> Path:
-        """The final checkpoint of a study's model, from the run's checkpoint index.
-
-        Raises:
-            FileNotFoundError: no index (a run from before it existed: re-run the same
-                ``full_run`` command, which skips the work and writes it) or no such model,
-                naming the models there are.
-            ValueError: the index fails its checksum, or the checkpoint found is not the
-                model listed (its ``meta.json`` names another kind, seed or training
-                identity: a moved or swapped directory).
-        """
-        import json
-
-        from spice_ray.common.artifacts import MISSING, NO_SIDECAR, verify
-        from spice_ray.records import CHECKPOINT_INDEX
-
-        run_dir = Path(run_dir)
-        index = run_dir / CHECKPOINT_INDEX
-        _, why = verify(index)
-        if why not in ("", MISSING, NO_SIDECAR):
-            raise ValueError(f"{index} fails its SHA-256 sidecar ({why}): re-running the "
-                             "study's full_run command rewrites it from the checkpoints")
-        try:
-            entries = json.loads(index.read_text())["checkpoints"]
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{index} does not exist: is {run_dir} a study's run "
-                                    "directory? Re-running its full_run command writes "
-                                    "it") from None
-        for e in entries:
-            if (e["experiment"], e["kind"], e["variant"], e["seed"]) == (experiment, kind,
-                                                                        variant, seed):
-                return checked_entry(run_dir, e)
-        have = sorted({f"{e['experiment']} {e['kind']}"
-                       f"{' [' + e['variant'] + ']' if e['variant'] else ''} seed {e['seed']}"
-                       for e in entries})
-        raise FileNotFoundError(f"no {kind} model of experiment {experiment!r}"
-                                f"{f' [{variant}]' if variant else ''} seed {seed} in "
-                                f"{run_dir}; it has: {', '.join(have[:12])}")
-
-    @staticmethod
-    def _load(path: str | Path, kind: str, device: str | torch.device) -> tuple[Any, Any]:
+    def _load(path: str | Path, kind: str, device: str | torch.device
+              ) -> tuple[Any, Any, int | None]:
+        """(model, run config, training seed) of a checkpoint."""
         meta = ckpt.read_meta(path)
         cfg = from_dict(meta["config"])
         model = load_model(path, expect_env=cfg.env, kind=kind).to(device)
-        return model, cfg
+        seed = meta.get("seed")
+        return model, cfg, seed if isinstance(seed, int) else None
+
+    _method = "SPICE"
+    """The method's name in the study's tables (the model card's row)."""
 
     kind = "spice"
     """The model kind the policy runs."""
@@ -116,9 +95,11 @@ class _Policy:
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Everything this policy needs, in a self-contained folder: ``model.safetensors``
-        (the weights and the frozen prior networks; no pickle) and ``config.json`` (the model
-        kind and architecture, the run config it was trained with, the policy's options), each
-        with a SHA-256 sidecar; written beside ``directory`` and renamed into place."""
+        (the weights and the frozen prior networks; no pickle), ``config.json`` (the model
+        kind and architecture, the run config it was trained with, the policy's options) and a
+        model card ``README.md`` (what it is, what it was trained on, its row of the run's
+        tuned table when it is the run's tuned policy), each with a SHA-256 sidecar; written
+        beside ``directory`` and renamed into place."""
         import json
 
         from safetensors.torch import save_file
@@ -130,11 +111,15 @@ class _Policy:
         options = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
                    for k, v in self._options().items()}
 
+        card = model_card(self.kind, type(self).__name__, from_dict(self._config),
+                          self._seed, self._source, self._method)
+
         def write(staging: Path) -> None:
             save_file(state, str(staging / PRETRAINED_WEIGHTS))
+            (staging / MODEL_CARD).write_text(card)
             (staging / PRETRAINED_CONFIG).write_text(json.dumps(
                 {"format": 1, "kind": self.kind, "spec": model.spec(), "config": self._config,
-                 "options": options}, indent=1, default=str))
+                 "options": options, "seed": self._seed}, indent=1, default=str))
 
         return publish_dir(directory, write)
 
@@ -152,7 +137,7 @@ class _Policy:
         """
         from safetensors.torch import load_file
 
-        from spice_ray.common.artifacts import verify_dir
+        from spice_ray.common.artifacts import read_json, verify_dir
 
         directory = Path(directory)
         why = verify_dir(directory, (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG))
@@ -169,16 +154,21 @@ class _Policy:
         if bad:
             raise ValueError(f"{where} holds non-finite values in {', '.join(bad[:3])}")
         try:
-            return cls._build(model.eval().to(device), cfg, device, **{**saved, **options})
+            policy = cls._build(model.eval().to(device), cfg, device, **{**saved, **options})
         except TypeError as exc:
             raise ValueError(f"{directory / PRETRAINED_CONFIG} or the call: an option is not "
                              f"one of {cls.__name__}'s ({exc})") from None
+        seed = read_json(directory / PRETRAINED_CONFIG).get("seed")
+        policy._seed = seed if isinstance(seed, int) else None
+        return policy
 
     def to(self, device: str | torch.device) -> Any:
         """The same policy on ``device`` ("cpu", "cuda"), with an empty context (call
         ``reset()``)."""
-        return type(self)._build(self.agent.model.to(device), from_dict(self._config),
-                                 device, **self._options())
+        moved = type(self)._build(self.agent.model.to(device), from_dict(self._config),
+                                  device, **self._options())
+        moved.tuned, moved._seed, moved._source = self.tuned, self._seed, self._source
+        return moved
 
     def reset(self, num_envs: int | None = None,
               draws: RandomSource | int | None = 0) -> None:
@@ -243,6 +233,37 @@ class _Policy:
         a = self.agent.act(self._t, self._states(state)).cpu().numpy()
         return int(a[0]) if self._single else a
 
+    samples = False
+    """Whether the action rule draws at random (Thompson sampling, a sampled policy head)."""
+
+    def predict(self, observation: Any, state: Any = None, episode_start: Any = None,
+                deterministic: bool = True) -> tuple[Any, None]:
+        """:meth:`act` in Stable-Baselines3's form: ``(action, None)``.
+
+        The first call starts the context when :meth:`reset` was not called (one environment
+        for one observation, a batch for a 2-d array of them). The recurrent state SB3 passes
+        around is the context, kept inside the policy, so ``state`` must be None and the
+        returned one is None; ``episode_start`` is accepted and leaves the context alone: in
+        context the policy learns across the episodes of one task (``reset()`` starts a new
+        task). Rewards reach the context only through :meth:`observe`.
+
+        Args:
+            deterministic: must say what the policy's rule does (True unless it samples:
+                ``rule="thompson"``, ``DptPolicy(sample=True)``); the rule is chosen when the
+                policy is built, so a contradicting value is refused, not ignored.
+        """
+        if state is not None:
+            raise ValueError("state must be None: the policy keeps its context itself "
+                             "(observe() adds to it, reset() empties it)")
+        if bool(deterministic) == self.samples:
+            raise ValueError(f"deterministic={deterministic}, but this policy "
+                             f"{'samples' if self.samples else 'does not sample'}: "
+                             f"{repr(self)}; build it with the rule you want")
+        if not self._started:
+            x = np.asarray(observation)
+            self.reset(num_envs=int(x.shape[0]) if x.ndim == 2 else None)
+        return self.act(observation), None
+
     def observe(self, state: Any, action: Any, reward: Any, next_state: Any) -> None:
         """Append the transition (state, action, reward, next state) to the context(s)."""
         self._check_started("observe")
@@ -282,9 +303,11 @@ class SpicePolicy(_Policy):
     def from_checkpoint(cls, path: str | Path, rule: str = "ucb", beta: float | None = None,
                         beta_schedule: str | None = None, fusion: FusionConfig | None = None,
                         device: str | torch.device = "cpu") -> SpicePolicy:
-        model, cfg = cls._load(path, "spice", device)
-        return cls._build(model, cfg, device, rule=rule, beta=beta,
-                          beta_schedule=beta_schedule, fusion=fusion)
+        model, cfg, seed = cls._load(path, "spice", device)
+        policy = cls._build(model, cfg, device, rule=rule, beta=beta,
+                            beta_schedule=beta_schedule, fusion=fusion)
+        policy._seed = seed
+        return policy
 
     @classmethod
     def _build(cls, model: Any, cfg: Any, device: str | torch.device, rule: str = "ucb",
@@ -308,9 +331,9 @@ class SpicePolicy(_Policy):
     def _options(self) -> dict[str, Any]:
         return {"rule": self.fusion.rule, "fusion": self.fusion}
 
-    tuned: dict[str, Any] | None = None
-    """The setting chosen on validation tasks that this policy runs (:meth:`from_run`), or
-    None: the settings passed in or trained with."""
+    @property
+    def samples(self) -> bool:  # type: ignore[override]
+        return self.fusion.rule == "thompson"
 
     @classmethod
     def from_run(cls, run_dir: str | Path, experiment: str, seed: int = 0, variant: str = "",
@@ -328,13 +351,16 @@ class SpicePolicy(_Policy):
         device = options.pop("device", "cpu")
         if not tuned or options or variant:
             return cls.from_checkpoint(path, device=device, **options)
-        model, cfg = cls._load(path, "spice", device)
+        model, cfg, seed_ = cls._load(path, "spice", device)
         choice = tuned_fusion(Path(run_dir), experiment, cfg)
         if choice is None:
-            return cls._build(model, cfg, device)
-        setting, fusion = choice
-        policy = cls._build(model, cfg, device, rule=fusion.rule, fusion=fusion)
-        policy.tuned = setting
+            policy = cls._build(model, cfg, device)
+        else:
+            setting, fusion = choice
+            policy = cls._build(model, cfg, device, rule=fusion.rule, fusion=fusion)
+            policy.tuned = setting
+            policy._source = (Path(run_dir), experiment, seed)
+        policy._seed = seed_
         return policy
 
     def __repr__(self) -> str:
@@ -366,8 +392,10 @@ class DptPolicy(_Policy):
     @classmethod
     def from_checkpoint(cls, path: str | Path, sample: bool = False,
                         device: str | torch.device = "cpu") -> DptPolicy:
-        model, cfg = cls._load(path, "dpt", device)
-        return cls._build(model, cfg, device, sample=sample)
+        model, cfg, seed = cls._load(path, "dpt", device)
+        policy = cls._build(model, cfg, device, sample=sample)
+        policy._seed = seed
+        return policy
 
     @classmethod
     def _build(cls, model: Any, cfg: Any, device: str | torch.device, sample: bool = False
@@ -379,6 +407,10 @@ class DptPolicy(_Policy):
 
     def _options(self) -> dict[str, Any]:
         return {"sample": self.agent.sample}
+
+    @property
+    def samples(self) -> bool:  # type: ignore[override]
+        return bool(self.agent.sample)
 
     def __repr__(self) -> str:
         return (f"DptPolicy({self.env.name}, A={self.env.num_actions}, "

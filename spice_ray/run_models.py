@@ -1,7 +1,7 @@
 """Finding and checking a study's models before a policy runs them: the checkpoint index
 entry against the checkpoint's own ``meta.json``, a ``save_pretrained`` folder's config before
-any weight is read, and the fusion setting the tuning stage chose on validation. Used by
-``spice_ray.policy``; no model runs here."""
+any weight is read, the fusion setting the tuning stage chose on validation, and a saved
+policy's model card. Used by ``spice_ray.policy``; no model runs here."""
 
 from __future__ import annotations
 
@@ -37,6 +37,47 @@ def checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
                          f"{what} of identity {listed or '?'}: the directory was moved or "
                          "swapped; re-run the study's full_run command, which retrains it")
     return path
+
+
+def checkpoint_of(run_dir: str | Path, experiment: str, kind: str, seed: int = 0,
+                  variant: str = "") -> Path:
+    """The final checkpoint of a study's model, from the run's checkpoint index.
+
+    Raises:
+        FileNotFoundError: no index (a run from before it existed: re-run the same
+            ``full_run`` command, which skips the work and writes it) or no such model,
+            naming the models there are.
+        ValueError: the index fails its checksum, or the checkpoint found is not the
+            model listed (its ``meta.json`` names another kind, seed or training
+            identity: a moved or swapped directory).
+    """
+    import json
+
+    from spice_ray.common.artifacts import MISSING, NO_SIDECAR, verify
+    from spice_ray.records import CHECKPOINT_INDEX
+
+    run_dir = Path(run_dir)
+    index = run_dir / CHECKPOINT_INDEX
+    _, why = verify(index)
+    if why not in ("", MISSING, NO_SIDECAR):
+        raise ValueError(f"{index} fails its SHA-256 sidecar ({why}): re-running the "
+                         "study's full_run command rewrites it from the checkpoints")
+    try:
+        entries = json.loads(index.read_text())["checkpoints"]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{index} does not exist: is {run_dir} a study's run "
+                                "directory? Re-running its full_run command writes "
+                                "it") from None
+    for e in entries:
+        if (e["experiment"], e["kind"], e["variant"], e["seed"]) == (experiment, kind,
+                                                                    variant, seed):
+            return checked_entry(run_dir, e)
+    have = sorted({f"{e['experiment']} {e['kind']}"
+                   f"{' [' + e['variant'] + ']' if e['variant'] else ''} seed {e['seed']}"
+                   for e in entries})
+    raise FileNotFoundError(f"no {kind} model of experiment {experiment!r}"
+                            f"{f' [{variant}]' if variant else ''} seed {seed} in "
+                            f"{run_dir}; it has: {', '.join(have[:12])}")
 
 
 def pretrained_model(directory: Path, kind: str, name: str
@@ -108,3 +149,64 @@ def tuned_fusion(run_dir: Path, experiment: str, cfg: Any
     point = grid_point(AgentSpec("spice", fusion=cfg.fusion), cfg.eval, record,
                        method["chosen"])
     return None if point is None else (dict(point.setting), point.spec.fusion)
+
+
+MODEL_CARD = "README.md"
+"""The model card of a ``save_pretrained`` folder (the Hugging Face Hub's name for one)."""
+
+
+def model_card(kind: str, policy: str, cfg: Any, seed: int | None,
+               source: tuple[Path, str, int] | None, method: str) -> str:
+    """A ``save_pretrained`` folder's model card: what the model is, what it was trained on,
+    how to load it, the row of its run's ``<experiment>_tuned`` table it produced (only when
+    the policy is the run's tuned one, ``source`` = (run, experiment, seed)) and its config.
+    A function of its inputs only (no date, no path of this machine), so one policy gives one
+    card."""
+    import yaml
+
+    env, data, train = cfg.env, cfg.data, cfg.train
+    lines = ["---", "library_name: spice-ray", "tags:", "- reinforcement-learning",
+             "- in-context-reinforcement-learning", f"- {env.name}", "---", "",
+             f"# {policy}: {env.name}", "",
+             f"A {'SPICE' if kind == 'spice' else 'DPT'} model of spice-ray: a causal "
+             f"GPT-2-style trunk ({cfg.model.n_layer} layers, width {cfg.model.n_embd})"
+             + (f", a policy head and a {cfg.model.ensemble_size}-head value ensemble whose "
+                "prior is fused with the context's evidence at test time (no gradient step)"
+                if kind == "spice" else ", a policy head read in context") + ".", "",
+             "```python", "from spice_ray import " + policy,
+             f'policy = {policy}.from_pretrained("<this folder>")', "```", "",
+             "## Trained on", "",
+             f"- environment `{env.name}`, horizon {env.horizon}, preset `{cfg.preset}`",
+             f"- {data.num_train_tasks:,} training tasks (data seed {data.seed}), "
+             f"{data.label} labels",
+             f"- {train.epochs} epochs at batch {train.batch_size}, learning rate {train.lr:g}"
+             + ("" if seed is None else f", training seed {seed}"), ""]
+    lines += ["## Evaluation", ""] + _card_rows(source, method) + [""]
+    lines += ["## Config", "", "```yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+              .rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def _card_rows(source: tuple[Path, str, int] | None, method: str) -> list[str]:
+    """The card's evaluation lines: the tuned table's final value for ``method`` at the
+    source's seed, mean +- SEM over its eval tasks, or why there is none."""
+    if source is None:
+        return ["Not the tuned policy of a study's run (built from a checkpoint, or with "
+                "settings of its own): no table row describes it."]
+    from spice_ray.results.tables import ResultsError, load
+
+    run, experiment, seed = source
+    try:
+        df = load(run, f"{experiment}_tuned")
+    except (ResultsError, FileNotFoundError, OSError):
+        return [f"Run `{experiment}` has no readable `{experiment}_tuned` table."]
+    rows = []
+    for metric, sub in df[(df["method"] == method) & (df["seed"] == seed)].groupby("metric"):
+        last = sub[sub["x"] == sub["x"].max()].groupby("task_id")["value"].mean()
+        sem = last.std(ddof=1) / len(last) ** 0.5 if len(last) > 1 else float("nan")
+        rows.append(f"| {method} | {metric} at step {int(sub['x'].max())} | "
+                    f"{last.mean():.4g} ± {sem:.2g} | {len(last)} |")
+    if not rows:
+        return [f"`{experiment}_tuned` holds no row of {method} at seed {seed}."]
+    return [f"From the run's `{experiment}_tuned` table (eval tasks, seed {seed}):", "",
+            "| method | metric | mean ± SEM over tasks | tasks |", "|---|---|---:|---:|", *rows]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -170,8 +172,10 @@ def test_gymnasium_spaces_are_bounded_checked_and_grids_render() -> None:
                   skip_render_check=False)
     space = gymnasium.make("spice_ray/darkroom-v0", preset="smoke").observation_space
     assert (space.low.tolist(), space.high.tolist()) == ([0.0, 0.0], [9.0, 9.0])
-    space = gymnasium.make("spice_ray/bandit-v0", preset="smoke").observation_space
-    assert (space.low.tolist(), space.high.tolist()) == ([0.0], [0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no checker warning on make (a zero-width box was one)
+        space = gymnasium.make("spice_ray/bandit-v0", preset="smoke").observation_space
+    assert (space.low.tolist(), space.high.tolist()) == ([0.0], [1.0])
     room = make_config("smoke", "darkroom").environment()
     env = TaskEnv(room, darkroom.DarkroomTasks(np.array([[3, 1]]), np.array([[0, 0]]), 10), 0,
                   horizon=5, render_mode="rgb_array")
@@ -255,3 +259,38 @@ def test_import_spice_ray_registers_every_environment_with_gymnasium() -> None:
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "5"
+
+
+def test_a_gymnasium_task_takes_a_runs_config_and_names_what_is_wrong(tmp_path) -> None:
+    """run_dir= builds the task from the run's own experiment config (its overrides
+    included), so a user does not repeat the preset and the --set flags by hand."""
+    import gymnasium
+
+    import spice_ray.envs.gym  # noqa: F401  (registers the ids)
+    from spice_ray.config import make_config
+
+    run = tmp_path / "run"
+    cfg = make_config("smoke", "bandit", overrides=["env.num_arms=7"])
+    cfg.write(run / "configs", "bandit.yaml")
+    make_config("smoke", "darkroom").write(run / "configs", "darkroom.yaml")
+    make_config("smoke", "darkroom").write(run / "configs", "darkroom_dpt_star.yaml")
+    env = gymnasium.make("spice_ray/bandit-v0", task=2, run_dir=str(run))
+    assert env.action_space.n == 7  # the run's override, not the preset's 5 arms
+    want = gymnasium.make("spice_ray/bandit-v0", task=2, preset="smoke")
+    assert want.action_space.n == 5
+    one = gymnasium.make("spice_ray/darkroom-v0", task=1, run_dir=str(run),
+                         experiment="darkroom_dpt_star")
+    assert one.unwrapped.env.name == "darkroom"
+    for kwargs, match in [
+            ({"run_dir": str(run), "preset": "smoke"}, "preset='smoke' and run_dir= both"),
+            ({"experiment": "bandit"}, "give run_dir= too"),
+            ({"run_dir": str(run), "experiment": "nope"}, "nope.yaml does not exist")]:
+        with pytest.raises(ValueError, match=match):
+            gymnasium.make("spice_ray/bandit-v0", **kwargs)
+    with pytest.raises(ValueError, match="2 experiment.s. on environment 'darkroom': darkroom, "
+                                         "darkroom_dpt_star; name one with experiment="):
+        gymnasium.make("spice_ray/darkroom-v0", run_dir=str(run))
+    with pytest.raises(ValueError, match="runs environment 'bandit', not 'darkroom'"):
+        gymnasium.make("spice_ray/darkroom-v0", run_dir=str(run), experiment="bandit")
+    with pytest.raises(ValueError, match="no experiment.s. on environment 'linear_bandit'"):
+        gymnasium.make("spice_ray/linear_bandit-v0", run_dir=str(run))

@@ -1,11 +1,13 @@
 """Epsilon-greedy, added from outside the package (``examples/epsilon_greedy``, a plugin by
 entry point): the registry finds it, it explores at the rate it says, it runs through the same
-online protocol as every agent, and an installed plugin runs through a whole smoke study."""
+online protocol as every agent, and an installed plugin runs through the first-hour
+example's smoke study."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,25 +125,36 @@ def _installed(site: Path) -> dict[str, str]:
 
 
 @pytest.mark.ray
-def test_an_installed_plugin_runs_through_a_smoke_study(tmp_path) -> None:
-    """Tuning, evaluation, a table, a figure and the report, with no file under spice_ray/
-    naming it: the driver and every Ray actor load it by its entry point."""
+def test_the_first_hour_example_runs_with_an_installed_plugin(tmp_path) -> None:
+    """examples/first_hour.py end to end (the study, a re-run with another config refused,
+    the tuned policy's predict on a gymnasium.make env of the run, a LaTeX table, a PDF
+    figure, save_pretrained with a model card), with the plugin installed, so one smoke study
+    also shows tuning, evaluation, a table, a figure and the report taking an agent no file
+    under spice_ray/ names: the driver and every Ray actor load it by its entry point."""
     env = _installed(tmp_path / "site")
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
-                           "smoke", "--experiments", "bandit", "--out", str(run),
-                           "--figure-format", "pdf"], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "first_hour.py"), "--out",
+                           str(run)], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stderr.strip() == "", proc.stderr[-3000:]  # no warning on the way either
+    out = proc.stdout
+    assert "refused: error: bad config: " in out and "fusion.noise_var: on disk 0.09, " \
+        "requested 0.04" in out
+    assert re.search(r"tuned on validation: beta=\S+", out)
+    assert re.search(r"eval task 0: cumulative regret \d+\.\d\d over 24 steps", out)
+    tex = (run / "bandit_tuned.tex").read_text()
+    assert r"Method & Cumulative regret & Tasks \\" in tex and "beta\\_schedule" not in tex
+    assert "Epsilon-greedy" in tex
+    card = (run / "policy" / "README.md").read_text()
+    assert "| SPICE | cumulative_regret at step 24 |" in card
+    # the plugin's rows, in every place the study writes
     assert not list((ROOT / "spice_ray").rglob("*epsilon*"))
     for table in ("bandit_online", "bandit_tuned"):
         df = load(run, table)
         assert (df["method"] == "Epsilon-greedy").any(), table
-    tuning = (run / "results" / "tuning.json").read_text()
-    assert "Epsilon-greedy" in tuning
+    assert "Epsilon-greedy" in (run / "results" / "tuning.json").read_text()
     assert "Epsilon-greedy" in (run / "report.md").read_text()
-    assert (run / "figures" / "bandit_online.png").stat().st_size > 0
-    # --figure-format pdf (checked here to share the study): a PDF beside every PNG
+    # --figure-format pdf: a PDF beside every PNG
     pngs = sorted(p.stem for p in (run / "figures").glob("*.png"))
     assert pngs and sorted(p.stem for p in (run / "figures").glob("*.pdf")) == pngs
-    assert f"{len(pngs)} PNG files, {len(pngs)} PDF" in proc.stdout

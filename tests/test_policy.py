@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -154,7 +155,13 @@ def test_save_pretrained_round_trip_acts_the_same(tmp_path, kind) -> None:
     policy = cls.from_checkpoint(path, **options)
     folder = policy.save_pretrained(tmp_path / "pretrained")
     assert sorted(p.name for p in folder.iterdir()) == [
-        "config.json", "config.json.sha256", "model.safetensors", "model.safetensors.sha256"]
+        "README.md", "README.md.sha256", "config.json", "config.json.sha256",
+        "model.safetensors", "model.safetensors.sha256"]
+    card = (folder / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: spice-ray\n") and "- 96 training tasks" in card
+    assert "no table row describes it" in card  # a checkpoint's policy, not a run's tuned one
+    assert f'{cls.__name__}.from_pretrained("<this folder>")' in card
+    assert policy.save_pretrained(tmp_path / "again").joinpath("README.md").read_text() == card
     loaded = cls.from_pretrained(folder)
     moved = policy.to("cpu")
     rng = np.random.default_rng(0)
@@ -305,6 +312,18 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
     assert (f.beta, f.beta_schedule, f.tau, f.width_scale, f.noise_var) == (
         2.0, "fixed", 0.3, 0.25, 4.0)
     assert repr(policy).endswith("tuned on validation: beta=2.0, tau=0.3, width=fitted)")
+    # its model card carries its row of the tuned table: mean +- SEM over tasks, its seed only
+    from spice_ray.results import write
+
+    H = cfg.eval.online_horizon
+    write(run, "darkroom_tuned", pd.DataFrame({
+        "experiment": "darkroom", "env": "darkroom", "method": ["SPICE"] * 4 + ["DPT"],
+        "rule": "ucb", "config": "{}", "variant": "", "seed": [0, 0, 0, 1, 0],
+        "task_id": [0, 1, 0, 0, 0], "metric": "cumulative_regret",
+        "x": [H, H, 1, H, H], "value": [2.0, 4.0, 9.0, 7.0, 5.0]}))
+    card = (policy.to("cpu").save_pretrained(tmp_path / "card") / "README.md").read_text()
+    assert f"| SPICE | cumulative_regret at step {H} | 3 ± 1 | 2 |" in card, card
+    assert "training seed 0" in card and "env:\n  name: darkroom" in card
     plain = spice_ray.SpicePolicy.from_run(run, "darkroom", tuned=False)
     assert plain.tuned is None and plain.fusion == cfg.fusion
     assert spice_ray.SpicePolicy.from_run(run, "darkroom", beta=0.5).fusion.beta == 0.5
@@ -332,3 +351,37 @@ def test_ties_are_broken_at_random_by_default_and_a_dpt_policy_says_what_it_is(t
     assert set(dpt.act(None).tolist()) == {0}
     assert repr(dpt) == ("DptPolicy(bandit, A=5, acts greedily on its policy, context_limit="
                          f"{dpt.context_limit}, device=cpu)")
+
+
+def test_predict_is_act_in_stable_baselines3_form(tmp_path) -> None:
+    """predict(obs) returns (action, None), starts the context on its first call (one env
+    for one observation, a batch for a 2-d array), acts exactly as act() does, and refuses a
+    recurrent state or a `deterministic` that contradicts the policy's rule."""
+    cfg = make_config("smoke", "darkroom")
+    path = _checkpoint(tmp_path, cfg)
+    env = cfg.environment()
+    tasks = env.eval_tasks(generate_tasks(cfg.env, cfg.data, "eval", np.arange(3)))
+    states = np.asarray(env.reset(tasks))
+    ucb, twin = (spice_ray.SpicePolicy.from_checkpoint(path) for _ in range(2))
+    twin.reset(num_envs=3)
+    for t in range(4):
+        got, state = ucb.predict(states)
+        assert state is None and ucb.num_envs == 3
+        want = twin.act(states)
+        np.testing.assert_array_equal(got, want)
+        for p in (ucb, twin):
+            p.observe(states, want, np.full(3, 0.5 * t), states)
+    single = spice_ray.SpicePolicy.from_checkpoint(path)
+    action, _ = single.predict(states[0], episode_start=np.array([True]))
+    assert isinstance(action, int) and single.num_envs == 1
+    with pytest.raises(ValueError, match="state must be None"):
+        single.predict(states[0], state=np.zeros(1))
+    with pytest.raises(ValueError, match="deterministic=False, but this policy does not "
+                                         r"sample: SpicePolicy\(darkroom"):
+        single.predict(states[0], deterministic=False)
+    thompson = spice_ray.SpicePolicy.from_checkpoint(path, rule="thompson")
+    with pytest.raises(ValueError, match="deterministic=True, but this policy samples"):
+        thompson.predict(states[0])
+    assert 0 <= thompson.predict(states[0], deterministic=False)[0] < env.num_actions
+    dpt = spice_ray.DptPolicy.from_checkpoint(_checkpoint(tmp_path, cfg, "dpt"), sample=True)
+    assert 0 <= dpt.predict(states[0], deterministic=False)[0] < env.num_actions

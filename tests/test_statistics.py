@@ -166,7 +166,7 @@ def test_paper_tables_bold_the_best_and_mark_rows_tied_with_it(tmp_path, capsys)
     assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--at", "last",
                          "--format", "markdown"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "| method | cumulative_regret (mean ± SEM) | tasks |"
+    assert out[0] == "| Method | Cumulative regret (mean ± SEM) | Tasks |"
     assert out[2] == f"| A | **{2 * a.mean():.2f} ± {2 * a.std(ddof=1) / np.sqrt(40):.2f}** | 40 |"
     assert out[3].startswith("| B | ") and out[3].endswith(" † | 40 |")
     assert out[4].startswith("| C | ") and "†" not in out[4]
@@ -178,6 +178,34 @@ def test_paper_tables_bold_the_best_and_mark_rows_tied_with_it(tmp_path, capsys)
     assert results_main([str(tmp_path), "bandit_online", "--by", "method", "--format",
                          "latex"]) == 2  # two x values: refused, naming the way out
     assert "--at last" in capsys.readouterr().err
+
+
+def test_paper_tables_name_rows_as_short_as_tells_them_apart() -> None:
+    """Settings appear only for a method with rows at other settings, as LaTeX math in a
+    LaTeX table; a metric by its name; rows the short labels cannot tell apart keep their
+    full label."""
+    from spice_ray.results import paper
+
+    table = pd.DataFrame({
+        "method": ["SPICE", "SPICE", "SPICE (flat prior)", "UCB_x"],
+        "variant": ["", "", "", ""],
+        "config": ['{"beta": 1.0, "beta_schedule": "fixed"}', '{"beta_schedule": "sqrt2logt"}',
+                   '{"beta": 2.0, "beta_schedule": "fixed", "kernel": "rbf", "tau": 0.7}',
+                   "{}"],
+        "label": ["long 1", "long 2", "long 3", "long 4"],
+        "mean": [1.0, 2.0, 3.0, 4.0], "sem": [0.1] * 4, "n": [8] * 4,
+        "best": [True, False, False, False], "tied": [False] * 4})
+    assert list(paper.short_labels(table)) == ["SPICE (β=1)", "SPICE (β_t=√(2 ln t))",
+                                               "SPICE (flat prior)", "UCB_x"]
+    tex = paper.render(table, "latex", "cumulative_regret")
+    assert r"Method & Cumulative regret & Tasks \\" in tex
+    for row in (r"SPICE ($\beta{=}1$) & \textbf{1.00 $\pm$ 0.10} & 8 \\",
+                r"SPICE ($\beta_t{=}\sqrt{2\ln t}$) & 2.00", r"UCB\_x & 4.00"):
+        assert row in tex, tex
+    two = table.assign(config=['{"beta": 1.0}', '{"beta": 1.0, "tau": 3}', "{}", "{}"])
+    assert list(paper.short_labels(two))[:2] == ["long 1", "long 2"]
+    assert paper.render(table, "markdown", "action_accuracy").startswith(
+        "| Method | Action accuracy (mean ± SEM) |")
 
 
 def test_every_method_has_one_colour_in_every_figure() -> None:

@@ -164,8 +164,9 @@ class Bandit(Environment):
 
     @property
     def state_bounds(self) -> tuple[float, float]:
-        """A bandit has one state, the zero vector."""
-        return (0.0, 0.0)
+        """A bandit has one state, the zero vector; the box [0, 1] holds it without the zero
+        width Gymnasium's environment checker warns about on every ``make``."""
+        return (0.0, 1.0)
 
     def columns(self) -> tuple[Column, ...]:
         a, h = self.num_actions, self.horizon

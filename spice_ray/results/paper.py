@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from spice_ray.results.labels import metric_name, setting_label
 from spice_ray.results.summary import task_means
 from spice_ray.results.tables import ResultsError
 
@@ -69,25 +70,51 @@ def ranked(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("mean", ascending=not higher, kind="stable")
 
 
+def short_labels(table: pd.DataFrame, tex: bool = False) -> pd.Series:
+    """A label per row as short as tells the rows apart: the method (and its weight variant),
+    then its settings (:func:`spice_ray.results.labels.setting_parts`) only where the method
+    has rows with other settings; the table's own ``label`` where that leaves two rows alike
+    or the rows carry no ``method`` and ``config``."""
+    if not {"method", "config"} <= set(table.columns):
+        return table["label"].astype(str)
+    escape = _escape_latex if tex else str
+    base = table["method"].astype(str).map(escape)
+    if "variant" in table:
+        base = base + table["variant"].fillna("").map(lambda v: f" [{escape(v)}]" if v else "")
+    several = table.groupby(base)["config"].transform("nunique") > 1
+    extra = table["config"].map(lambda c: setting_label(c, tex))
+    out = pd.Series([f"{b[:-1]}, {e})" if s and e and b.endswith(")")
+                     else f"{b} ({e})" if s and e else b
+                     for b, e, s in zip(base, extra, several, strict=True)], index=table.index)
+    alike = out.duplicated(keep=False)
+    if alike.any():
+        fallback = table["label"].astype(str).map(escape) if "label" in table else out
+        out = out.where(~alike, fallback)
+    return out
+
+
 def render(table: pd.DataFrame, fmt: str, metric: str = "", digits: int = 2) -> str:
-    """A :func:`ranked` table as ``markdown`` or ``latex`` (booktabs) text."""
+    """A :func:`ranked` table as ``markdown`` or ``latex`` (booktabs) text, rows named by
+    :func:`short_labels` and the metric by its name (``Cumulative regret``)."""
+    tex = fmt == "latex"
+    labels = short_labels(table, tex)
     cells = []
-    for _, row in table.iterrows():
+    for (_, row), label in zip(table.iterrows(), labels, strict=True):
         value = f"{row['mean']:.{digits}f} ± {row['sem']:.{digits}f}"
-        cells.append((str(row["label"]), value, int(row["n"]), bool(row["best"]),
-                      bool(row["tied"])))
+        cells.append((label, value, int(row["n"]), bool(row["best"]), bool(row["tied"])))
     note = ("best in bold; † not distinguishable from the best (paired by task, "
             f"|mean difference| <= {Z_95} SEM)")
+    name = metric_name(metric) if metric else "Value"
     if fmt == "markdown":
-        lines = [f"| method | {metric or 'value'} (mean ± SEM) | tasks |", "|---|---:|---:|"]
+        lines = [f"| Method | {name} (mean ± SEM) | Tasks |", "|---|---:|---:|"]
         for label, value, n, best, tied in cells:
             value = f"**{value}**" if best else value + (" †" if tied else "")
             lines.append(f"| {label} | {value} | {n} |")
         return "\n".join(lines + ["", note])
     lines = [f"% {note}", r"\begin{tabular}{lrr}", r"\toprule",
-             rf"Method & {_escape_latex(metric or 'value')} & Tasks \\", r"\midrule"]
+             rf"Method & {_escape_latex(name)} & Tasks \\", r"\midrule"]
     for label, value, n, best, tied in cells:
         value = value.replace("±", r"$\pm$")
         value = rf"\textbf{{{value}}}" if best else value + (r"$^\dagger$" if tied else "")
-        lines.append(rf"{_escape_latex(label)} & {value} & {n} \\")
+        lines.append(rf"{label} & {value} & {n} \\")
     return "\n".join([*lines, r"\bottomrule", r"\end{tabular}"])

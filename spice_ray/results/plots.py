@@ -21,6 +21,7 @@ from matplotlib import ticker  # noqa: E402
 
 from spice_ray.results.analysis import width_of  # noqa: E402
 from spice_ray.results.figure_files import save as _save  # noqa: E402
+from spice_ray.results.labels import setting_label  # noqa: E402
 from spice_ray.results.summary import summarise  # noqa: E402
 
 METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
@@ -67,25 +68,6 @@ def style(label: str, setting: int = 0) -> dict[str, object]:
             "linestyle": _DASHES[setting % len(_DASHES)]}
 
 
-def _config_label(config: str) -> str:
-    """The settings that tell a method's curves apart, short: "β=1", "β_t=√(2 ln t)",
-    "rbf τ=0.7"."""
-    try:
-        cfg = json.loads(config)
-    except (TypeError, json.JSONDecodeError):
-        return str(config)
-    parts = []
-    if cfg.get("beta_schedule") == "sqrt2logt":
-        parts.append("β_t=√(2 ln t)")
-    elif cfg.get("beta_schedule") == "sqrt_log_sat":
-        parts.append(f"β_t={cfg.get('beta', 1):g}√(ln SAt)")
-    elif "beta" in cfg:
-        parts.append(f"β={cfg['beta']:g}")
-    if cfg.get("kernel") not in (None, "uniform"):
-        parts.append(f"{cfg['kernel']} τ={cfg['tau']:g}" if "tau" in cfg else cfg["kernel"])
-    return ", ".join(parts)
-
-
 def band_note(df: pd.DataFrame, marks: str = "lines: mean; bands / bars") -> str:
     """What a figure's bands and error bars are: mean ± 1 SEM over N tasks × S seeds."""
     seeds = df.loc[df["seed"] >= 0, "seed"].nunique() if "seed" in df else 0
@@ -126,7 +108,7 @@ def curve_labels(summary: pd.DataFrame) -> pd.Series:
     if "variant" in summary and (summary["variant"] != "").any():
         parts = parts + summary["variant"].map(lambda v: f" [{v}]" if v else "")
     multi_cfg = summary.groupby(["method", "variant"])["config"].transform("nunique") > 1
-    cfg = summary["config"].map(_config_label)
+    cfg = summary["config"].map(setting_label)
     parts = parts + np.where(multi_cfg & (cfg != ""), " (" + cfg + ")", "")
     return parts
 
@@ -180,7 +162,7 @@ def plot_offline(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Offline suboptimality vs context length h (log x)."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     hidden = _curves(ax, df, "suboptimality", logx=True)
-    ax.set(xlabel="context length h", ylabel="suboptimality  mu* - mu(a_hat)", title=title)
+    ax.set(xlabel="context length h", ylabel=r"suboptimality  $\mu^* - \mu(\hat{a})$", title=title)
     _legend(ax)
     return _save(fig, path, _notes(band_note(df[df["metric"] == "suboptimality"]), hidden))
 
@@ -213,7 +195,7 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
     each sigma (dodged), on a log axis (DPT is far larger), settings in the labels."""
     sub = df[df["metric"] == "final_regret"].copy()
     sub["sigma"] = sub["config"].map(lambda c: json.loads(c).get("sigma", np.nan))
-    sub["label"] = [f"{m} ({t})" if (t := _config_label(c)) else m
+    sub["label"] = [f"{m} ({t})" if (t := setting_label(c)) else m
                     for m, c in zip(sub["method"], sub["config"], strict=True)]
     summ = summarise(sub.drop(columns=["config"]), ["label", "method", "sigma"], pool=True)
     labels, sigmas = sorted(summ["label"].unique(), key=_order), sorted(summ["sigma"].unique())
@@ -279,8 +261,8 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
     cov.legend(fontsize=8)
     for k, (width, source) in enumerate(sources.items()):
         for i, (metric, label) in enumerate((
-                ("n_pri_mean", "N_pri (mean over arms)"),
-                ("warm_start", "warm start sum_a N_pri |mu_pri - mu_a|"))):
+                ("n_pri_mean", r"$N_{\rm pri}$ (mean over arms)"),
+                ("warm_start", r"warm start $\sum_a N_{\rm pri} |\mu_{\rm pri} - \mu_a|$"))):
             s = summarise(df[(df["metric"] == metric) & (widths == width)], ["x"]
                           ).sort_values("x")
             if not s.empty:

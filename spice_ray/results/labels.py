@@ -1,0 +1,59 @@
+"""Short names for what a table or figure shows: a method's settings ("β=1", "β_t=√(2 ln t)",
+"rbf τ=0.7") and a metric ("Cumulative regret"), in plain Unicode for figures and screens
+and in LaTeX for a paper's tables (``tex=True``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+METRIC_NAMES = {
+    "cumulative_regret": "Cumulative regret",
+    "final_regret": "Final regret",
+    "suboptimality": "Suboptimality",
+    "cumulative_return": "Return",
+    "return": "Return",
+    "final_return": "Final return",
+    "action_accuracy": "Action accuracy",
+    "stay_accuracy": "Stay accuracy",
+    "prior_rmse": "Prior RMSE",
+}
+"""A metric's name in a table's header; any other metric is shown with spaces for
+underscores."""
+
+def metric_name(metric: str) -> str:
+    """``cumulative_regret`` -> "Cumulative regret" (:data:`METRIC_NAMES`, else the name with
+    spaces, first letter capitalised)."""
+    if metric in METRIC_NAMES:
+        return METRIC_NAMES[metric]
+    text = str(metric).replace("_", " ")
+    return text[:1].upper() + text[1:]
+
+
+def setting_parts(cfg: dict[str, Any], tex: bool = False) -> list[str]:
+    """The settings that tell one method's rows apart, short: the exploration bonus (beta or
+    its schedule; a fixed schedule is implied) and a kernel other than the uniform one."""
+    parts = []
+    if cfg.get("beta_schedule") == "sqrt2logt":
+        parts.append(r"$\beta_t{=}\sqrt{2\ln t}$" if tex else "β_t=√(2 ln t)")
+    elif cfg.get("beta_schedule") == "sqrt_log_sat":
+        b = f"{cfg.get('beta', 1):g}"
+        parts.append(rf"$\beta_t{{=}}{b}\sqrt{{\ln SAt}}$" if tex else f"β_t={b}√(ln SAt)")
+    elif "beta" in cfg:
+        parts.append(rf"$\beta{{=}}{cfg['beta']:g}$" if tex else f"β={cfg['beta']:g}")
+    if cfg.get("kernel") not in (None, "uniform"):
+        kernel = str(cfg["kernel"]).replace("_", r"\_") if tex else str(cfg["kernel"])
+        if "tau" in cfg:
+            kernel += rf" $\tau{{=}}{cfg['tau']:g}$" if tex else f" τ={cfg['tau']:g}"
+        parts.append(kernel)
+    return parts
+
+
+def setting_label(config: str, tex: bool = False) -> str:
+    """:func:`setting_parts` of a row's JSON ``config``, joined ("" when it says none; a string
+    that is not JSON is returned as it is)."""
+    try:
+        cfg = json.loads(config)
+    except (TypeError, json.JSONDecodeError):
+        return str(config)
+    return ", ".join(setting_parts(cfg, tex)) if isinstance(cfg, dict) else str(config)
