@@ -46,7 +46,7 @@ from spice_ray.results.analysis import (
     accuracy_by_task,
     final_by_task,
     tuned_gap,
-    width_of,
+    width_source_of,
 )
 from spice_ray.results.choices import fitted_decay, fitted_scale
 from spice_ray.results.summary import final_values, task_means
@@ -161,9 +161,9 @@ def _loss_rows(rung: Rung, finals: list[Path]) -> list[dict[str, object]]:
 
 def _prior_rows(rung: Rung, seeds: int) -> list[dict[str, object]]:
     df = load(rung.run_dir, f"{rung.family}_prior")
-    fitted = df["config"].map(width_of) != 1.0
-    means = {tag: df[mask & df["x"].isin(HS)].groupby(["metric", "x"])["value"].mean()
-             for tag, mask in (("paper", ~fitted), ("fitted", fitted))}
+    sources = df["config"].map(width_source_of)
+    means = {tag: df[(sources == tag) & df["x"].isin(HS)].groupby(["metric", "x"])["value"]
+             .mean() for tag in ("paper", "fitted")}
     out = []
     for quantity, tag, metric in (("prior_rmse", "paper", "oracle_rmse"),
                                   ("coverage_90_paper", "paper", "coverage_90"),

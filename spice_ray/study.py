@@ -30,6 +30,7 @@ from spice_ray.config import (
     config_hash,
     make_config,
     resolve_run_dir,
+    without_later_defaults,
 )
 from spice_ray.data import store
 from spice_ray.data.generate import generate_stage
@@ -63,7 +64,6 @@ from spice_ray.tuning import (
 )
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -132,7 +132,6 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
     return StudyPlan(cfgs, run_dir, tuple(experiments))
 
 
-
 # ---- stage 2: pretraining ----------------------------------------------------------------
 
 
@@ -198,10 +197,9 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
     Args:
         width_scale: the learned prior's width scale the tuning stage fitted on validation
             (``results.choices.fitted_scale``): evaluations with the calibration protocol
-            also run at it, so the prior tables hold coverage and N_pri for both width
-            sources (the rows' config says which: ``width_scale`` appears only when not 1).
-        noise_var: the likelihood variance fitted with it (``results.choices.fitted_noise``;
-            None: the config's), which those calibration rows use too.
+            also run at it (and, with ``model.var_head``, at the predictive head's width), so
+            the prior tables hold coverage and N_pri for every width source (said by the rows'
+            config), at ``noise_var``, the likelihood variance fitted with it (None: config's).
         width_decay: how that width narrows with the context length (``fitted_decay``).
     """
     if pool is None:
@@ -215,7 +213,8 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
         width_scale = noise_var = None  # nothing here reads them: the tables do not depend on it
         width_decay = 0.0
     inputs = config_hash({
-        "eval": dataclasses.asdict(cfg.eval), "fusion": dataclasses.asdict(cfg.fusion),
+        "eval": dataclasses.asdict(cfg.eval), "fusion": without_later_defaults(
+            "fusion", dataclasses.asdict(cfg.fusion)),
         "specs": {k: [s.config_json(cfg.eval) + s.rule() + s.label for s in v]
                   for k, v in specs.items()},
         "ckpts": {f"{k[1]}/{k[2]}/{k[3]}": ckpt.content_id(p)
@@ -232,15 +231,20 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
     rows: dict[str, list[pd.DataFrame]] = {ev.name: [] for ev in exp.evaluations}
     runs = [(ev, seed, specs[ev.name], ev.protocols) for ev in exp.evaluations
             for seed in (cfg.seeds if ev.model else (NO_SEED,))]
+    calibrated = [(ev, seed, ev_specs) for ev, seed, ev_specs, protocols in runs
+                  if "calibration" in protocols]
     if width_scale is not None and (width_scale != 1.0 or width_decay):  # the fitted width too
         runs += [(ev, seed, [_at_width(ev_specs, width_scale, noise_var, width_decay)],
-                  ("calibration",))
-                 for ev, seed, ev_specs, protocols in list(runs) if "calibration" in protocols]
+                  ("calibration",)) for ev, seed, ev_specs in calibrated]
+    if cfg.model.var_head:  # and the predictive-variance head's
+        runs += [(ev, seed, [_at_width(ev_specs, 1.0, noise_var, source="predictive")],
+                  ("calibration",)) for ev, seed, ev_specs in calibrated]
     bar = console.bar(f"{name}: {len(runs)} evaluations", len(runs) * len(data["task_id"]),
                       "task")
     for k, (ev, seed, ev_specs, protocols) in enumerate(runs, 1):
+        width = "" if ev_specs is specs[ev.name] else ev_specs[0].fusion.width_source
         what = (f"{ev.name}{f' seed {seed}' if ev.model else ''}"
-                + ("" if ev_specs is specs[ev.name] else " (fitted width)"))
+                + {"": "", "predictive": " (predictive width)"}.get(width, " (fitted width)"))
         log.info("[evaluate] %s: %s", name, what)
         bar.update(status=f"{k}/{len(runs)} {what}")
         source = str(finals[(name, ev.model.kind, ev.model.variant, seed)]) \
@@ -279,14 +283,16 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
 
 
 def _at_width(specs: list[AgentSpec], width_scale: float, noise_var: float | None,
-              width_decay: float = 0.0) -> AgentSpec:
+              width_decay: float = 0.0, source: str = "ensemble") -> AgentSpec:
     """The calibration protocol's spec (the evaluation's first fused one, whose fusion the
-    rows describe) with the learned prior's width scaled by ``width_scale`` and narrowed with
-    h by ``width_decay`` (and the likelihood variance ``noise_var`` where one was fitted)."""
+    rows describe) with the learned prior's width from ``source`` (``fusion.width_source``),
+    scaled by ``width_scale`` and narrowed with h by ``width_decay`` (and the likelihood
+    variance ``noise_var`` where one was fitted)."""
     spec = next(s for s in specs if s.info.fused)
     noise = {"noise_var": noise_var} if noise_var is not None else {}
     return dataclasses.replace(spec, fusion=dataclasses.replace(
-        spec.fusion, width_scale=width_scale, width_decay=width_decay, **noise))
+        spec.fusion, width_scale=width_scale, width_decay=width_decay, width_source=source,
+        **noise))
 
 
 def _ppo_rows(cfg: ExperimentConfig, data: dict) -> pd.DataFrame:

@@ -68,7 +68,8 @@ UCB_C = (0.5, 1.0, 2.0, 4.0)
 """UCB's and LinUCB's exploration constants of the grid."""
 WIDTHS = ("paper", "fitted")
 """The learned prior's width on the grid: the paper's sigma_Q, and as :func:`fit_width` fits it
-(and "constant", its scale without the decay, where the fit's decay is not 0)."""
+(and "constant", its scale without the decay, where the fit's decay is not 0; and
+"predictive", the model's predictive-variance head, where it has one: ``model.var_head``)."""
 WIDTH_FIT = "scale, decay; constant"  # what fit_width fits: a record fitted otherwise is redone
 NOISES = ("paper", "fitted")
 """sigma^2 of the other fused methods where targets are n-step returns: configured, fitted."""
@@ -119,9 +120,11 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
             points = [p + (("tau", t),) for p in points for t in TAUS]
         width = fitted_width if isinstance(fitted_width, dict) else {
             "scale": 1.0 if fitted_width is None else fitted_width}  # s or fit_width's record
-        if info.scales_width:  # the constant width too where the fit narrows it with h
-            points = [p + (("width", w),) for p in points
-                      for w in WIDTHS + (("constant",) if width.get("decay") else ())]
+        if info.scales_width:  # the constant width too where the fit narrows it with h,
+            # and the predictive-variance head's where the model has one
+            more = (("constant",) if width.get("decay") else ()) \
+                + (("predictive",) if width.get("predictive") else ())
+            points = [p + (("width", w),) for p in points for w in WIDTHS + more]
         elif fits_noise(spec):
             points = [p + (("noise", n),) for p in points for n in NOISES]
         noise = {"noise_var": float(fitted_noise)} \
@@ -135,6 +138,8 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
                            "width_decay": float(width.get("decay", 0.0))} | noise
             if dict(point).get("width") == "constant":
                 fields |= {"width_scale": float(width["constant_scale"])} | noise
+            if dict(point).get("width") == "predictive":
+                fields |= {"width_source": "predictive"} | noise
             if dict(point).get("noise") == "fitted":
                 fields |= noise
             fusion = dataclasses.replace(spec.fusion, **fields)
@@ -189,11 +194,14 @@ def fit_width(spec: AgentSpec, cfg: ExperimentConfig, data: dict[str, Any],
               sources: dict[int, str]) -> dict[str, Any]:
     """The scale s and decay of ``spec``'s learned prior width (and, where :func:`fits_noise`,
     the likelihood variance with them), fitted without labels on the validation contexts of
-    every seed's model at once (``spice_ray.evaluate.width.fit_pooled_width``)."""
+    every seed's model at once (``spice_ray.evaluate.width.fit_pooled_width``); with
+    ``"predictive": True`` where the models have a predictive-variance head (its width is one
+    more grid point)."""
     from spice_ray.evaluate.width import fit_pooled_width
 
-    return fit_pooled_width(sources, data, cfg.env, spec.fusion, fit_noise=fits_noise(spec),
-                            fit_decay=True)
+    fit = fit_pooled_width(sources, data, cfg.env, spec.fusion, fit_noise=fits_noise(spec),
+                           fit_decay=True)
+    return fit | ({"predictive": True} if cfg.model.var_head else {})
 
 
 def _flat_prior(cfg: ExperimentConfig, dataset: Path) -> tuple[float, float]:

@@ -481,3 +481,114 @@ def test_model_fit_with_decay_reports_it_and_nests_the_constant() -> None:
     assert fit.decay in DECAYS and fit.log_lik >= flat.log_lik - 1e-12
     if fit.decay == 0.0:
         assert fit.scale == flat.scale
+
+
+# ---- a second width source: the predictive-variance head ---------------------------------------
+
+
+def test_the_variance_head_leaves_every_other_weight_and_the_identity_as_they_were() -> None:
+    """Built last, the head draws nothing the other weights draw: a model with it has the
+    same weights elsewhere as the paper's model of the same seed; without it, the model's
+    spec and its training identity are what they were before the field existed."""
+    from spice_ray.train.loop import TrainJob
+
+    cfg = make_config("smoke", "bandit")
+    on = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, var_head=True))
+    plain = build_model("spice", cfg, generator=torch.Generator().manual_seed(4))
+    head = build_model("spice", on, generator=torch.Generator().manual_seed(4))
+    extra = set(head.state_dict()) - set(plain.state_dict())
+    assert extra == {"var_head.weight", "var_head.bias"}
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, head.state_dict()[name]), name
+    assert "var_head" not in plain.spec()["config"] and head.spec()["config"]["var_head"]
+    out = head.heads(torch.randn(3, 7, cfg.model.n_embd))
+    assert out.pred_var.shape == (3, 7, 5) and bool((out.pred_var > 0).all())
+    assert plain.heads(torch.randn(3, cfg.model.n_embd)).pred_var is None
+    job = TrainJob(cfg.to_dict(), "spice", "dir", "data", 0)
+    before = dict(cfg.to_dict())
+    before["model"] = {k: v for k, v in before["model"].items() if k != "var_head"}
+    before["train"] = {k: v for k, v in before["train"].items() if k != "lambda_var"}
+    assert job.identity() == TrainJob(before, "spice", "dir", "data", 0).identity()
+    assert TrainJob(on.to_dict(), "spice", "dir", "data", 0).identity() != job.identity()
+
+
+def test_the_variance_loss_is_the_gaussian_nll_of_the_targets_and_spares_the_mean() -> None:
+    """-log N(y; Q-bar, v) up to its constant, averaged over transitions, v from position
+    t-1 at the action taken; its gradient reaches v only, never the mean."""
+    from spice_ray.train.losses import predictive_variance_loss
+
+    pred_var = torch.tensor([[[0.5, 2.0], [1.0, 4.0], [9.0, 9.0]]], requires_grad=True)
+    q_pred = torch.tensor([[[0.0, 1.0], [3.0, 0.5]]], requires_grad=True)  # (1, T=2, A=2)
+    actions = torch.tensor([[1, 0]])
+    y = torch.tensor([[2.0, 1.0]])
+    got = predictive_variance_loss(pred_var, q_pred, actions, y)
+    # t=1: a=1, v=2.0 (position 0), r=2-1=1; t=2: a=0, v=1.0 (position 1), r=1-3=-2
+    want = 0.5 * ((math.log(2.0) + 1.0 / 2.0) + (math.log(1.0) + 4.0 / 1.0)) / 2
+    assert float(got.detach()) == pytest.approx(want, rel=1e-6)
+    got.backward()
+    assert q_pred.grad is None or not bool(q_pred.grad.any())
+    assert pred_var.grad[0, 0, 1] != 0 and pred_var.grad[0, 1, 0] != 0
+    assert not bool(pred_var.grad[0, 2].any())  # position T predicts no transition
+
+
+def test_the_predictive_width_is_what_remains_of_the_variance_after_the_noise() -> None:
+    """sqrt(max(v - sigma^2, 0)) times s; the ensemble source ignores v; a model without the
+    head is refused by name for the predictive source."""
+    from spice_ray.fusion import learned_prior_std
+
+    fusion = FusionConfig(noise_var=0.09, width_source="predictive", width_scale=2.0)
+    v = torch.tensor([0.09, 0.25, 0.01, 1.09], dtype=torch.float64)
+    got = learned_prior_std(fusion, torch.ones(4), 3, v)
+    torch.testing.assert_close(got, 2.0 * torch.tensor([0.0, 0.4, 0.0, 1.0],
+                                                       dtype=torch.float64))
+    ensemble = dataclasses.replace(fusion, width_source="ensemble", width_scale=1.0)
+    sd = torch.full((4,), 0.3)
+    assert learned_prior_std(ensemble, sd, 3, v) is sd  # the paper's: the tensor itself
+    with pytest.raises(ValueError, match="model.var_head=true"):
+        learned_prior_std(fusion, sd, 3, None)
+    with pytest.raises(Exception, match="fusion.width_source"):
+        FusionConfig(width_source="wide")
+    spec = AgentSpec("spice", fusion=fusion)
+    assert json.loads(spec.config_json(EvalConfig()))["width_source"] == "predictive"
+    assert "width_source" not in json.loads(AgentSpec("spice").config_json(EvalConfig()))
+    flat = AgentSpec("spice-flat", fusion=fusion, prior=(0.5, 0.1))
+    assert "width_source" not in json.loads(flat.config_json(EvalConfig()))
+
+
+def test_a_variance_head_model_trains_and_its_width_reaches_agent_offline_and_calibration(
+        tmp_path) -> None:
+    """The loss gains its "var" part; the online agent, the offline picks and the prior
+    table all read the same predictive width (v - sigma^2), and the grid gets its point."""
+    from spice_ray.evaluate.calibration import calibration_stats
+    from spice_ray.results.analysis import width_source_of
+    from spice_ray.train.losses import loss_for
+    from spice_ray.tuning import candidates
+
+    cfg = make_config("smoke", "bandit_latent", overrides=["model.var_head=true"])
+    model = build_model("spice", cfg, generator=torch.Generator().manual_seed(0)).eval()
+    env = cfg.environment()
+    from spice_ray.data.tasks import generate_tasks
+
+    data = generate_tasks(cfg.env, cfg.data, "eval", np.arange(4))
+    tokens = make_tokens(data, env)
+    out = model(tokens)
+    loss, parts = loss_for("spice")(out, tokens, model, torch.arange(4), cfg.train)
+    assert "var" in parts and torch.isfinite(loss)
+    fusion = dataclasses.replace(cfg.fusion, width_source="predictive")
+    hs = np.array([0, 3, 10])
+    outs = sequence_outputs(model, tokens, hs)
+    want = (outs["pred_var"].double() - fusion.noise_var).clamp(min=0).sqrt()
+    stats = calibration_stats(model, cfg.env, data, fusion, hs)
+    np.testing.assert_allclose(stats.prior_std, want.numpy(), rtol=1e-6)
+    agent = SpiceAgent(fusion, model=model, stateless=True)
+    agent.reset(4, env.num_actions)
+    mean0, var0 = agent.posterior(torch.zeros(4, 1))
+    v_pri = torch.maximum(want[:, 0].square(), torch.tensor(fusion.v_min, dtype=torch.float64))
+    torch.testing.assert_close(var0, v_pri)  # no evidence yet: the posterior is the prior
+    grid = candidates(AgentSpec("spice", fusion=cfg.fusion), cfg.eval,
+                      {"scale": 0.5, "predictive": True})
+    assert sum(dict(c.setting)["width"] == "predictive" for c in grid) == 5
+    assert {c.spec.fusion.width_source for c in grid
+            if dict(c.setting)["width"] == "predictive"} == {"predictive"}
+    assert width_source_of('{"width_source":"predictive"}') == "predictive"
+    assert width_source_of('{"width_scale":0.5}') == "fitted" and width_source_of("{}") == "paper"

@@ -211,6 +211,8 @@ class AgentSpec:
                 out.pop("width_scale")
             if not self.info.scales_width or self.fusion.width_decay == 0.0:
                 out.pop("width_decay")  # likewise: in only where read and not constant
+            if not self.info.scales_width or self.fusion.width_source == "ensemble":
+                out.pop("width_source")  # likewise: in only where read and not the paper's
             if not online:
                 out.pop("beta")
                 out.pop("beta_schedule")

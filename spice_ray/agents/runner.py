@@ -51,7 +51,8 @@ class _Growing:
 
 def _select(out: Any, index: int) -> Any:
     """The same output dataclass with every field indexed at position ``index`` ([:, index])."""
-    return type(out)(**{f.name: getattr(out, f.name)[:, index] for f in dataclasses.fields(out)})
+    return type(out)(**{f.name: None if (x := getattr(out, f.name)) is None else x[:, index]
+                        for f in dataclasses.fields(out)})
 
 
 @dataclass(frozen=True)

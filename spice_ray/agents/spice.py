@@ -34,9 +34,9 @@ from spice_ray.fusion import (
     bootstrap_values,
     context_evidence,
     fused_posterior,
+    learned_prior_std,
     needs_bootstrap,
     needs_nstep,
-    scaled_prior_std,
     select_action,
 )
 from spice_ray.model.tokens import query_features
@@ -246,12 +246,11 @@ class SpiceAgent:
             if self.exact_width is not None:
                 exact_var = self.exact_width.moments(states.detach().cpu().numpy())[1]
                 prior_std = torch.from_numpy(exact_var).to(STATS_DTYPE).sqrt()
-            else:  # the learned width, scaled by fusion.width_scale (1: unchanged) and
-                # narrowed with the context length by fusion.width_decay (0: not)
+            else:  # the learned width (fusion.width_source; the ensemble's: scaled by
+                # fusion.width_scale, 1: unchanged, and narrowed with h by fusion.width_decay)
                 h = self._seen if self.model is None else min(self._seen,
                                                               self.model.max_len - 1)
-                prior_std = scaled_prior_std(prior_std, self.fusion.width_scale,
-                                             self.fusion.width_decay, h)
+                prior_std = learned_prior_std(self.fusion, prior_std, h, view.head.pred_var)
         return fused_posterior(self.fusion, prior_mean, prior_std, counts, mean)
 
     def act(self, t: int, states: Tensor) -> Tensor:

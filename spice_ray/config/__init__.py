@@ -14,7 +14,13 @@ from spice_ray.config.build import (
     resolve_run_dir,
 )
 from spice_ray.config.presets import PRESETS
-from spice_ray.config.run import EvalConfig, ExperimentConfig, FusionConfig, SweepConfig
+from spice_ray.config.run import (
+    WIDTH_SOURCES,
+    EvalConfig,
+    ExperimentConfig,
+    FusionConfig,
+    SweepConfig,
+)
 from spice_ray.config.sections import (
     HEAD_KERNELS,
     PRESET_NAMES,
@@ -24,13 +30,16 @@ from spice_ray.config.sections import (
     ModelConfig,
     TrainConfig,
     to_plain,
+    without_later_defaults,
 )
 
-__all__ = ["HEAD_KERNELS", "PRESETS", "PRESET_NAMES", "ConfigError", "DataConfig", "EnvConfig",
+__all__ = ["HEAD_KERNELS", "PRESETS", "PRESET_NAMES", "WIDTH_SOURCES", "ConfigError",
+           "DataConfig", "EnvConfig",
            "EvalConfig", "FusionConfig", "ModelConfig", "ExperimentConfig", "SweepConfig",
            "TrainConfig", "config_hash", "deep_merge", "env_from_dict",
            "from_dict", "load_config", "load_yaml",
-           "make_config", "parse_set", "preset_dict", "resolve_run_dir", "to_plain"]
+           "make_config", "parse_set", "preset_dict", "resolve_run_dir", "to_plain",
+           "without_later_defaults"]
 
 _RENAMED_WARNED: list[str] = []
 

@@ -28,6 +28,9 @@ from spice_ray.envs.labels import parse_label
 from spice_ray.fusion.kernels import KERNELS
 from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
 
+WIDTH_SOURCES = ("ensemble", "predictive")
+"""``FusionConfig.width_source``: the ensemble's spread, or the predictive-variance head."""
+
 
 @dataclass(frozen=True)
 class FusionConfig:
@@ -53,6 +56,11 @@ class FusionConfig:
     width_decay: float = 0.0
     """How the learned prior's width narrows with the context length h (>= 0): s sigma_Q
     (1 + width_decay h)^(-1/2); 0 (constant) is the paper. Fitted with ``width_scale``."""
+    width_source: Literal["ensemble", "predictive"] = "ensemble"
+    """Where the learned prior's sd comes from: the ensemble's spread sigma_Q (the paper,
+    scaled and narrowed as above), or "predictive": the model's predictive variance of the
+    next target (``model.var_head``) less the likelihood variance, sqrt(max(v - sigma^2, 0))
+    times ``width_scale``, floored at v_min like any prior variance."""
     beta: float = 1.0
     """Posterior-UCB optimism (>= 0) when beta_schedule is fixed."""
     beta_schedule: Literal["fixed", "sqrt2logt", "sqrt_log_sat"] = "fixed"
@@ -81,6 +89,8 @@ class FusionConfig:
         _check(self.v_min > 0, "fusion.v_min", self.v_min, "a float > 0")
         _check(self.width_scale >= 0, "fusion.width_scale", self.width_scale, "a float >= 0")
         _check(self.width_decay >= 0, "fusion.width_decay", self.width_decay, "a float >= 0")
+        _check(self.width_source in WIDTH_SOURCES, "fusion.width_source", self.width_source,
+               f"one of {', '.join(WIDTH_SOURCES)}")
         _check(self.beta >= 0, "fusion.beta", self.beta, "a float >= 0")
         _check(self.beta_schedule in BETA_SCHEDULES, "fusion.beta_schedule",
                self.beta_schedule, f"one of {', '.join(BETA_SCHEDULES)}")

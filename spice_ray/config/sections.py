@@ -158,6 +158,21 @@ class DataConfig:
                self.compression, "one of zstd, snappy, none")
 
 
+LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
+                                             "fusion": {"width_source": "ensemble"}}
+"""Fields added to a section after results were made with it, left out of what identifies
+those results at these values (:func:`without_later_defaults`: a model's training identity
+and architecture spec, an evaluation's inputs): what was made before them is what the default
+makes, so it stays current."""
+
+
+def without_later_defaults(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` of config section ``section`` without the :data:`LATER_DEFAULTS` fields
+    that hold their default."""
+    later = LATER_DEFAULTS.get(section, {})
+    return {k: v for k, v in values.items() if not (k in later and v == later[k])}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Causal GPT-2-style trunk, policy head and K-head value ensemble."""
@@ -178,6 +193,11 @@ class ModelConfig:
     """Hidden width of each value head's MLP (>= 1)."""
     head_depth: int = 1
     """Hidden layers of each value head's MLP (>= 1)."""
+    var_head: bool = False
+    """A predictive-variance output per action beside the ensemble (one linear head on the
+    trunk, softplus), trained by Gaussian negative log-likelihood on the next target (weight
+    ``train.lambda_var``): the fusion's ``width_source="predictive"`` reads it. Off: the
+    architecture and its weights are the paper's, unchanged."""
     head_kernel: Literal["auto", "compiled", "eager"] = "auto"
     """How depth-1 value heads run: "compiled" (fused torch.compile kernels), "eager" (the layer
     stack under plain autograd, same math) or "auto" (compiled for >= 1024 rows while
@@ -218,6 +238,9 @@ class TrainConfig:
     """Weight of L_TD + L_shrink in the total loss (>= 0)."""
     lambda_anchor: float = 1e-4
     """Weight of the anchor penalty (>= 0)."""
+    lambda_var: float = 1.0
+    """Weight of the predictive-variance head's Gaussian NLL (>= 0; read only with
+    ``model.var_head``)."""
     use_iw: bool = True
     """Importance weight omega_IS = clip(pi_u(a*) / pi_b(a*), 0, clip_iw)."""
     use_adv: bool = True
@@ -290,7 +313,8 @@ class TrainConfig:
                      "shrink_prior_var", "shrink_noise_var", "worker_cpus"):
             value = getattr(self, name)
             _check(value > 0, f"train.{name}", value, "a float > 0")
-        for name in ("weight_decay", "grad_clip", "lambda_q", "lambda_anchor", "epi_scale",
+        for name in ("weight_decay", "grad_clip", "lambda_q", "lambda_anchor", "lambda_var",
+                     "epi_scale",
                      "weight_floor"):
             value = getattr(self, name)
             _check(value >= 0, f"train.{name}", value, "a float >= 0")

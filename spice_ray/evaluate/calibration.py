@@ -35,7 +35,7 @@ from spice_ray.evaluate.offline import offline_context_lengths, sequence_outputs
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
 from spice_ray.fusion import NOISE_VAR_FLOOR
 from spice_ray.fusion.posterior import prior_variance
-from spice_ray.fusion.width import scaled_prior_std
+from spice_ray.fusion.width import learned_prior_std
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
 
@@ -135,10 +135,10 @@ def calibration_stats(
     if "prior_std" not in out:
         raise ValueError("calibration needs a SpiceModel (a value ensemble)")
     pm = out["prior_mean"].to(torch.float64).numpy()  # (B, P, A)
-    # The width the fusion uses: s g(h) sigma_Q, s = fusion.width_scale (1: sigma_Q itself),
-    # g narrowing with h by fusion.width_decay (0: constant).
-    ps = scaled_prior_std(out["prior_std"], fusion.width_scale, fusion.width_decay,
-                          torch.as_tensor(hs)[None, :, None]).to(torch.float64).numpy()
+    # The width the fusion uses (fusion.width_source: s g(h) sigma_Q, the paper's at s = 1 and
+    # no decay; or from the predictive variance)
+    ps = learned_prior_std(fusion, out["prior_std"], torch.as_tensor(hs)[None, :, None],
+                           out.get("pred_var")).to(torch.float64).numpy()
     for level in levels:
         if not 0 < level < 1:
             raise ValueError(f"level={level} is invalid: in (0, 1)")
@@ -181,6 +181,8 @@ def calibration_rows(
         settings["width_scale"] = fusion.width_scale
     if fusion.width_decay != 0.0:  # likewise at a constant width
         settings["width_decay"] = fusion.width_decay
+    if fusion.width_source != "ensemble":  # and at the ensemble's width
+        settings["width_source"] = fusion.width_source
     config = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     metrics: dict[str, np.ndarray] = {}
     for i, level in enumerate(stats.levels):

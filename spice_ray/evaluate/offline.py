@@ -28,8 +28,8 @@ from spice_ray.fusion import (
     context_evidence,
     fused_posterior,
     greedy_action,
+    learned_prior_std,
     needs_bootstrap,
-    scaled_prior_std,
 )
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
@@ -86,7 +86,8 @@ def sequence_outputs(
 
     Returns:
         The heads' fields at ``positions`` ([B, P, A]: "logits", and for SPICE "prior_mean",
-        "prior_std"); "latent" [B, T+1, D] and "prior_mean_all" [B, T+1, A] when asked.
+        "prior_std", and "pred_var" with a variance head); "latent" [B, T+1, D] and
+        "prior_mean_all" [B, T+1, A] when asked.
     """
     model.eval()
     device = model.trunk.embed.weight.device
@@ -96,8 +97,9 @@ def sequence_outputs(
         chunk = _slice_tokens(tokens, slice(lo, lo + batch_size)).to(device)
         latent = model.trunk.encode(chunk)  # (b, T+1, D)
         head = model.heads(latent[:, pos.to(device)])  # fields (b, P, ...)
-        got = {name: getattr(head, name) for name in ("logits", "prior_mean", "prior_std")
-               if hasattr(head, name)}
+        got = {name: getattr(head, name)
+               for name in ("logits", "prior_mean", "prior_std", "pred_var")
+               if getattr(head, name, None) is not None}
         if keep_latents:
             got["latent"] = latent
         if keep_prior_means:
@@ -170,10 +172,10 @@ def spice_offline_picks(
                 None if next_values is None else next_values[:, :h]))
         counts = torch.stack([c for c, _ in stats], 1)  # (B, P, A)
         mean = torch.stack([m for _, m in stats], 1)  # (B, P, A)
-    if spec.uses_model:  # the learned prior, its width scaled by fusion.width_scale
-        prior_mean = outputs["prior_mean"]  # (and narrowed with h by fusion.width_decay)
-        prior_std = scaled_prior_std(outputs["prior_std"], f.width_scale, f.width_decay,
-                                     torch.as_tensor(hs)[None, :, None])
+    if spec.uses_model:  # the learned prior, its width from fusion.width_source
+        prior_mean = outputs["prior_mean"]
+        prior_std = learned_prior_std(f, outputs["prior_std"],
+                                      torch.as_tensor(hs)[None, :, None], outputs.get("pred_var"))
     else:  # the flat prior
         prior_mean = torch.full(counts.shape, spec.prior[0], dtype=torch.float64)
         prior_std = torch.full(counts.shape, spec.prior[1] ** 0.5, dtype=torch.float64)

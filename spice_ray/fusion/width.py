@@ -61,6 +61,37 @@ def scaled_prior_std(prior_std: Tensor, width_scale: float, decay: float = 0.0,
     return out
 
 
+def learned_prior_std(fusion, prior_std: Tensor, h: Tensor | int | None = None,
+                      pred_var: Tensor | None = None) -> Tensor:
+    """The learned prior's sd the fusion uses, by ``fusion.width_source``:
+
+    - "ensemble" (the paper): s g(h) sigma_Q, :func:`scaled_prior_std` of ``prior_std``;
+    - "predictive": s sqrt(max(v - sigma^2, 0)) from the model's predictive variance v of the
+      next target (``pred_var``), less the likelihood variance sigma^2 (``fusion.noise_var``,
+      floored as the posterior floors it): what remains of the target's spread once its noise
+      is taken out is the uncertainty about its mean. (v_min floors it in the posterior.)
+
+    Args:
+        fusion: width_source, width_scale, width_decay, noise_var.
+        prior_std: sigma_Q, any shape.
+        h: the context length(s), broadcast against ``prior_std`` (a decay needs it).
+        pred_var: the predictive variance, shape of ``prior_std`` (the predictive source
+            needs it).
+
+    Raises:
+        ValueError: the predictive source without ``pred_var`` (a model without a variance
+            head: ``model.var_head``).
+    """
+    if fusion.width_source == "predictive":
+        if pred_var is None:
+            raise ValueError("fusion.width_source=predictive needs a model with a predictive-"
+                             "variance head (model.var_head=true); this model has none")
+        noise = max(float(fusion.noise_var), NOISE_VAR_FLOOR)
+        sd = (pred_var.to(torch.float64) - noise).clamp(min=0.0).sqrt()
+        return sd * float(fusion.width_scale)
+    return scaled_prior_std(prior_std, fusion.width_scale, fusion.width_decay, h)
+
+
 def _as_float64(x: Tensor) -> Tensor:
     return torch.as_tensor(x).detach().to("cpu", torch.float64)
 

@@ -23,11 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from spice_ray.config import ModelConfig
 from spice_ray.model.ensemble import ValueEnsemble, ensemble_mean_std
 from spice_ray.model.trunk import TrunkModel
+
+VAR_FLOOR = 1e-6
+"""Added to the predictive variance (its softplus), so its log-likelihood stays finite."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class SpiceOutput:
         prior_mean: [B, T+1, A] ensemble mean Qbar.
         prior_std: [B, T+1, A] ensemble std sigma_Q, unbiased (1 / (K - 1)).
         latent: [B, T+1, D] trunk hidden states h.
+        pred_var: [B, T+1, A] the predictive variance of the next target per action
+            (``model.var_head``), or None without that head.
     """
 
     logits: Tensor
@@ -47,6 +53,7 @@ class SpiceOutput:
     prior_mean: Tensor
     prior_std: Tensor
     latent: Tensor
+    pred_var: Tensor | None = None
 
 
 def align_to_transitions(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -90,17 +97,28 @@ class SpiceModel(TrunkModel):
                                       config.head_hidden, config.prior_scale,
                                       depth=config.head_depth, generator=generator,
                                       kernel=config.head_kernel)
+        # built last, so every other weight is initialised as without it (same generator draws)
+        self.var_head = nn.Linear(config.n_embd, num_actions) if config.var_head else None
+        if self.var_head is not None:
+            with torch.no_grad():
+                nn.init.normal_(self.var_head.weight, 0.0, 0.02, generator=generator)
+                nn.init.zeros_(self.var_head.bias)
 
     def heads(self, latent: Tensor) -> SpiceOutput:
-        """Policy logits and the ensemble's Q, mean and std from latents [..., D]."""
+        """Policy logits, the ensemble's Q, mean and std (and the predictive variance, with
+        the variance head) from latents [..., D]."""
         q = self.ensemble(latent)  # (..., K, A)
         prior_mean, prior_std = ensemble_mean_std(q)  # (..., A) x2
+        pred_var = None
+        if self.var_head is not None:  # softplus keeps it > 0 with a gradient everywhere
+            pred_var = F.softplus(self.var_head(latent).float()) + VAR_FLOOR  # (..., A)
         return SpiceOutput(
             logits=self.policy_head(latent),  # (..., A)
             q=q,
             prior_mean=prior_mean,
             prior_std=prior_std,
             latent=latent,
+            pred_var=pred_var,
         )
 
     def anchor_loss(self) -> Tensor:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spice_ray.config import ModelConfig
+from spice_ray.config import ModelConfig, without_later_defaults
 from spice_ray.model.tokens import (
     Tokens,
     query_features,
@@ -302,7 +302,7 @@ class TrunkModel(nn.Module):
         """Plain values that rebuild this architecture with :meth:`from_spec`."""
         return {
             "kind": self.KIND,
-            "config": dataclasses.asdict(self.config),
+            "config": without_later_defaults("model", dataclasses.asdict(self.config)),
             "num_actions": self.num_actions,
             "state_dim": self.state_dim,
             "max_len": self.max_len,

@@ -169,21 +169,43 @@ def prior_fit(df: pd.DataFrame, hs: tuple[int, ...] = (0, 20)) -> list[str]:
     the same eval context, at context lengths ``hs`` (means over tasks and seeds)."""
     if "oracle_rmse" not in set(df["metric"]):
         return []
-    widths = df["config"].map(width_of)
+    sources = df["config"].map(width_source_of)
     out = []
-    for width in sorted(widths.unique(), key=lambda w: (w != 1.0, w)):  # the paper's first
-        decay = float(json.loads(df.loc[widths == width, "config"].iloc[0]).get(
-            "width_decay", 0.0))
-        shape = f", narrowing as (1 + {decay:.3g} h)^-1/2" if decay else ""
-        source = ("" if widths.nunique() == 1 else " (paper width, s = 1)" if width == 1.0
-                  else f" (width fitted on validation, s = {width:.3g}{shape})")
-        out += _prior_fit_at(df[widths == width], hs, source)
+    for source in sorted(sources.unique(), key=WIDTH_SOURCE_ORDER.index):  # the paper's first
+        cfg = json.loads(df.loc[sources == source, "config"].iloc[0])
+        if sources.nunique() == 1:
+            label = ""
+        elif source == "paper":
+            label = " (paper width, s = 1)"
+        elif source == "predictive":
+            label = " (width from the predictive-variance head)"
+        else:
+            decay = float(cfg.get("width_decay", 0.0))
+            shape = f", narrowing as (1 + {decay:.3g} h)^-1/2" if decay else ""
+            label = f" (width fitted on validation, s = {width_of(cfg):.3g}{shape})"
+        out += _prior_fit_at(df[sources == source], hs, label)
     return out
 
 
-def width_of(config: str) -> float:
+WIDTH_SOURCE_ORDER = ("paper", "fitted", "predictive")
+"""The prior's width sources (:func:`width_source_of`), in the order tables and figures show
+them."""
+
+
+def width_of(config: str | dict) -> float:
     """The learned prior's width scale in a row's config (1, the paper's, when absent)."""
-    return float(json.loads(config).get("width_scale", 1.0))
+    cfg = json.loads(config) if isinstance(config, str) else config
+    return float(cfg.get("width_scale", 1.0))
+
+
+def width_source_of(config: str) -> str:
+    """Which width a row's learned prior used (:data:`WIDTH_SOURCE_ORDER`): "paper" (the
+    ensemble's sigma_Q), "fitted" (sigma_Q scaled or narrowed as fitted on validation) or
+    "predictive" (the model's predictive-variance head)."""
+    cfg = json.loads(config)
+    if cfg.get("width_source", "ensemble") != "ensemble":
+        return str(cfg["width_source"])
+    return "paper" if width_of(cfg) == 1.0 and not cfg.get("width_decay") else "fitted"
 
 
 def _prior_fit_at(df: pd.DataFrame, hs: tuple[int, ...], source: str) -> list[str]:

@@ -19,7 +19,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from spice_ray.results.analysis import width_of  # noqa: E402
+from spice_ray.results.analysis import (  # noqa: E402
+    WIDTH_SOURCE_ORDER,
+    width_of,
+    width_source_of,
+)
 from spice_ray.results.figure_files import save as _save  # noqa: E402
 from spice_ray.results.labels import setting_label  # noqa: E402
 from spice_ray.results.summary import summarise  # noqa: E402
@@ -241,9 +245,11 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Prior coverage vs h against the nominal levels (left); pseudo-counts and the
     warm-start term vs h (right)."""
     fig, (cov, npri) = plt.subplots(1, 2, figsize=(10, 4))
-    widths = df["config"].map(width_of)
-    sources = {w: ("" if widths.nunique() == 1 else " (s = 1)" if w == 1.0 else f" (s = {w:.3g})")
-               for w in sorted(widths.unique(), key=lambda w: (w != 1.0, w))}  # paper first
+    widths = df["config"].map(width_source_of)
+    scale = {w: width_of(df.loc[widths == w, "config"].iloc[0]) for w in widths.unique()}
+    sources = {w: ("" if widths.nunique() == 1 else " (s = 1)" if w == "paper"
+                   else " (predictive head)" if w == "predictive" else f" (s = {scale[w]:.3g})")
+               for w in sorted(widths.unique(), key=WIDTH_SOURCE_ORDER.index)}  # paper first
     levels = sorted(m for m in df["metric"].unique() if m.startswith("coverage_"))
     for k, (width, source) in enumerate(sources.items()):
         for i, metric in enumerate(levels):

@@ -26,7 +26,13 @@ from torch import Tensor, nn
 
 from spice_ray.common.artifacts import publish_dir
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import ExperimentConfig, TrainConfig, config_hash, from_dict
+from spice_ray.config import (
+    ExperimentConfig,
+    TrainConfig,
+    config_hash,
+    from_dict,
+    without_later_defaults,
+)
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model
@@ -68,8 +74,10 @@ class TrainJob:
                 "checkpoint_every"}
         if not c["train"].get("cosine_schedule", False):
             skip.add("epochs")
+        if not c["model"].get("var_head", False):
+            skip.add("lambda_var")  # read only by the variance head's loss
         return config_hash({"kind": self.kind, "seed": self.seed, "data": self.dataset_hash,
-                            "env": c["env"], "model": c["model"],
+                            "env": c["env"], "model": without_later_defaults("model", c["model"]),
                             "train": {k: v for k, v in c["train"].items() if k not in skip}})
 
 

@@ -356,7 +356,32 @@ def spice_loss(
         "weight_max": w.max(),
         "q_std_mean": q_std.mean(),
     }
+    if out.pred_var is not None:
+        l_var = predictive_variance_loss(out.pred_var, q_pred, tokens.actions, y)
+        loss = loss + cfg.lambda_var * l_var
+        parts |= {"loss": loss, "var": l_var}
     return loss, {k: v.detach() for k, v in parts.items()}
+
+
+def predictive_variance_loss(pred_var: Tensor, q_pred: Tensor, actions: Tensor, y: Tensor
+                             ) -> Tensor:
+    """Gaussian NLL of each transition's target under N(Q-bar, v): the variance head learns
+    E[(y_t - Q-bar_{t-1}(a_t))^2 | context], the spread of the next target around the
+    prior's mean (the target's noise plus what the context leaves unknown), PFN-style. The
+    mean is detached: this loss shapes the variance, never the mean. Leakage-free as L_TD:
+    v for transition t comes from position t-1 (:func:`align_to_transitions`).
+
+    Args:
+        pred_var: [B, T+1, A] the head's variance at every position.
+        q_pred: [B, T, A] Q-bar at (s_t, .) from position t-1.
+        actions: [B, T] a_t.
+        y: [B, T] the targets (detached here).
+    """
+    v_pred, _ = align_to_transitions(_upcast(pred_var))  # (B, T, A)
+    a = actions.long()[..., None]  # (B, T, 1)
+    mean = q_pred.gather(-1, a).squeeze(-1).detach()  # (B, T)
+    var = v_pred.gather(-1, a).squeeze(-1)  # (B, T)
+    return F.gaussian_nll_loss(mean, y.detach(), var, full=False, eps=1e-6)
 
 
 def dpt_loss(

@@ -18,8 +18,9 @@ from torch import Tensor
 
 from spice_ray.common.console import Bar
 
-SHOWN = ("loss", "policy", "td", "shrink", "anchor")
-"""Loss components shown on the console (SPICE; DPT has loss and policy only)."""
+SHOWN = ("loss", "policy", "td", "shrink", "anchor", "var")
+"""Loss components shown on the console (SPICE, "var" with a variance head; DPT has loss and
+policy only)."""
 
 
 def describe_loss(values: Mapping[str, float], prefix: str = "") -> str:
