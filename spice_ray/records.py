@@ -91,9 +91,13 @@ def busy_seconds(work: Iterable[tuple[int, float]]) -> float:
     return max(per.values(), default=0.0)
 
 
-def timing_notes(experiments: list[str], units: list[dict[str, Any]]) -> list[str]:
-    """One sentence per experiment: where its pretraining and evaluation time went (start-up
-    and data against the seconds inside training, per model)."""
+def timing_notes(experiments: list[str], stages: dict[str, float],
+                 units: list[dict[str, Any]]) -> list[str]:
+    """The stages' wall times, then one sentence per experiment: where its pretraining and
+    evaluation time went (start-up and data against the seconds inside training, per model);
+    from :func:`timing_of_work`."""
+    walls = ["Stage wall times (of the last invocation that trained or evaluated): "
+             + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items() if k != "total")]
     out = []
     for name in experiments:
         mine = [u for u in units if u["experiment"] == name]
@@ -112,15 +116,38 @@ def timing_notes(experiments: list[str], units: list[dict[str, Any]]) -> list[st
             parts.append(f"({other:.0f} s start-up and data, {count(len(fits), 'model')} "
                          f"{min(fits):.0f}-{max(fits):.0f} s each{side})")
         out.append(" ".join(parts) + f", evaluation {evals:.0f} s")
-    return ["Time per experiment (this invocation; `logs/timing.json` has every unit): "
-            + "; ".join(out)] if out else []
+    return walls + (["Time per experiment (`logs/timing.json` has every unit): "
+                     + "; ".join(out)] if out else [])
+
+
+def did_work(units: list[dict[str, Any]]) -> bool:
+    """Whether an invocation's ``units`` trained a model or evaluated anything (a re-run over a
+    finished study does neither)."""
+    return any(u.get("part") == "fit" or u["stage"] == "evaluate" for u in units)
+
+
+def timing_of_work(run_dir: Path, timings: dict[str, float], units: list[dict[str, Any]]
+                   ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """(stage seconds, units) to report: this invocation's when it :func:`did_work`, else
+    those ``logs/timing.json`` kept from the invocation that did (a re-run that only finds
+    everything current must not report zeros as the study's cost)."""
+    if did_work(units):
+        return timings, units
+    try:
+        kept = json.loads((run_dir / "logs" / "timing.json").read_text())
+        return dict(kept["stages"]), list(kept["units"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return timings, units
 
 
 def write_timing(run_dir: Path, timings: dict[str, float], units: list[dict[str, Any]]
                  ) -> Path:
     """``<run>/logs/timing.json``: where this invocation's time went, per stage and per model
-    and evaluation (seconds), to guide the next speed-up by numbers."""
+    and evaluation (seconds), to guide the next speed-up by numbers; left as it is when this
+    invocation did no work (:func:`did_work`) and the file exists."""
     path = run_dir / "logs" / "timing.json"
+    if path.is_file() and not did_work(units):
+        return path
     atomic_write_text(path, json.dumps(
         {"stages": {k: round(v, 3) for k, v in timings.items()},
          "units": [{**u, "seconds": round(u["seconds"], 3)} for u in units]}, indent=1))

@@ -42,6 +42,7 @@ from spice_ray.records import (
     busy_seconds,
     check_same_study,
     timing_notes,
+    timing_of_work,
     training_table,
     write_checkpoint_index,
     write_timing,
@@ -415,9 +416,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     enter_stage("6/6 report")
     notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
              *(n for name in plan.configs for n in EXPERIMENTS[name].notes),
-             "Stage wall times (this invocation; 0 when skipped): "
-             + ", ".join(f"{k} {v:.0f} s" for k, v in plan.timings.items()),
-             *timing_notes(list(plan.configs), plan.units)]
+             *timing_notes(list(plan.configs), *timing_of_work(run_dir, plan.timings,
+                                                               plan.units))]
     configs = {name: cfg.to_yaml() for name, cfg in plan.configs.items()}
     tables = study_tables(plan, datasets)
     descriptions = {t.name: t.description for t in tables}

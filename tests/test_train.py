@@ -317,10 +317,35 @@ def test_side_by_side_workers_wall_is_the_busiest_workers() -> None:
                                                               ("c", 0, 30.0))]
     units.append({"stage": "pretrain", "experiment": "d", "what": "start-up and data",
                   "part": "start-up", "seconds": 5.0})
-    assert timing_notes(["d"], units) == [
-        "Time per experiment (this invocation; `logs/timing.json` has every unit): d: "
+    assert timing_notes(["d"], {"datasets": 1.2, "pretrain": 45.0, "total": 50.0}, units) == [
+        "Stage wall times (of the last invocation that trained or evaluated): datasets 1 s, "
+        "pretrain 45 s",
+        "Time per experiment (`logs/timing.json` has every unit): d: "
         "pretraining 45 s (5 s start-up and data, 3 models 10-30 s each, 2 workers side by "
         "side), evaluation 0 s"]
+
+
+def test_a_rerun_that_does_no_work_keeps_the_timings_of_the_run_that_did(tmp_path) -> None:
+    """logs/timing.json and the report's timing notes keep the invocation that trained or
+    evaluated; a re-run that found everything current neither overwrites nor reports zeros."""
+    import json
+
+    from spice_ray.records import did_work, timing_of_work, write_timing
+
+    worked = [{"stage": "pretrain", "experiment": "d", "what": "a", "part": "fit",
+               "seconds": 12.0}, {"stage": "evaluate", "experiment": "d", "what": "online",
+                                  "seconds": 3.0}]
+    idle = [{"stage": "pretrain", "experiment": "d", "what": "1 model", "part": "jobs",
+             "seconds": 0.04}]
+    assert did_work(worked) and not did_work(idle)
+    assert timing_of_work(tmp_path, {"pretrain": 0.1}, idle) == ({"pretrain": 0.1}, idle)
+    path = write_timing(tmp_path, {"pretrain": 12.5, "evaluate": 3.1}, worked)
+    before = path.read_text()
+    assert write_timing(tmp_path, {"pretrain": 0.1, "evaluate": 0.0}, idle) == path
+    assert path.read_text() == before
+    stages, units = timing_of_work(tmp_path, {"pretrain": 0.1}, idle)
+    assert stages == {"pretrain": 12.5, "evaluate": 3.1} and units == json.loads(before)["units"]
+    assert timing_of_work(tmp_path, {"pretrain": 9.0}, worked[:1])[0] == {"pretrain": 9.0}
 
 
 def test_darkroom_iw_variant_trains_exactly_as_none(ray_local, tmp_path) -> None:
