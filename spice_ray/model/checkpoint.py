@@ -34,7 +34,7 @@ from spice_ray.common.artifacts import (
     publish_dir,
     read_json,
     verify,
-    write_sidecar,
+    write_checked_text,
 )
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import EnvConfig, ExperimentConfig
@@ -92,10 +92,10 @@ def save_checkpoint(
 
 
 def write_meta(directory: str | Path, meta: dict[str, Any]) -> Path:
-    """Write ``meta.json`` and its SHA-256 sidecar into an existing checkpoint directory."""
+    """Write ``meta.json`` and its SHA-256 sidecar into an existing checkpoint directory,
+    atomically (the sidecar after the file, as every checked write)."""
     path = Path(directory) / META
-    path.write_text(json.dumps(meta, indent=1))
-    write_sidecar(path)
+    write_checked_text(path, json.dumps(meta, indent=1))
     return path
 
 
