@@ -283,8 +283,32 @@ def _ray_start_runnable() -> str | None:
     return None if out.returncode == 0 else f"`ray start --help` exited {out.returncode}"
 
 
+# Run in a child process that joins the cluster: which node ran which actor class and task.
+_ACTOR_NODES = """
+import json, ray
+from ray.util.state import list_actors, list_nodes, list_tasks
+ray.init(address="auto", logging_level="ERROR")
+nodes = {n.node_id: n.resources_total for n in list_nodes(detail=True)}
+out, tasks = {}, {}
+for a in list_actors(detail=True, limit=10_000):
+    if a.node_id:  # actors that never got a node have none
+        out.setdefault(a.class_name, set()).add(a.node_id)
+for t in list_tasks(detail=True, limit=10_000):
+    if t.node_id:
+        tasks.setdefault(t.name, set()).add(t.node_id)
+print(json.dumps({"actors": {k: sorted(v) for k, v in out.items()},
+                  "tasks": {k: sorted(v) for k, v in tasks.items()},
+                  "labels": {nid: [k for k in r if k in ("datagen", "trainer")]
+                             for nid, r in nodes.items()}}))
+"""
+
+
 @pytest.mark.ray
-def test_local_multinode_cluster_places_work_by_label():
+def test_local_multinode_cluster_places_work_by_label_and_runs_the_study(tmp_path):
+    """One local 2-node cluster (``ray start`` head + worker) serves both checks: labelled
+    tasks run where their label is advertised, and pipelines/full_run.py joins it with
+    --address auto and spreads its work over the nodes by the labels of cluster.yaml; then
+    teardown stops every process of the cluster and nothing else."""
     reason = _ray_start_runnable()
     if reason:
         pytest.skip(reason)
@@ -294,7 +318,8 @@ def test_local_multinode_cluster_places_work_by_label():
                                   "default_worker.py"])
     t0 = time.perf_counter()
     try:
-        with local_multinode_cluster(num_workers=1) as cluster:
+        with local_multinode_cluster(num_workers=1, head_cpus=2, worker_cpus=2,
+                                     include_dashboard=True) as cluster:
             t_up = time.perf_counter() - t0
             out = subprocess.run(
                 [sys.executable, "-m", "tools.cluster", "node-usage", "--address", "auto",
@@ -309,6 +334,16 @@ def test_local_multinode_cluster_places_work_by_label():
                 env=cluster.env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
             assert missing.returncode != 0
             assert "tasks requiring ['head'] did not finish in 3.0 s" in missing.stderr
+            study = subprocess.run(
+                [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "smoke",
+                 "--address", "auto", "--out", str(tmp_path / "run"), "--experiments",
+                 "bandit", "--set", "train.num_workers=1"],
+                env=cluster.env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+            assert study.returncode == 0, study.stderr[-4000:]
+            assert "report:" in study.stdout
+            probe = subprocess.run([sys.executable, "-c", _ACTOR_NODES], env=cluster.env(),
+                                   capture_output=True, text=True, timeout=120, cwd=ROOT)
+            assert probe.returncode == 0, probe.stderr[-3000:]
             temp_dir = cluster.temp_dir
             roots = [p.pid for p in cluster.processes]
             ours = _cluster_pids(roots, roots, temp_dir)  # raylets, GCS, agents, workers
@@ -321,6 +356,18 @@ def test_local_multinode_cluster_places_work_by_label():
         assert usage[DATAGEN] == nodes[DATAGEN]
         assert usage[TRAINER] == nodes[TRAINER]
         assert usage[DATAGEN] != usage[TRAINER]
+        # The study's work: Ray Data's generation on the datagen node, Train's workers on
+        # the trainer node, both nodes used.
+        info = json.loads(probe.stdout.strip().splitlines()[-1])
+        by_label = {label: [nid for nid, ls in info["labels"].items() if label in ls]
+                    for label in (DATAGEN, TRAINER)}
+        assert len(by_label[DATAGEN]) == 1 and len(by_label[TRAINER]) == 1
+        actors, tasks = info["actors"], info["tasks"]
+        gen = [k for k in tasks if "generate_batch" in k]  # Ray Data's generation tasks
+        assert gen and all(set(tasks[k]) == set(by_label[DATAGEN]) for k in gen), tasks
+        assert set(actors["RayTrainWorker"]) == set(by_label[TRAINER]), actors
+        assert len({nid for nids in actors.values() for nid in nids}) == 2
+        assert (tmp_path / "run" / "report.md").exists()
         # placement_resources() against the live cluster: labels present -> requested.
         assert report["placement"] == {HEAD: {}, DATAGEN: {DATAGEN: LABEL_REQUEST},
                                        TRAINER: {TRAINER: LABEL_REQUEST}}

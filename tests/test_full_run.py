@@ -399,8 +399,8 @@ def test_disk_full_fails_clearly_on_the_console_and_resumes(tmp_path) -> None:
 
     env = dict(os.environ, **{DISK_FULL_ENV: "1"})
     proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
-                           "smoke", "--out", str(tmp_path / "run")], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=tmp_path)
+                           "smoke", "--experiments", "bandit", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "[1/6] datasets" in proc.stdout and ": failed" in proc.stdout
     error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
