@@ -18,6 +18,7 @@ Plain tensor functions: no Ray, no I/O, no model. Everything is float64 on the C
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -61,7 +62,17 @@ def scaled_prior_std(prior_std: Tensor, width_scale: float, decay: float = 0.0,
     return out
 
 
-def learned_prior_std(fusion, prior_std: Tensor, h: Tensor | int | None = None,
+class WidthSettings(Protocol):
+    """What :func:`learned_prior_std` reads of the fusion's settings (the run config's
+    ``fusion`` section has these fields and more)."""
+
+    width_source: str
+    width_scale: float
+    width_decay: float
+    noise_var: float
+
+
+def learned_prior_std(fusion: WidthSettings, prior_std: Tensor, h: Tensor | int | None = None,
                       pred_var: Tensor | None = None) -> Tensor:
     """The learned prior's sd the fusion uses, by ``fusion.width_source``:
 

@@ -368,8 +368,9 @@ def predictive_variance_loss(pred_var: Tensor, q_pred: Tensor, actions: Tensor, 
     """Gaussian NLL of each transition's target under N(Q-bar, v): the variance head learns
     E[(y_t - Q-bar_{t-1}(a_t))^2 | context], the spread of the next target around the
     prior's mean (the target's noise plus what the context leaves unknown), PFN-style. The
-    mean is detached: this loss shapes the variance, never the mean. Leakage-free as L_TD:
-    v for transition t comes from position t-1 (:func:`align_to_transitions`).
+    mean is detached: no gradient reaches the value heads from here (the trunk, which every
+    head reads, does take one). Leakage-free as L_TD: v for transition t comes from position
+    t-1 (:func:`align_to_transitions`).
 
     Args:
         pred_var: [B, T+1, A] the head's variance at every position.
