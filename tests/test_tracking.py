@@ -52,23 +52,6 @@ def test_bad_track_value_is_refused() -> None:
 
 
 @pytest.mark.ray
-@_needs("tensorboard")
-def test_tensorboard_events_read_back(ray_local, tmp_path) -> None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    cfg, steps = _train(tmp_path, "tensorboard", workers=1)  # from a Ray Train worker
-    runs = [p.parent for p in (tmp_path / "tensorboard").rglob("events.out.tfevents.*")]
-    assert len(runs) == 1
-    acc = EventAccumulator(str(runs[0]))
-    acc.Reload()
-    tags = set(acc.Tags()["scalars"])
-    assert set(COMPONENTS) <= tags and "epoch/val_loss" in tags
-    loss = acc.Scalars("train/loss")
-    assert [e.step for e in loss] == list(range(1, steps + 1))
-    assert len(acc.Scalars("epoch/val_loss")) == cfg.train.epochs
-
-
-@pytest.mark.ray
 @_needs("mlflow")
 def test_mlflow_local_store_reads_back(ray_local, tmp_path) -> None:
     from mlflow.tracking import MlflowClient

@@ -158,11 +158,15 @@ def test_shuffled_batches_split_an_epoch_reproducibly() -> None:
 @pytest.mark.ray
 def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path) -> None:
     """Also runs the compiled value-head kernels inside Ray Train workers (smoke batches are
-    below the size where ``auto`` would compile)."""
+    below the size where ``auto`` would compile), and TensorBoard tracking from rank 0: every
+    step's loss parts and every epoch's validation loss read back from the event file."""
+    import importlib.util
+
     _, ds = smoke_bandit
+    board = importlib.util.find_spec("tensorboard") is not None  # a [test] extra
     cfg = make_config("smoke", "bandit", overrides=[
         "train.num_workers=2", "train.worker_cpus=0.5", "model.head_kernel=compiled",
-        f"out_dir={tmp_path}"])
+        f"out_dir={tmp_path}", f"track={'tensorboard' if board else 'none'}"])
     leftovers = set(Path(tempfile.gettempdir()).glob("spice_ckpt_*"))
     job, run_dir = plan_job(cfg, "spice", 0, ds)
     res = train_with_ray(job, run_dir)
@@ -175,6 +179,18 @@ def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path)
     # and the stream order that once broke it across workers is test_ray_dataset_streams...)
     assert not (run_dir / "scratch").exists()
     assert set(Path(tempfile.gettempdir()).glob("spice_ckpt_*")) <= leftovers
+    if board:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        runs = [p.parent for p in (tmp_path / "tensorboard").rglob("events.out.tfevents.*")]
+        assert len(runs) == 1  # rank 0 alone
+        acc = EventAccumulator(str(runs[0]))
+        acc.Reload()
+        tags = set(acc.Tags()["scalars"])
+        assert {f"train/{k}" for k in ("loss", "policy", "td", "shrink", "anchor")} <= tags
+        steps = cfg.train.epochs * (cfg.data.num_train_tasks // cfg.train.batch_size)
+        assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, steps + 1))
+        assert len(acc.Scalars("epoch/val_loss")) == cfg.train.epochs
 
 
 @pytest.mark.ray
