@@ -193,6 +193,7 @@ def _card_rows(source: tuple[Path, str, int] | None, method: str) -> list[str]:
     if source is None:
         return ["Not the tuned policy of a study's run (built from a checkpoint, or with "
                 "settings of its own): no table row describes it."]
+    from spice_ray.results.summary import final_values, summarise
     from spice_ray.results.tables import ResultsError, load
 
     run, experiment, seed = source
@@ -200,12 +201,13 @@ def _card_rows(source: tuple[Path, str, int] | None, method: str) -> list[str]:
         df = load(run, f"{experiment}_tuned")
     except (ResultsError, FileNotFoundError, OSError):
         return [f"Run `{experiment}` has no readable `{experiment}_tuned` table."]
+    mine = df[(df["method"] == method) & (df["seed"] == seed)]
     rows = []
-    for metric, sub in df[(df["method"] == method) & (df["seed"] == seed)].groupby("metric"):
-        last = sub[sub["x"] == sub["x"].max()].groupby("task_id")["value"].mean()
-        sem = last.std(ddof=1) / len(last) ** 0.5 if len(last) > 1 else float("nan")
-        rows.append(f"| {method} | {metric} at step {int(sub['x'].max())} | "
-                    f"{last.mean():.4g} ± {sem:.2g} | {len(last)} |")
+    for metric in sorted(mine["metric"].unique()):
+        final = final_values(mine, metric)
+        s = summarise(final, ["metric"], pool=True).iloc[0]
+        rows.append(f"| {method} | {metric} at step {int(final['x'].max())} | "
+                    f"{s['mean']:.4g} ± {s['sem']:.2g} | {int(s['n'])} |")
     if not rows:
         return [f"`{experiment}_tuned` holds no row of {method} at seed {seed}."]
     return [f"From the run's `{experiment}_tuned` table (eval tasks, seed {seed}):", "",
