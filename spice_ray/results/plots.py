@@ -241,6 +241,11 @@ def plot_weights(df: pd.DataFrame, path: Path, title: str) -> Path:
                                    hidden))
 
 
+_SOURCE_DASHES = ("-", "-.", ":")
+"""One dash per width source of the prior figure (paper, fitted, predictive), so none hides
+another: with a third source a two-dash cycle drew the predictive curves as the paper's."""
+
+
 def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Prior coverage vs h against the nominal levels (left); pseudo-counts and the
     warm-start term vs h (right)."""
@@ -257,7 +262,7 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
             s = summarise(df[(df["metric"] == metric) & (widths == width)], ["x"]
                           ).sort_values("x")
             (line,) = cov.plot(s["x"], s["mean"], label=f"{level:.0%} interval{source}",
-                               color=f"C{i}", ls=("-", "-.")[k % 2])
+                               color=f"C{i}", ls=_SOURCE_DASHES[k % len(_SOURCE_DASHES)])
             cov.fill_between(s["x"], s["mean"] - s["sem"], s["mean"] + s["sem"],
                              color=line.get_color(), alpha=0.2, lw=0)
             if k == 0:
@@ -273,7 +278,7 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
                           ).sort_values("x")
             if not s.empty:
                 npri.plot(s["x"], s["mean"], label=label + source, color=f"C{i}",
-                          ls=("-", "-.")[k % 2])
+                          ls=_SOURCE_DASHES[k % len(_SOURCE_DASHES)])
                 npri.fill_between(s["x"], s["mean"] - s["sem"], s["mean"] + s["sem"],
                                   color=f"C{i}", alpha=0.2)
     npri.set(xscale="log", yscale="log", xlabel="context length h",
