@@ -19,15 +19,17 @@ The grid (:func:`candidates`):
   the validation contexts without labels (:func:`fit_width`: the scale s and how it narrows
   with the context length, ``fusion.width_decay``), so the width and beta are chosen together;
 - where the evidence targets are n-step returns (the darkrooms: ``fusion.needs_nstep``), SPICE's
-  fitted point also takes the likelihood variance sigma^2 fitted with s, and every other fused
-  method runs every point at the config's sigma^2 and at that fitted one (:data:`NOISES`).
+  fitted point also takes the likelihood variance sigma^2 fitted with s (label-free, from the
+  validation contexts' n-step targets), and every other fused method runs every point at the
+  config's sigma^2, at that fitted one and at decades spanning the targets' scale (:data:`NOISES`).
 
 Methods without a hyperparameter (DPT, TS, Random, ...) run once on validation too, so every
 row of the tuned table has a validation score.
 
-The grid is exhaustive and small (at most 20 points per method) and runs on the study's
-evaluation actors (:class:`EvalPool`) in a few batched calls: a Ray Tune trial per point would
-pay a trial's start-up 20 times for nothing a search could add to an exhaustive grid.
+The grid is exhaustive (SPICE: at most 80 points on a darkroom; a model-free method 120, each a
+few milliseconds per task) and runs on the study's evaluation actors (:class:`EvalPool`) in a
+few batched calls: a Ray Tune trial per point would pay a trial's start-up each time for
+nothing a search could add to an exhaustive grid.
 """
 
 from __future__ import annotations
@@ -71,8 +73,12 @@ WIDTHS = ("paper", "fitted")
 (and "constant", its scale without the decay, where the fit's decay is not 0; and
 "predictive", the model's predictive-variance head, where it has one: ``model.var_head``)."""
 WIDTH_FIT = "scale, decay; constant"  # what fit_width fits: a record fitted otherwise is redone
-NOISES = ("paper", "fitted")
-"""sigma^2 of the other fused methods where targets are n-step returns: configured, fitted."""
+NOISES = ("paper", "fitted", 1.0, 10.0, 100.0, 1000.0)
+"""sigma^2 of the other fused methods where targets are n-step returns: the config's, the one
+fitted with SPICE's width, and decades spanning the targets' scale (a darkroom's values reach
+1 / (1 - gamma) = 20). A prior that has already seen the context (the exact posterior, a learned
+prior) is fused with that context again; a large sigma^2 is how the fusion stops counting it
+twice (the region darkroom's oracle prior: 86 at the config's 0.09, 9 at 1000)."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
 
 TUNING_FILE = "results/tuning.json"
@@ -142,6 +148,8 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
                 fields |= {"width_source": "predictive"} | noise
             if dict(point).get("noise") == "fitted":
                 fields |= noise
+            elif isinstance(dict(point).get("noise"), float):
+                fields |= {"noise_var": dict(point)["noise"]}
             fusion = dataclasses.replace(spec.fusion, **fields)
             out.append(Candidate(dataclasses.replace(spec, fusion=fusion), eval_cfg, point))
         return out

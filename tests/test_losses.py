@@ -269,3 +269,47 @@ def test_short_training_reduces_td_and_policy_losses() -> None:
     td1, ce1 = losses()
     assert td1 < 0.5 * td0, (td0, td1)
     assert ce1 < 0.8 * ce0, (ce0, ce1)
+
+
+def test_state_h0_prior_trains_position_0_on_the_first_state_not_the_drawn_query() -> None:
+    """train.h0_prior="state": transition 1's value is regressed from a query token holding
+    s_1 (the h = 0 prior an agent in s_1 reads), not from the darkroom's independently drawn
+    query; positions 1..T and the policy logits are unchanged, and on a stateless bandit (query
+    and s_1 both the zero state) the loss is the paper's."""
+    from spice_ray.data.tasks import generate_tasks
+    from spice_ray.train.losses import loss_for
+
+    cfg = make_config("smoke", "darkroom_region")
+    batch = generate_tasks(cfg.env, cfg.data, "train", np.arange(6))
+    tokens = make_tokens(batch, cfg.env)
+    assert not torch.equal(tokens.query_state, tokens.states[:, 0])  # drawn independently
+    g = torch.Generator().manual_seed(0)
+    model = SpiceModel(ModelConfig(n_layer=2, n_embd=16, ensemble_size=3, head_hidden=16,
+                                   var_head=True), cfg.env.num_actions, cfg.env.state_dim,
+                       tokens.context_len + 1, generator=g)
+    out = model(tokens)
+    swapped = model.with_state_values(out, tokens.states[:, 0])
+    own = model(dataclasses.replace(tokens, query_state=tokens.states[:, 0]))  # query = s_1
+    for name in ("q", "prior_mean", "prior_std", "pred_var"):
+        new, old, want = (getattr(o, name) for o in (swapped, out, own))
+        torch.testing.assert_close(new[:, 0], want[:, 0], rtol=1e-5, atol=1e-6)
+        assert torch.equal(new[:, 1:], old[:, 1:]) and not torch.allclose(new[:, 0], old[:, 0])
+    assert torch.equal(swapped.logits, out.logits)
+    ids = torch.arange(6)
+    paper = TrainConfig(td_n=5, gamma=0.95)
+    state = dataclasses.replace(paper, h0_prior="state")
+    l_paper, _ = loss_for("spice")(out, tokens, model, ids, paper)
+    l_state, _ = loss_for("spice")(out, tokens, model, ids, state)
+    l_own, _ = loss_for("spice")(swapped, tokens, model, ids, paper)
+    assert l_state.item() == l_own.item() != l_paper.item()
+    with pytest.raises(ValueError, match="train.h0_prior"):
+        TrainConfig(h0_prior="query")
+    bandit = make_config("smoke", "bandit")
+    b_tokens = make_tokens(generate_tasks(bandit.env, bandit.data, "train", np.arange(4)),
+                           bandit.env)
+    b_model = SpiceModel(ModelConfig(n_layer=1, n_embd=16, ensemble_size=3, head_hidden=16),
+                         bandit.env.num_actions, 1, b_tokens.context_len + 1, generator=g)
+    b_out = b_model(b_tokens)
+    ids = torch.arange(4)
+    torch.testing.assert_close(loss_for("spice")(b_out, b_tokens, b_model, ids, state)[0],
+                               loss_for("spice")(b_out, b_tokens, b_model, ids, paper)[0])

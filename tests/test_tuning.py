@@ -43,10 +43,11 @@ def test_every_method_with_a_beta_gets_the_same_grid() -> None:
     # darkroom's n-step targets give the fused methods without a learned width a noise axis
     for kernel in ("exact", "cosine", "uniform"):
         other = dataclasses.replace(DARKROOM.fusion, kernel=kernel)
-        assert len(candidates(AgentSpec("spice-flat", fusion=other), DARKROOM.eval)) == 10
+        noise_axis = 5 * len(tuning.NOISES)
+        assert len(candidates(AgentSpec("spice-flat", fusion=other), DARKROOM.eval)) == noise_axis
         assert len(candidates(AgentSpec("spice", fusion=other), DARKROOM.eval, 0.5)) == 10
     exact = dataclasses.replace(DARKROOM.fusion, kernel="exact")
-    assert len(candidates(AgentSpec("count", fusion=exact), DARKROOM.eval)) == 10
+    assert len(candidates(AgentSpec("count", fusion=exact), DARKROOM.eval)) == noise_axis
     ucb = candidates(AgentSpec("ucb"), BANDIT.eval)
     assert [c.eval_cfg.ucb_c for c in ucb] == [0.5, 1.0, 2.0, 4.0]
     assert len({c.key for c in ucb}) == 4  # c is in the config, so the rows tell them apart
@@ -55,8 +56,9 @@ def test_every_method_with_a_beta_gets_the_same_grid() -> None:
 
 def test_nstep_targets_add_the_fitted_noise_to_every_fused_grid() -> None:
     """Where the evidence targets are n-step returns (the darkroom), SPICE's fitted point takes
-    sigma^2 with s, and every other fused method runs each point at the config's sigma^2 and
-    at the fitted one; reward targets (the bandit) keep their grid exactly."""
+    sigma^2 with s, and every other fused method runs each point at the config's sigma^2, at
+    the fitted one and at decades up to 1000; reward targets (the bandit) keep their grid
+    exactly."""
     assert tuning.fits_noise(AgentSpec("spice-flat", fusion=DARKROOM.fusion))
     assert not tuning.fits_noise(AgentSpec("spice-flat", fusion=BANDIT.fusion))
     assert not tuning.fits_noise(AgentSpec.dpt(DARKROOM.eval))
@@ -67,9 +69,10 @@ def test_nstep_targets_add_the_fitted_noise_to_every_fused_grid() -> None:
         plain = candidates(AgentSpec(method, fusion=DARKROOM.fusion), DARKROOM.eval)
         grid = candidates(AgentSpec(method, fusion=DARKROOM.fusion), DARKROOM.eval, None, 7.0)
         assert [c.setting for c in grid] == [p + (("noise", n),) for p in
-                                             (c.setting[:-1] for c in plain[::2])
+                                             (c.setting[:-1] for c in plain[::len(tuning.NOISES)])
                                              for n in tuning.NOISES]
-        assert [c.spec.fusion.noise_var for c in grid[:2]] == [DARKROOM.fusion.noise_var, 7.0]
+        assert [c.spec.fusion.noise_var for c in grid[:6]] == [DARKROOM.fusion.noise_var, 7.0,
+                                                               1.0, 10.0, 100.0, 1000.0]
         assert len({c.key for c in grid}) == len(grid)  # the rows tell the noises apart
     flat = candidates(AgentSpec("spice-flat", fusion=BANDIT.fusion), BANDIT.eval, None, 7.0)
     assert [dict(c.setting) for c in flat][:1] == [{"beta": 0.5}] and len(flat) == 5

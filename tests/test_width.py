@@ -507,9 +507,12 @@ def test_the_variance_head_leaves_every_other_weight_and_the_identity_as_they_we
     job = TrainJob(cfg.to_dict(), "spice", "dir", "data", 0)
     before = dict(cfg.to_dict())
     before["model"] = {k: v for k, v in before["model"].items() if k != "var_head"}
-    before["train"] = {k: v for k, v in before["train"].items() if k != "lambda_var"}
+    before["train"] = {k: v for k, v in before["train"].items()
+                       if k not in ("lambda_var", "h0_prior")}
     assert job.identity() == TrainJob(before, "spice", "dir", "data", 0).identity()
     assert TrainJob(on.to_dict(), "spice", "dir", "data", 0).identity() != job.identity()
+    state = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, h0_prior="state"))
+    assert TrainJob(state.to_dict(), "spice", "dir", "data", 0).identity() != job.identity()
 
 
 def test_the_variance_loss_is_the_gaussian_nll_of_the_targets_and_spares_the_mean() -> None:

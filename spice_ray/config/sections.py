@@ -159,7 +159,8 @@ class DataConfig:
 
 
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
-                                             "fusion": {"width_source": "ensemble"}}
+                                             "fusion": {"width_source": "ensemble"},
+                                             "train": {"h0_prior": "paper"}}
 """Fields added to a section after results were made with it, left out of what identifies
 those results at these values (:func:`without_later_defaults`: a model's training identity
 and architecture spec, an evaluation's inputs): what was made before them is what the default
@@ -271,6 +272,13 @@ class TrainConfig:
     head_targets: Literal["mean", "bootstrap"] = "mean"
     """What TD(n) fits: the ensemble mean (the paper) or each head to its own targets on its
     own half of the tasks, bootstrapping from itself (sigma_Q then responds to data)."""
+    h0_prior: Literal["paper", "state"] = "paper"
+    """What the value heads learn at position 0, before any context: "paper", transition 1's
+    value from the query token, whose state a darkroom draws independently of s_1 (so the
+    h = 0 prior cannot depend on the state it is asked about); "state", transition 1's value
+    from a query token holding s_1 itself, the state-conditioned prior an agent acting from
+    that output at h = 0 reads (the policy still learns from the drawn query). Stateless
+    bandits: the same targets either way."""
     shrink_prior: Literal["fixed", "data"] = "fixed"
     """Where mu_0 and v_0 of the shrinkage posterior come from: the two fields below ("fixed",
     the bandit's U[0, 1] prior), or the train split's own TD(n) reward targets (their mean and
@@ -325,6 +333,8 @@ class TrainConfig:
                "one of fixed, data")
         _check(self.head_targets in ("mean", "bootstrap"), "train.head_targets",
                self.head_targets, "one of mean, bootstrap")
+        _check(self.h0_prior in ("paper", "state"), "train.h0_prior", self.h0_prior,
+               "one of paper, state")
         _check(self.num_workers >= 0, "train.num_workers", self.num_workers, "an integer >= 0")
         _check(self.threads >= 0, "train.threads", self.threads, "an integer >= 0")
         _check(self.max_failures >= 0, "train.max_failures", self.max_failures, ">= 0")

@@ -20,6 +20,7 @@ policy loss and at test time, where it is the prior given the whole context).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ from torch import Tensor, nn
 
 from spice_ray.config import ModelConfig
 from spice_ray.model.ensemble import ValueEnsemble, ensemble_mean_std
+from spice_ray.model.tokens import query_features
 from spice_ray.model.trunk import TrunkModel
 
 VAR_FLOOR = 1e-6
@@ -120,6 +122,22 @@ class SpiceModel(TrunkModel):
             latent=latent,
             pred_var=pred_var,
         )
+
+    def with_state_values(self, out: SpiceOutput, states: Tensor) -> SpiceOutput:
+        """``out`` ([B, T+1, ...]) with position 0's values (every head's Q, their mean and
+        std, the predictive variance) replaced by those of a query token holding ``states``
+        [B, S] alone: the h = 0 prior of the state itself (``train.h0_prior="state"``). The
+        policy logits and the latent stay the drawn query's. A one-token pass, so position 0
+        of any sequence that starts with that token gives the same values (causal attention).
+        """
+        first = self.heads(self.trunk(query_features(states, self.num_actions)[:, None]))
+
+        def swap(x: Tensor | None, x0: Tensor | None) -> Tensor | None:
+            return None if x is None else torch.cat([x0.to(x.dtype), x[:, 1:]], 1)
+
+        return dataclasses.replace(out, **{name: swap(getattr(out, name), getattr(first, name))
+                                           for name in ("q", "prior_mean", "prior_std",
+                                                        "pred_var")})
 
     def anchor_loss(self) -> Tensor:
         """The ensemble's anchor penalty (scalar)."""

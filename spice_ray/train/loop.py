@@ -78,7 +78,8 @@ class TrainJob:
             skip.add("lambda_var")  # read only by the variance head's loss
         return config_hash({"kind": self.kind, "seed": self.seed, "data": self.dataset_hash,
                             "env": c["env"], "model": without_later_defaults("model", c["model"]),
-                            "train": {k: v for k, v in c["train"].items() if k not in skip}})
+                            "train": without_later_defaults("train", {
+                                k: v for k, v in c["train"].items() if k not in skip})})
 
 
 def steps_per_epoch(cfg: ExperimentConfig) -> int:

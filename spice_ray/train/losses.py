@@ -439,6 +439,8 @@ def loss_for(kind: str) -> LossFn:
 def _spice_batch_loss(out: SpiceOutput, tokens: Tokens, model: TrunkModel, task_ids: Tensor,
                       cfg: TrainConfig) -> tuple[Tensor, dict[str, Tensor]]:
     ids = task_ids if cfg.head_targets == "bootstrap" else None
+    if cfg.h0_prior == "state":  # position 0's values: of s_1 itself, not of the drawn query
+        out = model.with_state_values(out, tokens.states[:, 0])
     return spice_loss(out, tokens, cfg, model.anchor_loss(), task_ids=ids)
 
 
