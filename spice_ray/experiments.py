@@ -19,6 +19,7 @@ from spice_ray import envs
 from spice_ray.agents import AgentSpec
 from spice_ray.common.plugins import load_plugins
 from spice_ray.config import ExperimentConfig, FusionConfig
+from spice_ray.config.grids import FIXED_BETAS
 from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
 from spice_ray.evaluate.calibration import ORACLE_METRICS
@@ -30,7 +31,7 @@ from spice_ray.results.analysis import (
     prior_gap,
 )
 
-DARKROOM_BETAS = (0.5, 1.0, 2.0)
+DARKROOM_BETAS = FIXED_BETAS["paper_table"]
 WEIGHT_VARIANTS = {  # name -> (use_iw, use_adv, use_epi); "all" is the main SPICE model
     "none": (False, False, False),
     "iw": (True, False, False),
@@ -239,9 +240,8 @@ DARKROOM_DPT_STAR = Experiment(
 
 # ---- the structured families: where a learned prior must matter -------------------------------
 
-PRIOR_BETAS = (1.0, 2.0)
-"""Every fused row of the structured families runs at both: at beta = 1 a few tasks that lock
-onto a wrong arm dominate the mean, at beta = 2 they do not."""
+PRIOR_BETAS = FIXED_BETAS["prior_families"]
+"""Every fused row of the structured families runs at both (``config.grids.FIXED_BETAS``)."""
 
 
 def _at_betas(method: str, state_kernel: bool = False

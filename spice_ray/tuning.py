@@ -24,7 +24,8 @@ The grid (:func:`candidates`):
   config's sigma^2, at that fitted one and at decades spanning the targets' scale (:data:`NOISES`).
 
 Methods without a hyperparameter (DPT, TS, Random, ...) run once on validation too, so every
-row of the tuned table has a validation score.
+row of the tuned table has a validation score. Every grid's values are declared once, in
+``spice_ray/config/grids.py`` (the sweeps read the same declarations).
 
 The grid is exhaustive (SPICE: at most 80 points on a darkroom; a model-free method 120, each a
 few milliseconds per task) and runs on the study's evaluation actors (:class:`EvalPool`) in a
@@ -49,6 +50,7 @@ from spice_ray.agents import AgentSpec
 from spice_ray.common.artifacts import MISSING, NO_SIDECAR, is_current, verify, write_checked_text
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
+from spice_ray.config.grids import GRIDS
 from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.experiments import EXPERIMENTS, Experiment
@@ -62,23 +64,19 @@ from spice_ray.results.tables import table_path, write
 
 log = logging.getLogger(__name__)
 
-BETAS = (0.5, 1.0, 2.0, 4.0)
+BETAS = GRIDS["beta"].tuning
 """Fixed beta values of the grid (the theory schedule is one more point)."""
-TAUS = (0.3, 0.5, 0.7, 1.0)
+TAUS = GRIDS["tau"].tuning
 """Kernel bandwidths of the grid (kernels that read one, over states only)."""
-UCB_C = (0.5, 1.0, 2.0, 4.0)
+UCB_C = GRIDS["ucb_c"].tuning
 """UCB's and LinUCB's exploration constants of the grid."""
-WIDTHS = ("paper", "fitted")
+WIDTHS = GRIDS["width"].tuning
 """The learned prior's width on the grid: the paper's sigma_Q, and as :func:`fit_width` fits it
 (and "constant", its scale without the decay, where the fit's decay is not 0; and
 "predictive", the model's predictive-variance head, where it has one: ``model.var_head``)."""
 WIDTH_FIT = "scale, decay; constant"  # what fit_width fits: a record fitted otherwise is redone
-NOISES = ("paper", "fitted", 1.0, 10.0, 100.0, 1000.0)
-"""sigma^2 of the other fused methods where targets are n-step returns: the config's, the one
-fitted with SPICE's width, and decades spanning the targets' scale (a darkroom's values reach
-1 / (1 - gamma) = 20). A prior that has already seen the context (the exact posterior, a learned
-prior) is fused with that context again; a large sigma^2 is how the fusion stops counting it
-twice (the region darkroom's oracle prior: 86 at the config's 0.09, 9 at 1000)."""
+NOISES = GRIDS["noise_var"].tuning
+"""sigma^2 of the other fused methods where targets are n-step returns (``config.grids``)."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
 
 TUNING_FILE = "results/tuning.json"

@@ -13,7 +13,7 @@ killed sweep loses no training. With --train-in-trials each trial trains its own
 (train.num_workers=0; the trial's head bundle reserves train.worker_cpus), which parallelises
 training across trials on a cluster.
 
-Grid per preset: smoke K in (2, 4); small and paper K in (2, 4, 7, 10).
+Grid per preset: ``GRIDS["ensemble_size"]`` of spice_ray/config/grids.py.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 
 from spice_ray import sweep
 from spice_ray.config import ExperimentConfig
+from spice_ray.config.grids import GRIDS as HYPER
 
-GRIDS: dict[str, tuple[int, ...]] = {"smoke": (2, 4), "small": (2, 4, 7, 10),
-                                     "paper": (2, 4, 7, 10)}
-"""Per preset (``medium`` inherits ``small``'s)."""
+GRIDS: dict[str, tuple[int, ...]] = dict(HYPER["ensemble_size"].sweep)
+"""Per preset (``medium`` inherits ``small``'s), from ``spice_ray.config.grids``."""
 
 
 def search_space(cfg: ExperimentConfig) -> dict[str, Any]:

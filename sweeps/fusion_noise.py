@@ -9,11 +9,9 @@ The dataset and the SPICE checkpoints are made first (skipped when current); eac
 evaluates one (noise_var, v_min) online. Tables: <out>/sweeps/fusion_noise_<env>.parquet and
 ..._summary.parquet. A re-run restores the experiment and runs only unfinished trials.
 
-Grid per preset (the bandit's true reward variance is env.sigma^2 = 0.09):
-
-    smoke: noise_var (0.04, 0.25)                    x v_min (0.01,)             =  2
-    small: noise_var (0.01, 0.09, 0.25, 1.0)         x v_min (0.001, 0.01, 0.1)  = 12
-    paper: noise_var (0.01, 0.04, 0.09, 0.25, 1.0)   x v_min (1e-4 ... 0.1)      = 20
+Grid per preset: every noise_var x v_min of ``GRIDS["noise_var"]`` and ``GRIDS["v_min"]`` in
+spice_ray/config/grids.py (smoke 2 trials, small 12, paper 20; the bandit's true reward
+variance is env.sigma^2 = 0.09).
 """
 
 from __future__ import annotations
@@ -22,13 +20,12 @@ from typing import Any
 
 from spice_ray import sweep
 from spice_ray.config import ExperimentConfig
+from spice_ray.config.grids import GRIDS as HYPER
 
 GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
-    "smoke": {"noise_var": (0.04, 0.25), "v_min": (0.01,)},
-    "small": {"noise_var": (0.01, 0.09, 0.25, 1.0), "v_min": (0.001, 0.01, 0.1)},
-    "paper": {"noise_var": (0.01, 0.04, 0.09, 0.25, 1.0), "v_min": (1e-4, 1e-3, 1e-2, 1e-1)},
-}
-"""Per preset (``medium`` inherits ``small``'s)."""
+    preset: {"noise_var": noise, "v_min": HYPER["v_min"].sweep[preset]}
+    for preset, noise in HYPER["noise_var"].sweep.items()}
+"""Per preset (``medium`` inherits ``small``'s), from ``spice_ray.config.grids``."""
 
 
 def search_space(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -16,11 +16,9 @@ starts again).
 Grid: tau only matters for the RBF kernel and the sqrt2logt schedule ignores beta, so the grid
 is (uniform, cosine, rbf x TAUS) x (fixed x BETAS, sqrt2logt) rather than the full product;
 the redundant combinations would repeat identical runs. A bandit has one state, where every
-kernel weighs every transition alike: its grid is beta and the schedule only. Per preset:
-
-    smoke: taus (0.5,)                     betas (1.0,)                  3 x 2 =  6 (bandit 2)
-    small: taus (0.25, 1.0)                betas (0.5, 2.0)              4 x 3 = 12 (bandit 3)
-    paper: taus (0.1, 0.25, 0.5, 1.0, 2.0) betas (0.25, 0.5, 1, 2, 4)    7 x 6 = 42 (bandit 6)
+kernel weighs every transition alike: its grid is beta and the schedule only. TAUS and BETAS
+per preset are ``GRIDS["tau"]`` and ``GRIDS["beta"]`` of spice_ray/config/grids.py: smoke 3 x 2
+= 6 trials (bandit 2), small 4 x 3 = 12 (bandit 3), paper 7 x 6 = 42 (bandit 6).
 
 `small` is cut down so that both envs finish in ~15 min on 2 cores (about 5-25 s per trial).
 
@@ -41,16 +39,15 @@ from typing import Any
 
 from spice_ray import sweep
 from spice_ray.config import ExperimentConfig, FusionConfig
+from spice_ray.config.grids import GRIDS as HYPER
 from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
 from spice_ray.sweep.params import Conditional
 
 KERNELS = ("uniform", "cosine", "rbf")
 GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
-    "smoke": {"taus": (0.5,), "betas": (1.0,)},
-    "small": {"taus": (0.25, 1.0), "betas": (0.5, 2.0)},
-    "paper": {"taus": (0.1, 0.25, 0.5, 1.0, 2.0), "betas": (0.25, 0.5, 1.0, 2.0, 4.0)},
-}
-"""Per preset (``medium`` inherits ``small``'s)."""
+    preset: {"taus": taus, "betas": HYPER["beta"].sweep[preset]}
+    for preset, taus in HYPER["tau"].sweep.items()}
+"""Per preset (``medium`` inherits ``small``'s), from ``spice_ray.config.grids``."""
 
 
 def fusion_grid(base: FusionConfig, taus: tuple[float, ...], betas: tuple[float, ...],
@@ -73,8 +70,8 @@ def search_space(base: FusionConfig, preset: str, search: str = "grid",
                  stateless: bool = False) -> dict[str, Any]:
     """The Tune param_space: one grid over the fusion overrides of :func:`fusion_grid`, or
     (``sweep.search`` random or optuna) a conditional space over the same ranges: the kernel,
-    log-uniform tau in [0.05, 5] for a kernel that reads it, the beta schedule, and log-uniform
-    beta in [0.1, 10] for a schedule that reads it (the others keep the base value, unused)."""
+    log-uniform tau for a kernel that reads it, the beta schedule, and log-uniform beta for a
+    schedule that reads it (ranges: ``Grid.search``; the others keep the base value, unused)."""
     from ray import tune
 
     if search == "grid":
@@ -82,12 +79,12 @@ def search_space(base: FusionConfig, preset: str, search: str = "grid",
                                                        stateless=stateless))}
     kernel = ({"kernel": base.kernel, "tau": base.tau} if stateless else
               {"kernel": tune.choice(list(KERNELS)),
-               "tau": Conditional(tune.loguniform(0.05, 5.0),
+               "tau": Conditional(tune.loguniform(*HYPER["tau"].search),
                                   when={"fusion.kernel": tuple(sorted(BANDWIDTH_KERNELS))},
                                   otherwise=base.tau)})
     schedules = ("fixed", "sqrt2logt")
     return {"fusion": {**kernel, "beta_schedule": tune.choice(list(schedules)),
-                       "beta": Conditional(tune.loguniform(0.1, 10.0),
+                       "beta": Conditional(tune.loguniform(*HYPER["beta"].search),
                                            when={"fusion.beta_schedule": tuple(
                                                s for s in schedules
                                                if s not in BETA_FREE_SCHEDULES)},

@@ -213,3 +213,39 @@ def test_every_registered_environment_is_complete() -> None:
             regret = env.regret(tasks, states[:, None], actions[:, None], rewards[:, None], 1,
                                 reading)
             assert regret.shape == (3, 1) and np.isfinite(regret).all()
+
+
+def _typed(values) -> tuple:
+    """Values with their types, so (1, 2) threads are not the grid (1.0, 2.0)."""
+    return tuple((type(v).__name__, v) for v in values)
+
+
+def _literal_sequences(path: Path):
+    """(line, typed values) of every tuple or list literal of two or more numbers."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) >= 2 and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, (int, float))
+                and not isinstance(e.value, bool) for e in node.elts):
+            yield node.lineno, _typed(e.value for e in node.elts)
+
+
+def test_every_hyperparameter_grid_is_declared_once() -> None:
+    """The tuning grids, the experiments' fixed betas and the sweeps' per-preset grids live in
+    ``spice_ray/config/grids.py``; the same numbers written as a literal anywhere else in the
+    package or its scripts would be a second home that can drift from the first."""
+    from spice_ray.config.grids import FIXED_BETAS, GRIDS
+
+    grids = [g.tuning for g in GRIDS.values()] + [
+        v for g in GRIDS.values() for v in g.sweep.values()] + list(FIXED_BETAS.values())
+    declared = {_typed(v) for v in grids if len(v) >= 2
+                and all(isinstance(x, (int, float)) for x in v)}
+    assert len(declared) >= 10  # the scan below has something to find
+    home = PACKAGE / "config" / "grids.py"
+    found = [f"{path.relative_to(ROOT)}:{line} {values}"
+             for path in [*PACKAGE.rglob("*.py"), *(p for d in SCRIPTS
+                                                    for p in (ROOT / d).rglob("*.py"))]
+             if path != home for line, values in _literal_sequences(path)
+             if values in declared]
+    assert not found, "grid values written outside spice_ray/config/grids.py:\n" + "\n".join(
+        found)
+    assert _typed(GRIDS["beta"].tuning) in {v for _, v in _literal_sequences(home)}  # it scans
