@@ -396,11 +396,11 @@ def test_disk_full_fails_clearly_on_the_console_and_resumes(ray_local, tmp_path)
     Ray's start-up) then completes the same run directory's dataset."""
     import os
 
+    from spice_ray.common.faults import FAULT_ENV, fault_switch
     from spice_ray.data import store
     from spice_ray.data.generate import generate_stage
-    from spice_ray.data.store import DISK_FULL_ENV
 
-    env = dict(os.environ, **{DISK_FULL_ENV: "1"})
+    env = dict(os.environ, **{FAULT_ENV: fault_switch(disk_full=True)})
     proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
                            "smoke", "--experiments", "bandit", "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
@@ -410,7 +410,7 @@ def test_disk_full_fails_clearly_on_the_console_and_resumes(ray_local, tmp_path)
     assert error and "No space left on device" in error[0] and str(tmp_path) in error[0], \
         proc.stderr[-2000:]
     assert "a re-run resumes" in proc.stderr and "Traceback" not in proc.stderr
-    assert DISK_FULL_ENV not in os.environ
+    assert FAULT_ENV not in os.environ
     cfg = plan_study("smoke", tmp_path / "run", experiments=("bandit",)).configs["bandit"]
     report = generate_stage(cfg)
     assert report.dataset_dir.parent == tmp_path / "run" / "datasets"

@@ -8,9 +8,10 @@ import os
 import numpy as np
 import pytest
 
+from spice_ray.common.faults import FAULT_ENV, fault_switch
 from spice_ray.config import make_config
 from spice_ray.data import store
-from spice_ray.data.generate import FAULT_ENV, generate_dataset
+from spice_ray.data.generate import generate_dataset
 
 pytestmark = pytest.mark.ray
 
@@ -98,7 +99,7 @@ def test_an_edited_shard_with_a_re_signed_sidecar_is_regenerated(ray_local, tmp_
 def test_interrupted_generation_resumes(ray_local, tmp_path, monkeypatch) -> None:
     cfg = _cfg(**{"data.shard_size": 16})
     ds = tmp_path / "int"
-    monkeypatch.setenv(FAULT_ENV, "2")
+    monkeypatch.setenv(FAULT_ENV, fault_switch(generate_after_shards=2))
     with pytest.raises(RuntimeError, match="injected fault"):
         generate_dataset(cfg, ds)
     assert not (ds / store.MANIFEST).exists()

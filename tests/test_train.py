@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from spice_ray.common.artifacts import write_sidecar
+from spice_ray.common.faults import FAULT_ENV, fault_switch
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
 from spice_ray.data.store import iter_batches
 from spice_ray.model import DptModel, SpiceModel
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model, load_model, model_payload
-from spice_ray.train.loop import FAULT_ENV, make_optimizer, shuffled_batches
+from spice_ray.train.loop import make_optimizer, shuffled_batches
 from spice_ray.train.ray_train import (
     plan_job,
     pretrain,
@@ -70,7 +71,7 @@ def test_local_run_killed_after_first_checkpoint_resumes(smoke_bandit, tmp_path,
     cfg = make_config("smoke", "bandit", overrides=[
         "train.num_workers=0", "train.epochs=3", "train.checkpoint_every=1",
         f"out_dir={tmp_path}"])
-    monkeypatch.setenv(FAULT_ENV, "1")
+    monkeypatch.setenv(FAULT_ENV, fault_switch(train_epoch=1))
     with pytest.raises(RuntimeError, match="injected training fault"):
         pretrain(cfg, "dpt", 0, ds)
     job, run_dir = plan_job(cfg, "dpt", 0, ds)
@@ -286,7 +287,7 @@ def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path
     sets = ["train.epochs=3", "train.checkpoint_every=1", "train.max_failures=2",
             f"out_dir={tmp_path}"]
     cfg = make_config("smoke", "bandit", overrides=[*sets, "train.num_workers=2"])
-    monkeypatch.setenv(FAULT_ENV, "1")
+    monkeypatch.setenv(FAULT_ENV, fault_switch(train_epoch=1))
     specs = [ModelSpec(cfg, "spice", 0, "spice seed 0"), ModelSpec(cfg, "dpt", 1, "dpt seed 1")]
     finals, timing = pretrain_many(specs, ds, label="together")
     monkeypatch.delenv(FAULT_ENV)
@@ -303,7 +304,8 @@ def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path
         f"out_dir={tmp_path / 'alone'}"])
     job, run_dir = plan_job(alone, "spice", 0, ds)
     assert run_dir.name == finals[0].parent.name  # one identity: the switch is not in it
-    monkeypatch.setenv(FAULT_ENV, "1")  # the first attempt dies in epoch 1, after ckpt 0
+    # the first attempt dies in epoch 1, after checkpoint 0
+    monkeypatch.setenv(FAULT_ENV, fault_switch(train_epoch=1))
     res = train_with_ray(job, run_dir)
     monkeypatch.delenv(FAULT_ENV)
     assert res.worker_return["metrics"]["start_epoch"] == 1.0  # resumed, not restarted

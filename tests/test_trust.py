@@ -673,3 +673,23 @@ def test_a_re_run_with_another_config_into_a_study_is_refused(tmp_path) -> None:
                experiments=("bandit",))
     shutil.copytree(run, tmp_path / "moved")  # out_dir differs: the same study
     plan_study("smoke", tmp_path / "moved", experiments=("bandit", "darkroom"))
+
+
+def test_fault_injection_has_one_switch_that_is_parsed_never_run(monkeypatch) -> None:
+    """Every injected fault is one point of one JSON switch; a bad switch or point is refused
+    by name, and without the switch no point fires."""
+    from spice_ray.common.faults import FAULT_ENV, POINTS, fault, fault_switch
+
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    assert [fault(p) for p in POINTS] == [None] * len(POINTS)
+    monkeypatch.setenv(FAULT_ENV, fault_switch(train_epoch=1, sweep_trial={"fusion.beta": 2.0}))
+    assert fault("train_epoch") == 1 and fault("sweep_trial") == {"fusion.beta": 2.0}
+    assert fault("disk_full") is None
+    with pytest.raises(ValueError, match="fault point 'boom'"):
+        fault("boom")
+    with pytest.raises(ValueError, match="fault points"):
+        fault_switch(boom=1)
+    for bad in ("__import__('os')", '{"boom": 1}', "[1]"):
+        monkeypatch.setenv(FAULT_ENV, bad)
+        with pytest.raises(ValueError, match=FAULT_ENV):
+            fault("train_epoch")

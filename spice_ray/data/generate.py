@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ import pyarrow.parquet as pq
 
 from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import SILENT, Console, count
+from spice_ray.common.faults import fault
 from spice_ray.common.placement import DATAGEN, placement_resources
 from spice_ray.common.rng import SPLITS
 from spice_ray.config import DataConfig, ExperimentConfig, env_from_dict
@@ -41,10 +41,6 @@ from spice_ray.data import schema, store
 from spice_ray.data.tasks import generate_tasks
 
 log = logging.getLogger(__name__)
-
-# Fault injection for tests: stop with an error after this many shards were finalised.
-FAULT_ENV = "SPICE_RAY_FAULT_GENERATE_AFTER_SHARDS"
-
 
 class TaskBatchGenerator:
     """A batch of global row ids -> a pyarrow table of generated tasks (:func:`generate_batch`).
@@ -212,7 +208,8 @@ def generate_shards(cfg: ExperimentConfig, ds_dir: Path, parts: list[tuple[str, 
     )
     ds.write_parquet(str(staging), partition_cols=["part"], compression="none")
 
-    fault_after = int(os.environ.get(FAULT_ENV, "-1"))
+    injected = fault("generate_after_shards")  # tests (spice_ray.common.faults)
+    fault_after = -1 if injected is None else int(injected)
     todo = parts if fault_after < 0 else parts[:fault_after]
     with ThreadPoolExecutor(max_workers=2) as pool:  # pyarrow releases the GIL
         futures = []
@@ -225,7 +222,7 @@ def generate_shards(cfg: ExperimentConfig, ds_dir: Path, parts: list[tuple[str, 
             if on_shard is not None:
                 on_shard()
     if len(todo) < len(parts):
-        raise RuntimeError(f"injected fault ({FAULT_ENV}={fault_after}): stopped after "
+        raise RuntimeError(f"injected fault (generate_after_shards={fault_after}): stopped after "
                            f"{len(todo)} of {len(parts)} shards")
     shutil.rmtree(staging, ignore_errors=True)
 

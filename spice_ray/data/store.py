@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from spice_ray.common import artifacts
 from spice_ray.common.artifacts import file_sha256
 from spice_ray.common.errors import SpiceRayError
+from spice_ray.common.faults import fault
 from spice_ray.config import DataConfig, EnvConfig, ExperimentConfig, config_hash, env_from_dict
 from spice_ray.data import schema
 
@@ -83,14 +84,10 @@ def shard_path(ds_dir: Path, split: str, index: int) -> Path:
     return Path(ds_dir) / split / f"shard-{index:05d}.parquet"
 
 
-# Fault injection for tests: every shard write fails as if the disk were full.
-DISK_FULL_ENV = "SPICE_RAY_FAULT_DISK_FULL"
-
-
 def write_shard(path: Path, table: pa.Table, compression: str) -> dict[str, Any]:
     """Write one shard atomically and its checksum sidecar; return the sidecar record."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if os.environ.get(DISK_FULL_ENV):
+    if fault("disk_full"):  # injected by tests (spice_ray.common.faults)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     def write(tmp: Path) -> None:

@@ -60,6 +60,7 @@ import pandas as pd
 
 from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import SILENT, Console, printed_to_log
+from spice_ray.common.faults import fault
 from spice_ray.config import ExperimentConfig, config_hash
 from spice_ray.results.summary import summarise
 from spice_ray.runtime import tracking
@@ -73,7 +74,6 @@ from spice_ray.sweep.params import (
 )
 from spice_ray.sweep.resources import auto_max_concurrent, bundles_total, trial_bundles
 from spice_ray.sweep.trial import (
-    FAULT_ENV,
     OPTIMISE_METRIC,
     REGRET_METRIC,
     TRIAL_ROWS,
@@ -311,7 +311,8 @@ def run_sweep(
         train_in_trial: trials train missing checkpoints in-process (head bundle reserves
             ``train.worker_cpus``).
         curve_points: steps kept per regret curve in the table (None: every step).
-        fail_if: fault injection (see :data:`FAULT_ENV`, which is read when this is None).
+        fail_if: fault injection: trials whose flattened params match raise
+            :class:`SweepFault` (None: ``spice_ray.common.faults``' point ``sweep_trial``).
         verbose: Tune's own console output (0: none, the console's bar instead; 1, 2).
         console: shows a bar over the trials (running regret as chunks report).
 
@@ -338,8 +339,8 @@ def run_sweep(
     sweeps = out_dir / SWEEPS_DIR
     exp_dir = sweeps / name
     inputs_file = sweeps / f"{name}.inputs.json"
-    if fail_if is None and os.environ.get(FAULT_ENV):
-        fail_if = json.loads(os.environ[FAULT_ENV])
+    if fail_if is None:
+        fail_if = fault("sweep_trial")
     inputs = _inputs_hash(name, cfg, search_space, checkpoints, dataset_dir, curve_points)
     check_space(search_space, cfg.sweep.search)
     trainable = make_trainable(cfg, dataset_dir, checkpoints, curve_points, train_in_trial,

@@ -46,9 +46,6 @@ log = logging.getLogger(__name__)
 
 TRIAL_ROWS = "rows.parquet"
 """File name of a trial's tidy rows inside its Tune checkpoint."""
-FAULT_ENV = "SPICE_RAY_SWEEP_FAIL"
-"""Fault-injection switch read by :func:`run_sweep`: JSON of flattened params, e.g.
-``{"fusion.beta": 2.0}``; trials whose params match raise :class:`SweepFault`."""
 REGRET_METRIC = "cumulative_regret"
 """Metric of the rows the summary and the trial metrics are computed from."""
 OPTIMISE_METRIC = "regret_mean"

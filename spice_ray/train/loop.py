@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ from torch import Tensor, nn
 
 from spice_ray.common.artifacts import publish_dir
 from spice_ray.common.errors import SpiceRayError
+from spice_ray.common.faults import fault
 from spice_ray.config import (
     ExperimentConfig,
     TrainConfig,
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 
 # Fault injection for tests: raise once in epoch N (0-based) of a first attempt, i.e. when no
 # checkpoint exists yet to resume from.
-FAULT_ENV = "SPICE_RAY_FAULT_TRAIN_EPOCH"
 
 
 @dataclass(frozen=True)
@@ -258,7 +257,7 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1,
                          comp | {"grad_norm": norm.detach(),
                                  "lr": torch.tensor(scheduler.get_last_lr()[0])})
         if epoch == fault_epoch and resume is None:
-            raise RuntimeError(f"injected training fault ({FAULT_ENV}={fault_epoch})")
+            raise RuntimeError(f"injected training fault (train_epoch={fault_epoch})")
         elapsed = time.perf_counter() - t0
         model.eval()
         with torch.no_grad():
@@ -291,8 +290,10 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1,
 
 
 def fault_epoch_from_env() -> int:
-    """The fault-injection switch (``SPICE_RAY_FAULT_TRAIN_EPOCH``), -1 when unset."""
-    return int(os.environ.get(FAULT_ENV, "-1"))
+    """The injected fault's epoch (``spice_ray.common.faults``, point ``train_epoch``), -1 when
+    none."""
+    epoch = fault("train_epoch")
+    return -1 if epoch is None else int(epoch)
 
 
 def shuffled_batches(
