@@ -21,7 +21,7 @@ import pandas as pd
 
 from spice_ray import envs, tuning
 from spice_ray.agents import AgentSpec
-from spice_ray.common.artifacts import atomic_write_text, file_sha256, is_current
+from spice_ray.common.artifacts import file_sha256, is_current
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.common.errors import enter_stage
 from spice_ray.config import (
@@ -49,7 +49,7 @@ from spice_ray.records import (
 )
 from spice_ray.results import aggregate, plots
 from spice_ray.results.choices import choices_table, fitted_decay, fitted_noise, fitted_scale
-from spice_ray.results.figure_files import copies, extra_formats
+from spice_ray.results.figure_files import extra_formats, is_drawn, mark_drawn
 from spice_ray.results.report import write_report
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import load, table_path, write
@@ -298,7 +298,6 @@ def _at_width(specs: list[AgentSpec], width_scale: float, noise_var: float | Non
 
 def _ppo_rows(cfg: ExperimentConfig, data: dict) -> pd.DataFrame:
     """The single-task PPO reference (``eval.ppo_episodes > 0``; needs the ``ppo`` extra)."""
-    import json
 
     from spice_ray.evaluate.ppo import ppo_rows
 
@@ -325,17 +324,11 @@ def study_tables(plan: StudyPlan, datasets: dict[str, Path] | None = None) -> li
 
 def draw_figures(plan: StudyPlan) -> dict[str, list[Path]]:
     """The PNGs each table declares, under ``<run_dir>/figures``; a table's figures are kept
-    when ``figures/stamps.json`` says they were drawn from the same table (its checksum
-    sidecar) by the same plotting code."""
+    when their sidecars say they were drawn from the same table (its checksum sidecar) by the
+    same plotting code (``figure_files.is_drawn``)."""
     run_dir = plan.run_dir
-    stamps_path = run_dir / "figures" / "stamps.json"
-    try:
-        old = json.loads(stamps_path.read_text())
-    except (OSError, ValueError):
-        old = {}
     code = file_sha256(Path(plots.__file__))
     out: dict[str, list[Path]] = {}
-    stamps = {k: v for k, v in old.items() if k == "aggregate"}  # drawn by the aggregate
     for table in study_tables(plan):
         if not table.figures:
             continue
@@ -343,15 +336,14 @@ def draw_figures(plan: StudyPlan) -> dict[str, list[Path]]:
                                         else f"{table.name}_{kind}.png")
                  for i, kind in enumerate(table.figures)]
         sidecar = table_path(run_dir, table.name).with_name(f"{table.name}.parquet.sha256")
-        stamps[table.name] = config_hash({"table": sidecar.read_text(), "code": code,
-                                          "title": table.title, "kinds": table.figures})
-        wanted = [*paths, *(c for p in paths for c in copies(p))]
-        if old.get(table.name) != stamps[table.name] or not all(p.exists() for p in wanted):
+        stamp = config_hash({"table": sidecar.read_text(), "code": code,
+                             "title": table.title, "kinds": table.figures})
+        if not is_drawn(paths, stamp):
             df = load(run_dir, table.name)
             for kind, path in zip(table.figures, paths, strict=True):
                 plots.PLOTS[kind](df, path, table.title)
+            mark_drawn(paths, stamp)
         out[table.name] = paths
-    atomic_write_text(stamps_path, json.dumps(stamps, indent=1))
     return out
 
 

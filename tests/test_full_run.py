@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _mtimes(run_dir: Path) -> dict[str, float]:
     files = [*run_dir.glob("results/*.parquet"), *run_dir.glob("checkpoints/**/final/*"),
-             *run_dir.glob("datasets/*/manifest.json")]
+             *run_dir.glob("datasets/*/manifest.json"), *run_dir.glob("figures/*.png")]
     return {str(p): p.stat().st_mtime_ns for p in files}
 
 
@@ -45,9 +45,9 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert [line for line in lines if not CONSOLE_LINE.match(line)] == [], proc.stdout
     assert proc.stderr.strip() == "", proc.stderr[-3000:]
     assert re.match(r"time: +\d+ (s|min)", lines[-1]) and "pretrain" in lines[-1], lines[-1]
-    # the README's console excerpt is this run's: the same stage headers and counts
-    readme = (ROOT / "README.md").read_text().split("## What you see on the console")[1]
-    excerpt = readme.split("```")[1].splitlines()
+    # the console excerpt the docs show is this run's: the same stage headers and counts
+    usage = (ROOT / "docs" / "usage.md").read_text().split("## Stage by stage")[1]
+    excerpt = usage.split("```")[1].splitlines()
     headers = [re.sub(r" /\S+", " RUN", line) for line in excerpt if line.startswith("[")]
     assert headers == [re.sub(r" /\S+", " RUN", line) for line in lines
                        if line.startswith("[")], headers
@@ -94,12 +94,12 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
             assert chosen["mean"] == best, (name, label)
     grids = {label: len(m["grid"]) for label, m in tuning["darkroom"]["methods"].items()}
     widths = 3 if tuning["darkroom"]["methods"]["SPICE"]["width"]["decay"] else 2
-    assert grids == {"SPICE": 20 * widths, "SPICE (flat prior)": 40, "Count-UCB": 10, "DPT": 1,
-                     "Random": 1}  # beta (4 and the schedule) x tau (4) where a kernel has one
-    # x SPICE's width: the paper's and the one fitted on validation contexts without labels
-    # (and the fit's constant width where its decay with h is not 0);
+    assert grids == {"SPICE": 20 * widths, "SPICE (flat prior)": 20 * 6, "Count-UCB": 5 * 6,
+                     "DPT": 1, "Random": 1}  # beta (4 and the schedule) x tau (4) where a
+    # kernel has one x SPICE's width: the paper's and the one fitted on validation contexts
+    # without labels (and the fit's constant width where its decay with h is not 0);
     # x the other fused methods' noise variance (the darkroom's targets are n-step returns):
-    # the config's and the one fitted with SPICE's width
+    # the config's, the one fitted with SPICE's width, and 1, 10, 100, 1000
     assert tuning["darkroom"]["noise_var"]["config"] == 0.09
     assert tuning["darkroom"]["noise_var"]["fitted"] > 0 and "noise_var" not in tuning["bandit"]
     for name, record in tuning.items():

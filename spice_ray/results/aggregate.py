@@ -18,7 +18,6 @@ The statistics are the same few lines of numpy (the IQM is ``summary.iqm``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,15 +193,15 @@ def aggregate(scores: Scores, reps: int = RESAMPLES, seed: int = 0) -> Aggregate
 def study_aggregate(run_dir: Path, experiments: list[str], reps: int = RESAMPLES
                     ) -> list[tuple[str, str, pd.DataFrame]]:
     """The study's aggregate over its tuned tables (``<experiment>_tuned``): draws
-    ``figures/aggregate.png`` (kept when its stamp in ``figures/stamps.json`` says it was
-    drawn from the same tables by the same code) and returns the report's sections (title,
+    ``figures/aggregate.png`` (kept when its sidecar says it was drawn from the same tables
+    by the same code) and returns the report's sections (title,
     text, table); none when fewer than two experiments have a tuned table with Random in
     it."""
     from spice_ray import results
-    from spice_ray.common.artifacts import atomic_write_text, file_sha256
+    from spice_ray.common.artifacts import file_sha256
     from spice_ray.config import config_hash
     from spice_ray.results import plots
-    from spice_ray.results.figure_files import copies
+    from spice_ray.results.figure_files import is_drawn, mark_drawn
     from spice_ray.results.tables import list_experiments, load, table_path
 
     run_dir = Path(run_dir)
@@ -220,18 +219,13 @@ def study_aggregate(run_dir: Path, experiments: list[str], reps: int = RESAMPLES
         return []
     result = aggregate(normalised_scores(tables), reps=reps)
     path = run_dir / "figures" / "aggregate.png"
-    stamps_path = run_dir / "figures" / "stamps.json"
-    try:
-        stamps = json.loads(stamps_path.read_text())
-    except (OSError, ValueError):
-        stamps = {}
     code = [file_sha256(Path(m.__file__)) for m in (plots, results.aggregate)]
     stamp = config_hash({"code": code, "reps": reps, "tables": {
         e: table_path(run_dir, f"{e}_tuned").with_suffix(".parquet.sha256").read_text()
         for e in tables}})
-    if stamps.get("aggregate") != stamp or not all(p.exists() for p in (path, *copies(path))):
+    if not is_drawn([path], stamp):
         plot_aggregate(result, path)
-        atomic_write_text(stamps_path, json.dumps({**stamps, "aggregate": stamp}, indent=1))
+        mark_drawn([path], stamp)
     agg, imp = result.table, result.improvement
     fmt = "{:.3f} [{:.3f}, {:.3f}]".format
     agg_shown = pd.DataFrame({

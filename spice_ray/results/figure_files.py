@@ -1,4 +1,5 @@
-"""Where a figure goes: a PNG (the report embeds it) and, on request, vector copies beside it.
+"""Where a figure goes: a PNG (the report embeds it) and, on request, vector copies beside it,
+each with a checksum sidecar naming the inputs it was drawn from (:func:`is_drawn`).
 
 Every plotting function of :mod:`spice_ray.results.plots` ends in :func:`save`; the figures
 stage wraps itself in :func:`extra_formats` when ``--figure-format pdf`` (or svg) asks for them.
@@ -16,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from spice_ray.common.artifacts import atomic_path  # noqa: E402
+from spice_ray.common.artifacts import atomic_path, is_current, write_sidecar  # noqa: E402
 
 FORMATS = ("png", "pdf", "svg")
 """Figure file formats: PNG always (the report embeds it), PDF and SVG as vector copies."""
@@ -41,6 +42,20 @@ def extra_formats(formats: tuple[str, ...]) -> Iterator[None]:
 def copies(path: Path) -> list[Path]:
     """The vector copies of PNG ``path`` that the current :func:`extra_formats` asks for."""
     return [path.with_suffix(f".{f}") for f in _EXTRA_FORMATS.get()]
+
+
+def is_drawn(paths: list[Path], inputs: str) -> bool:
+    """Whether every PNG of ``paths`` and its vector copies were drawn from ``inputs`` (a hash
+    of the table and the plotting code), by their checksum sidecars: the one currency rule
+    (``common.artifacts.is_current``) every stage's outputs are checked by."""
+    return all(is_current(f, inputs)[0] for p in paths for f in (p, *copies(p)))
+
+
+def mark_drawn(paths: list[Path], inputs: str) -> None:
+    """Write the sidecars that make :func:`is_drawn` true for ``paths`` just drawn."""
+    for p in paths:
+        for f in (p, *copies(p)):
+            write_sidecar(f, inputs=inputs)
 
 
 def save(fig, path: Path, note: str | None = None) -> Path:
