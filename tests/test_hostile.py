@@ -183,10 +183,10 @@ def test_edited_checkpoint_meta_is_not_loaded(tmp_path, caplog) -> None:
     from spice_ray.model import checkpoint as ckpt
     from spice_ray.model.registry import load_model
     from spice_ray.train.loop import LocalContext, latest_intact
-    from spice_ray.train.ray_train import final_is_current
+    from spice_ray.train.ray_train import settle_final
 
     job, run_dir, final, epoch = _job_and_final(tmp_path)
-    assert final_is_current(final, job)
+    assert settle_final(final, job)
     meta = json.loads((final / ckpt.META).read_text())
     assert meta["spec"]["config"]["prior_scale"] == 1.0
     meta["spec"]["config"]["prior_scale"] = meta["config"]["model"]["prior_scale"] = 5.0
@@ -194,7 +194,7 @@ def test_edited_checkpoint_meta_is_not_loaded(tmp_path, caplog) -> None:
     with pytest.raises(ckpt.CheckpointError, match=r"final/meta\.json fails its SHA-256 "
                                                    r"checksum \(SHA-256 mismatch"):
         load_model(final)
-    assert not final_is_current(final, job)  # so pretrain() resumes instead of using it
+    assert not settle_final(final, job)  # so pretrain() resumes instead of using it
     # the resume (or republish) source skips an edited checkpoint for the intact one
     edited = run_dir / "local" / "epoch-0002"
     final.rename(edited)
@@ -209,7 +209,7 @@ def test_garbage_checkpoint_meta_is_one_line(damage, tmp_path, capsys) -> None:
     from spice_ray.model import checkpoint as ckpt
     from spice_ray.model.registry import load_model
     from spice_ray.runtime.cli import run_main
-    from spice_ray.train.ray_train import final_is_current
+    from spice_ray.train.ray_train import settle_final
 
     job, _, final, _ = _job_and_final(tmp_path)
     path = final / ckpt.META
@@ -221,7 +221,7 @@ def test_garbage_checkpoint_meta_is_one_line(damage, tmp_path, capsys) -> None:
         path.write_text(json.dumps(meta))
     else:
         (final / "meta.json.sha256").unlink()
-    assert not final_is_current(final, job)  # no traceback: the job is trained or resumed
+    assert not settle_final(final, job)  # no traceback: the job is trained or resumed
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         run_main(load_model, final)

@@ -81,11 +81,11 @@ def resolve_checkpoint(cfg: ExperimentConfig, seed: int, dataset_dir: str | Path
     Raises:
         SweepError: the checkpoint is missing and training in the trial is off.
     """
-    from spice_ray.train.ray_train import final_is_current, plan_job, pretrain
+    from spice_ray.train.ray_train import plan_job, pretrain, settle_final
 
     job, run_dir = plan_job(cfg, "spice", seed, dataset_dir)
     final = run_dir / "final"
-    if final_is_current(final, job):
+    if settle_final(final, job):
         return final
     if not train_in_trial:
         raise SweepError(f"no current SPICE checkpoint at {final} for this trial's model/train "

@@ -67,7 +67,7 @@ class TrainJob:
         Under a constant learning rate (no cosine schedule) the number of epochs is left out
         too: epoch e's weights are then the same whatever the last epoch is (batches are keyed
         by (seed, epoch)), so a longer training resumes from a shorter one's checkpoints (the
-        scaling ladder's rungs) and ``final_is_current`` still tells them apart by epoch."""
+        scaling ladder's rungs) and ``settle_final`` still tells them apart by epoch."""
         c = self.config
         skip = {"num_workers", "threads", "use_gpu", "worker_cpus", "together", "max_failures",
                 "checkpoint_every"}

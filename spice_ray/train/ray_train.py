@@ -345,12 +345,12 @@ def train_local(job: TrainJob, run_dir: Path, bar: Bar | None = None) -> TrainRe
                                "history": ctx.history})
 
 
-def final_is_current(final_dir: Path, job: TrainJob) -> bool:
-    """Whether ``final_dir`` holds the finished model of exactly this job, with intact files.
-
-    A final checkpoint of this job whose files fail their checksums is republished from the
-    run's newest intact checkpoint of the last epoch when there is one (logged); otherwise it
-    is removed, and training resumes from the newest intact checkpoint.
+def settle_final(final_dir: Path, job: TrainJob) -> bool:
+    """Settle ``final_dir`` and say whether it now holds the finished model of exactly this
+    job, with intact files. Not a pure check: a final checkpoint of this job whose files fail
+    their checksums is republished from the run's newest intact checkpoint of the last epoch
+    when there is one (logged); otherwise it is removed, and training resumes from the newest
+    intact checkpoint.
     """
     try:
         meta = ckpt.read_meta(final_dir)
@@ -412,7 +412,7 @@ def pretrain(cfg: ExperimentConfig, kind: str, seed: int, dataset_dir: str | Pat
     job, run_dir = plan_job(cfg, kind, seed, dataset_dir, checkpoints_root)
     label = label or f"{kind} seed {seed}"
     final = run_dir / "final"
-    if final_is_current(final, job):
+    if settle_final(final, job):
         log.info("%s: final checkpoint is current, skipped", final)
         console.line(f"  {label}: checkpoint is current, skipped")
         return final

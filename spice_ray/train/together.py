@@ -44,10 +44,10 @@ from spice_ray.train.loop import (
 from spice_ray.train.progress import ProgressReporter, QueueDrain, TrainBar
 from spice_ray.train.ray_train import (
     data_config,
-    final_is_current,
     fit_trainer,
     plan_job,
     pretrain,
+    settle_final,
     shard_batches,
     start_tracking,
     threads_per_worker,
@@ -108,7 +108,7 @@ def train_models_worker(config: dict[str, Any]) -> dict[str, Any]:
         job, run_dir = TrainJob(**item["job"]), Path(item["run_dir"])
         steps = job.cfg.train.epochs * steps_per_epoch(job.cfg)
         (run_dir / DIVERGED).unlink(missing_ok=True)
-        if final_is_current(run_dir / "final", job):
+        if settle_final(run_dir / "final", job):
             offset += steps
             continue
         ctx = SeedContext(job, run_dir)
@@ -191,7 +191,7 @@ def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = N
     if diverged:
         raise TrainingDiverged("; ".join(diverged))
     for _, job, run_dir in models:
-        if not final_is_current(run_dir / "final", job):
+        if not settle_final(run_dir / "final", job):
             raise ckpt.CheckpointError(f"training {run_dir} finished without a final "
                                        "checkpoint")
 
@@ -236,7 +236,7 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
         return finals, {"seconds": time.perf_counter() - t0, "models": {}, "worker": {},
                         "jobs": len(models)}
     todo = [(m.name or f"{m.kind} seed {m.seed}", job, run_dir)
-            for m, job, run_dir in planned if not final_is_current(run_dir / "final", job)]
+            for m, job, run_dir in planned if not settle_final(run_dir / "final", job)]
     finals = [run_dir / "final" for _, _, run_dir in planned]
     if not todo:
         console.line(f"  {label}: {count(len(models), 'checkpoint')} current, skipped")
