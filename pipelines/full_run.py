@@ -22,12 +22,12 @@ import sys
 
 from spice_ray.common.console import Console, fmt_seconds
 from spice_ray.config import ConfigError
-from spice_ray.dryrun import describe_plan
-from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
 from spice_ray.results.figure_files import FORMATS
 from spice_ray.runtime import resources
 from spice_ray.runtime.cli import add_config_args, run_main, start_run
 from spice_ray.study import plan_study, run_study
+from spice_ray.study.dryrun import describe_plan
+from spice_ray.study.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
 
 log = logging.getLogger("spice_ray.full_run")
 

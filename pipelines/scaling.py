@@ -24,7 +24,14 @@ from pathlib import Path
 import pandas as pd
 
 from spice_ray.config import ConfigError
-from spice_ray.ladder import FAMILIES, MULTIPLES, plan_ladder, rung_rows, seed_rung, write_ladder
+from spice_ray.study.ladder import (
+    FAMILIES,
+    MULTIPLES,
+    plan_ladder,
+    rung_rows,
+    seed_rung,
+    write_ladder,
+)
 
 FULL_RUN = Path(__file__).resolve().parent / "full_run.py"
 

@@ -1,5 +1,5 @@
 """Darkroom weight ablation: SPICE retrained with no / only iw / only adv / only epi / all policy
-weights (spice_ray.experiments.WEIGHT_VARIANTS), each evaluated online with Ray Tune.
+weights (spice_ray.study.experiments.WEIGHT_VARIANTS), each evaluated online with Ray Tune.
 
     python sweeps/weight_ablation.py --preset small
     python sweeps/weight_ablation.py --preset smoke --out /tmp/sweep_smoke
@@ -18,7 +18,7 @@ from typing import Any
 
 from spice_ray import sweep
 from spice_ray.config import ExperimentConfig
-from spice_ray.experiments import WEIGHT_VARIANTS
+from spice_ray.study.experiments import WEIGHT_VARIANTS
 
 VARIANTS = (*WEIGHT_VARIANTS, "all")
 """none, iw, adv, epi (one weight each, or none) and all (the main SPICE model)."""

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from spice_ray import experiments
 from spice_ray.agents import METHODS, AgentSpec, make_agent
 from spice_ray.common import plugins
 from spice_ray.common.rng import StepDraws, TaskStreams
@@ -25,6 +24,7 @@ from spice_ray.data.tasks import generate_tasks
 from spice_ray.evaluate import evaluate
 from spice_ray.evaluate.online import online_rows
 from spice_ray.results.tables import load
+from spice_ray.study import experiments
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = ROOT / "examples" / "epsilon_greedy"

@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spice_ray.experiments import EXPERIMENTS
 from spice_ray.results import load, summarise, write
 from spice_ray.results.__main__ import main as results_main
 from spice_ray.results.tables import write_frame
 from spice_ray.study import plan_study, run_study, study_tables
+from spice_ray.study.experiments import EXPERIMENTS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from spice_ray.agents import AgentSpec, Method, make_agent
 from spice_ray.agents.base import METHODS, register_method
-from spice_ray.agents.policy import PolicyAgent
+from spice_ray.agents.dpt import PolicyAgent
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
 from spice_ray.model import DptModel

@@ -194,7 +194,7 @@ def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path) -> None:
     import json
     import shutil
 
-    from spice_ray.records import CHECKPOINT_INDEX, write_checkpoint_index
+    from spice_ray.study.records import CHECKPOINT_INDEX, write_checkpoint_index
 
     cfg = make_config("smoke", "darkroom")
     run = tmp_path / "run"
@@ -293,7 +293,7 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
     import json
 
     from spice_ray.common.artifacts import write_checked_text
-    from spice_ray.records import write_checkpoint_index
+    from spice_ray.study.records import write_checkpoint_index
 
     cfg = make_config("smoke", "darkroom")
     run = tmp_path / "run"

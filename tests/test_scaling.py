@@ -16,9 +16,9 @@ import torch
 from spice_ray.config import ConfigError
 from spice_ray.envs import darkroom
 from spice_ray.evaluate.accuracy import grid_accuracy
-from spice_ray.ladder import TABLE, plan_ladder
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.results.tables import load
+from spice_ray.study.ladder import TABLE, plan_ladder
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -280,7 +280,7 @@ def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path
     alone in its own one-worker job with one thread, whose first attempt is killed in epoch 1
     as well: it resumes from its checkpoint, not from scratch, and cleans its workers'
     scratch."""
-    from spice_ray.records import busy_seconds
+    from spice_ray.study.records import busy_seconds
     from spice_ray.train.together import FIT_TIMING, ModelSpec, pretrain_many
 
     _, ds = smoke_bandit
@@ -319,8 +319,8 @@ def test_side_by_side_workers_wall_is_the_busiest_workers() -> None:
     """A together job's workers train models i mod n side by side: its wall (the dry run's
     estimate, and the timing record's start-up = wall - busiest worker) is the busiest
     worker's sum; data-parallel workers take the models one after another."""
-    from spice_ray.dryrun import side_by_side_seconds
-    from spice_ray.records import busy_seconds, timing_notes
+    from spice_ray.study.dryrun import side_by_side_seconds
+    from spice_ray.study.records import busy_seconds, timing_notes
 
     two = make_config("small", "darkroom").train
     assert two.num_workers == 2 and two.together
@@ -348,7 +348,7 @@ def test_a_rerun_that_does_no_work_keeps_the_timings_of_the_run_that_did(tmp_pat
     evaluated; a re-run that found everything current neither overwrites nor reports zeros."""
     import json
 
-    from spice_ray.records import did_work, timing_of_work, write_timing
+    from spice_ray.study.records import did_work, timing_of_work, write_timing
 
     worked = [{"stage": "pretrain", "experiment": "d", "what": "a", "part": "fit",
                "seconds": 12.0}, {"stage": "evaluate", "experiment": "d", "what": "online",
@@ -369,7 +369,7 @@ def test_a_rerun_that_does_no_work_keeps_the_timings_of_the_run_that_did(tmp_pat
 def test_darkroom_iw_variant_trains_exactly_as_none(ray_local, tmp_path) -> None:
     """Why the study trains darkroom's "iw" ablation model once, as "none": under the uniform
     behaviour policy the importance weight is exactly 1, so the weights are equal bit for bit."""
-    from spice_ray.experiments import DARKROOM
+    from spice_ray.study.experiments import DARKROOM
 
     cfg = make_config("smoke", "darkroom", overrides=[f"out_dir={tmp_path}", "train.epochs=1"])
     ds = generate_dataset(cfg, tmp_path / "ds").dataset_dir
@@ -448,7 +448,7 @@ def test_a_checkpoint_of_the_format_before_sidecars_still_loads(smoke_bandit, tm
 def test_training_table_gives_steps_and_the_validation_gap_per_model(tmp_path) -> None:
     """The report's pretraining section: steps per model from the checkpoint's own epoch and
     config, and validation minus training loss as mean +- sd over seeds."""
-    from spice_ray.records import training_table
+    from spice_ray.study.records import training_table
 
     cfg = make_config("smoke", "bandit")  # 96 tasks / batch 16: 6 steps an epoch
     finals = {}

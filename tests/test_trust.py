@@ -98,7 +98,7 @@ def test_tables_refuse_non_finite_values(tmp_path) -> None:
 
 
 def test_study_recomputes_a_corrupt_table_and_names_every_stale_one(tmp_path, caplog) -> None:
-    from spice_ray.study import _tables_done
+    from spice_ray.study.stages import _tables_done
 
     df = _table(tmp_path)
     write(tmp_path, "bandit_offline", df, inputs="abc")

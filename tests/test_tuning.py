@@ -9,11 +9,11 @@ import json
 import pandas as pd
 import pytest
 
-from spice_ray import tuning
 from spice_ray.agents import AgentSpec
 from spice_ray.config import make_config
 from spice_ray.results import write
-from spice_ray.tuning import TAUS, WIDTHS, candidates, choose, final_scores
+from spice_ray.study import tuning
+from spice_ray.study.tuning import TAUS, WIDTHS, candidates, choose, final_scores
 
 BANDIT = make_config("smoke", "bandit")
 DARKROOM = make_config("smoke", "darkroom")
@@ -142,7 +142,7 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
 
     import numpy as np
 
-    from spice_ray import tuning
+    from spice_ray.study import tuning
 
     read = []
 

@@ -564,8 +564,8 @@ def test_a_variance_head_model_trains_and_its_width_reaches_agent_offline_and_ca
     table all read the same predictive width (v - sigma^2), and the grid gets its point."""
     from spice_ray.evaluate.calibration import calibration_stats
     from spice_ray.results.analysis import width_source_of
+    from spice_ray.study.tuning import candidates
     from spice_ray.train.losses import loss_for
-    from spice_ray.tuning import candidates
 
     cfg = make_config("smoke", "bandit_latent", overrides=["model.var_head=true"])
     model = build_model("spice", cfg, generator=torch.Generator().manual_seed(0)).eval()

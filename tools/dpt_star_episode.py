@@ -26,7 +26,7 @@ from spice_ray.data.store import load_split
 from spice_ray.envs import darkroom
 from spice_ray.model.registry import load_model
 from spice_ray.model.tokens import make_tokens
-from spice_ray.policy import DptPolicy
+from spice_ray.study.policy import DptPolicy
 
 EXPERIMENT = "darkroom_dpt_star"
 STAY = darkroom.ACTION_NAMES.index("stay")

@@ -25,9 +25,9 @@ from spice_ray.evaluate.actors import EvalPool
 from spice_ray.results.analysis import final_by_task, tuned_gap
 from spice_ray.results.choices import fitted_decay, fitted_noise, fitted_scale
 from spice_ray.results.tables import load
-from spice_ray.run_models import checked_entry
 from spice_ray.study import StudyPlan, evaluate_experiment
-from spice_ray.tuning import tune_experiment, write_tuned_table
+from spice_ray.study.run_models import checked_entry
+from spice_ray.study.tuning import tune_experiment, write_tuned_table
 
 
 def _gaps(run: Path, experiment: str) -> str:

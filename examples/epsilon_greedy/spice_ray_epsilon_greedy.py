@@ -21,8 +21,8 @@ from torch import Tensor
 
 from spice_ray.agents import AgentSpec, Method, register_method
 from spice_ray.agents.classical import CountingBandit
-from spice_ray.experiments import Evaluation, add_evaluation
 from spice_ray.fusion import argmax_ties, sample_categorical
+from spice_ray.study.experiments import Evaluation, add_evaluation
 
 EPSILON = 0.1
 """The exploration probability of the registered method."""

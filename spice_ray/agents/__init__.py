@@ -32,7 +32,7 @@ from spice_ray.agents.classical import (
     RandomAgent,
     ThompsonSampling,
 )
-from spice_ray.agents.policy import PolicyAgent
+from spice_ray.agents.dpt import PolicyAgent
 from spice_ray.agents.spice import FlatPrior, SpiceAgent, state_features
 from spice_ray.config import EvalConfig
 from spice_ray.model.trunk import TrunkModel

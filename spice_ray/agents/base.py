@@ -121,7 +121,7 @@ class Method:
 METHODS: dict[str, Method] = {}
 """Every method by name, filled by :func:`register_method` in the agent modules:
 ``spice_ray.agents.spice`` (SPICE, the flat / oracle priors, Count-UCB),
-``spice_ray.agents.policy`` (DPT, AD-BC), ``spice_ray.agents.classical`` (the bandit
+``spice_ray.agents.dpt`` (DPT, AD-BC), ``spice_ray.agents.classical`` (the bandit
 baselines, Random, Optimal), ``spice_ray.agents.bayes`` (the exact-posterior and task-family
 references)."""
 

@@ -10,7 +10,7 @@ for a name it does not hold and when the study's experiments are built. Importin
 what it brings: an agent (``spice_ray.agents.register_method``), an environment
 (``spice_ray.envs.register``), a model kind (``spice_ray.model.registry`` and
 ``spice_ray.train.losses.register_loss``), and its rows in the study's experiments
-(``spice_ray.experiments.add_evaluation``). Every process that looks a name up loads the same
+(``spice_ray.study.experiments.add_evaluation``). Every process that looks a name up loads the same
 plugins (the driver, Ray actors and Train workers alike), so nothing has to be shipped to them.
 
 Only installed distributions are read (``importlib.metadata``): nothing named in a run

@@ -1,8 +1,8 @@
 """Every hyperparameter grid, declared once: the values the tuning stage tries on validation
 tasks, the fixed values the experiments' tables report, and each sweep's per-preset grid and
-search range. The tuning stage (``spice_ray.tuning``), the experiments (``spice_ray.experiments``)
-and the sweep scripts (``sweeps/``) read them from here; ``tests/test_architecture.py`` fails if
-a grid's values are written anywhere else.
+search range. The tuning stage (``spice_ray.study.tuning``), the experiments
+(``spice_ray.study.experiments``) and the sweep scripts (``sweeps/``) read them from here;
+``tests/test_architecture.py`` fails if a grid's values are written anywhere else.
 
 A :class:`Grid` names the config field it sets. ``tuning`` is the study's grid (the tuning stage
 runs every point for every method that reads the field); ``sweep`` is a sweep's grid per preset

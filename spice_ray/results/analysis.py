@@ -1,7 +1,7 @@
 """Analyses that turn a result table into sentences for the report (bsuite's ``score(df)``).
 
 Each function takes one table's rows and returns sentences; the experiments name them beside
-their tables (``spice_ray.experiments``).
+their tables (``spice_ray.study.experiments``).
 """
 
 from __future__ import annotations

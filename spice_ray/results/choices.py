@@ -1,5 +1,5 @@
 """What a study's tuning record says (``results/tuning.json``, written by
-``spice_ray.tuning``): the choices as a report table, the paper-width choice beside a
+``spice_ray.study.tuning``): the choices as a report table, the paper-width choice beside a
 width-tuned method, the fitted width scale, and whether a record can be trusted as it is.
 Plain functions of the record's dict: no evaluation, no I/O."""
 

@@ -372,4 +372,4 @@ PLOTS = {
     "distribution": plot_final_distribution,
     "visits": plot_visits,
 }
-"""Plot kinds by name (``Table.figures`` of ``spice_ray.experiments``)."""
+"""Plot kinds by name (``Table.figures`` of ``spice_ray.study.experiments``)."""

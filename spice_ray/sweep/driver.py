@@ -16,8 +16,8 @@ Trial parameters (the Tune ``param_space`` / ``result.config``) are a nested dic
 sections, e.g. ``{"fusion": {"kernel": "rbf", "tau": 0.5}}`` or
 ``{"model": {"ensemble_size": 4}}``; the sections fusion, model, train and eval are merged over
 the base config (and validated), and the special key ``"variant"`` selects a weight-ablation
-variant (``spice_ray.experiments.WEIGHT_VARIANTS`` through ``spice_ray.sweep.params``; ``"all"``
-switches every weight on).
+variant (``spice_ray.study.experiments.WEIGHT_VARIANTS`` through ``spice_ray.sweep.params``;
+``"all"`` switches every weight on).
 
 Resources. A trial is a Tune function-trainable actor that does little itself; its evaluation
 actors do the work. Each trial therefore reserves a placement group

@@ -16,7 +16,7 @@ from typing import Any
 
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import ExperimentConfig, deep_merge, from_dict
-from spice_ray.experiments import WEIGHT_VARIANTS
+from spice_ray.study.experiments import WEIGHT_VARIANTS
 
 PARAM_SECTIONS = ("fusion", "model", "train", "eval")
 """Config sections a trial may override."""

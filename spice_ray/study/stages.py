@@ -1,6 +1,6 @@
 """The whole study: datasets -> pretraining -> evaluation -> result tables -> figures -> report.
 
-The experiments are data (``spice_ray.experiments``); this module runs any of them the same
+The experiments are data (``spice_ray.study.experiments``); this module runs any of them the same
 way. Every stage is skipped when its output already holds a complete result for the same
 inputs: datasets and checkpoints by their manifests, result tables by their SHA-256 sidecar
 ``results/<table>.parquet.sha256``, which also records a hash of everything the table was
@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from spice_ray import envs, tuning
+from spice_ray import envs
 from spice_ray.agents import AgentSpec
 from spice_ray.common.artifacts import file_sha256, is_current
 from spice_ray.common.console import SILENT, Console, count
@@ -35,9 +35,17 @@ from spice_ray.config import (
 from spice_ray.data import store
 from spice_ray.data.generate import generate_stage
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
-from spice_ray.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Table
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.records import (
+from spice_ray.results import aggregate, plots
+from spice_ray.results.choices import choices_table, fitted_decay, fitted_noise, fitted_scale
+from spice_ray.results.figure_files import extra_formats, is_drawn, mark_drawn
+from spice_ray.results.report import write_report
+from spice_ray.results.schema import NO_SEED
+from spice_ray.results.tables import load, table_path, write
+from spice_ray.runtime import tracking
+from spice_ray.study import tuning
+from spice_ray.study.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Table
+from spice_ray.study.records import (
     Finals,
     busy_seconds,
     check_same_study,
@@ -47,15 +55,7 @@ from spice_ray.records import (
     write_checkpoint_index,
     write_timing,
 )
-from spice_ray.results import aggregate, plots
-from spice_ray.results.choices import choices_table, fitted_decay, fitted_noise, fitted_scale
-from spice_ray.results.figure_files import extra_formats, is_drawn, mark_drawn
-from spice_ray.results.report import write_report
-from spice_ray.results.schema import NO_SEED
-from spice_ray.results.tables import load, table_path, write
-from spice_ray.runtime import tracking
-from spice_ray.train.together import ModelSpec, pretrain_many
-from spice_ray.tuning import (
+from spice_ray.study.tuning import (
     SCORE,
     agent_specs,
     read_tuning,
@@ -63,6 +63,7 @@ from spice_ray.tuning import (
     tune_all,
     write_tuned_table,
 )
+from spice_ray.train.together import ModelSpec, pretrain_many
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +314,7 @@ def _ppo_rows(cfg: ExperimentConfig, data: dict) -> pd.DataFrame:
 def study_tables(plan: StudyPlan, datasets: dict[str, Path] | None = None) -> list[Table]:
     """Every table of the study in report order: per experiment its tuned table (the
     headline), then the others. With ``datasets``, tuned tables of tasks that share goals
-    state intervals over goals (:func:`spice_ray.tuning.task_groups`)."""
+    state intervals over goals (:func:`spice_ray.study.tuning.task_groups`)."""
     out = []
     for name, cfg in plan.configs.items():
         exp = EXPERIMENTS[name]
@@ -417,7 +418,7 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     choices = choices_table(read_tuning(run_dir))
     sections = [("Settings chosen on validation tasks",
                  f"Each method's setting, chosen by the {SCORE} on the grid of "
-                 "`spice_ray.tuning` (the same grid for SPICE and every reference); every "
+                 "`spice_ray.study.tuning` (the same grid for SPICE and every reference); every "
                  "validation score is in `results/tuning.json`. The `*_tuned` tables run each "
                  "method once, at its choice, on the eval tasks; the other tables show every "
                  "setting of a fixed grid on the eval tasks, for sensitivity, not for ranking.",

@@ -1,8 +1,8 @@
 """The study's experiments, declared as data (as bsuite declares its sweeps).
 
-Each is an :class:`~spice_ray.experiment_spec.Experiment` (its environment, the models it
+Each is an :class:`~spice_ray.study.experiment_spec.Experiment` (its environment, the models it
 trains, the evaluations it runs and the tables their rows become; the types live in
-``spice_ray.experiment_spec`` and are importable from here too). The
+``spice_ray.study.experiment_spec`` and are importable from here too). The
 study (``spice_ray.study``) runs any experiment the same way; adding one is an entry in
 :data:`EXPERIMENTS`.
 """
@@ -23,13 +23,13 @@ from spice_ray.config.grids import FIXED_BETAS
 from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
 from spice_ray.evaluate.calibration import ORACLE_METRICS
-from spice_ray.experiment_spec import Evaluation, Experiment, ModelRef, Select, Table
 from spice_ray.results.analysis import (
     action_accuracy,
     prior_contribution,
     prior_fit,
     prior_gap,
 )
+from spice_ray.study.experiment_spec import Evaluation, Experiment, ModelRef, Select, Table
 
 DARKROOM_BETAS = FIXED_BETAS["paper_table"]
 WEIGHT_VARIANTS = {  # name -> (use_iw, use_adv, use_epi); "all" is the main SPICE model

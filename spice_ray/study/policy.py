@@ -31,7 +31,7 @@ from spice_ray.config import FusionConfig, from_dict
 from spice_ray.fusion import RandomSource
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import load_model
-from spice_ray.run_models import (
+from spice_ray.study.run_models import (
     MODEL_CARD,
     PRETRAINED_CONFIG,
     checkpoint_of,

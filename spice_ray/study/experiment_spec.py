@@ -1,4 +1,4 @@
-"""The types the study's experiments are declared with (``spice_ray.experiments`` holds the
+"""The types the study's experiments are declared with (``spice_ray.study.experiments`` holds the
 experiments themselves).
 
 An :class:`Experiment` says which environment it runs (with which overrides per preset), which
@@ -104,7 +104,7 @@ class Experiment:
     """Sentences for the report."""
     tuned: tuple[str, ...] = ()
     """Evaluations whose methods the tuning stage runs on validation tasks over one grid
-    (``spice_ray.tuning``) and reports once each, at the chosen setting, in the
+    (``spice_ray.study.tuning``) and reports once each, at the chosen setting, in the
     ``<name>_tuned`` table."""
 
     def tuned_table(self, groups: Mapping[int, int] | None = None) -> Table | None:

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spice_ray import tuning
 from spice_ray.common.console import count, fmt_seconds
 from spice_ray.config import TrainConfig
-from spice_ray.experiments import EXPERIMENTS, ModelRef
-from spice_ray.records import busy_seconds
 from spice_ray.runtime.resources import check_models, dataset_estimate, human_bytes, model_estimate
+from spice_ray.study import tuning
+from spice_ray.study.experiments import EXPERIMENTS, ModelRef
+from spice_ray.study.records import busy_seconds
 from spice_ray.train.loop import steps_per_epoch
 from spice_ray.train.rates import step_seconds
 

@@ -52,8 +52,8 @@ from spice_ray.results.choices import fitted_decay, fitted_scale
 from spice_ray.results.summary import final_values, task_means
 from spice_ray.results.tables import load
 from spice_ray.study import plan_study
+from spice_ray.study.tuning import read_tuning
 from spice_ray.train.loop import steps_per_epoch
-from spice_ray.tuning import read_tuning
 
 FAMILIES = {"bandit_latent": "spice", "bandit_template": "spice", "darkroom_dpt_star": "dpt"}
 """The ladder's experiments and the model kind each trains."""

@@ -1,7 +1,7 @@
 """Finding and checking a study's models before a policy runs them: the checkpoint index
 entry against the checkpoint's own ``meta.json``, a ``save_pretrained`` folder's config before
 any weight is read, the fusion setting the tuning stage chose on validation, and a saved
-policy's model card. Used by ``spice_ray.policy``; no model runs here."""
+policy's model card. Used by ``spice_ray.study.policy``; no model runs here."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from spice_ray.config import FusionConfig, from_dict
 from spice_ray.model import checkpoint as ckpt
 
 PRETRAINED_CONFIG = "config.json"
-"""The config file of a ``save_pretrained`` folder (``spice_ray.policy`` writes it)."""
+"""The config file of a ``save_pretrained`` folder (``spice_ray.study.policy`` writes it)."""
 
 
 def checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
@@ -54,7 +54,7 @@ def checkpoint_of(run_dir: str | Path, experiment: str, kind: str, seed: int = 0
     import json
 
     from spice_ray.common.artifacts import MISSING, NO_SIDECAR, verify
-    from spice_ray.records import CHECKPOINT_INDEX
+    from spice_ray.study.records import CHECKPOINT_INDEX
 
     run_dir = Path(run_dir)
     index = run_dir / CHECKPOINT_INDEX
@@ -132,13 +132,13 @@ def pretrained_model(directory: Path, kind: str, name: str
 def tuned_fusion(run_dir: Path, experiment: str, cfg: Any
                   ) -> tuple[dict[str, Any], FusionConfig] | None:
     """(SPICE's chosen setting, its fusion) from the run's checksummed ``tuning.json``, built
-    by the tuning stage's own grid (``spice_ray.tuning.candidates``) so it is the fusion of
+    by the tuning stage's own grid (``spice_ray.study.tuning.candidates``) so it is the fusion of
     the tuned table; None without a usable record (logged)."""
     import logging
 
     from spice_ray.agents import AgentSpec
     from spice_ray.results.choices import record_problem
-    from spice_ray.tuning import grid_point, read_tuning
+    from spice_ray.study.tuning import grid_point, read_tuning
 
     record = read_tuning(run_dir).get(experiment)
     method = (record or {}).get("methods", {}).get("SPICE")

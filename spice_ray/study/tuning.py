@@ -53,14 +53,14 @@ from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
 from spice_ray.config.grids import GRIDS
 from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
-from spice_ray.experiments import EXPERIMENTS, Experiment
 from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES, needs_nstep
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.records import Finals
 from spice_ray.results.choices import best_index, fitted_noise, paper_choice, record_problem
 from spice_ray.results.choices import headline as choices_headline
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import table_path, write
+from spice_ray.study.experiments import EXPERIMENTS, Experiment
+from spice_ray.study.records import Finals
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,22 @@
+"""The application layer: the study and what it is made of, above the research code.
+
+``experiment_spec`` and ``experiments`` (the study's experiments as data), ``records`` (what
+the stages hand each other), ``tuning`` (every method's settings chosen on validation tasks),
+``stages`` (the stage driver: datasets, pretraining, tuning, evaluation, figures, report),
+``dryrun`` (the plan without the work), ``run_models`` (a run's trained models and their
+cards), ``ladder`` (the scaling experiment) and ``policy`` (a trained policy in your own
+loop). ``plan_study``, ``run_study``, ``study_tables``, ``StudyPlan`` and
+``evaluate_experiment`` are importable from here; they load the stages on first use, so that
+importing one module of the layer (an experiment's declaration, say) does not start the
+whole driver.
+"""
+
+_STAGES = ("StudyPlan", "evaluate_experiment", "plan_study", "run_study", "study_tables")
+
+
+def __getattr__(name: str):
+    if name in _STAGES:
+        from spice_ray.study import stages
+
+        return getattr(stages, name)
+    raise AttributeError(f"module 'spice_ray.study' has no attribute {name!r}")
