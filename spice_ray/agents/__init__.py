@@ -21,7 +21,7 @@ from spice_ray.agents.base import (
     OfflinePicker,
     register_method,
 )
-from spice_ray.agents.bayes import BayesAgent, LinUCB, NearestUnvisited
+from spice_ray.agents.bayes import BayesAgent
 from spice_ray.agents.classical import (
     LCB,
     UCB,
@@ -33,6 +33,7 @@ from spice_ray.agents.classical import (
     ThompsonSampling,
 )
 from spice_ray.agents.dpt import PolicyAgent
+from spice_ray.agents.references import HillClimb, LinUCB, NearestUnvisited
 from spice_ray.agents.spice import FlatPrior, SpiceAgent, state_features
 from spice_ray.config import EvalConfig
 from spice_ray.model.trunk import TrunkModel
@@ -67,7 +68,8 @@ def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel |
     return info.build(spec, env, Build(tasks, model, eval_cfg or EvalConfig(), sigma))
 
 
-__all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "BayesAgent", "Build", "LinUCB",
+__all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "BayesAgent", "Build", "HillClimb",
+           "LinUCB",
            "NearestUnvisited", "CountingBandit", "EmpiricalMean",
            "FlatPrior", "Method", "OfflinePicker", "OracleAgent", "PolicyAgent",
            "PosteriorBandit", "RandomAgent", "SpiceAgent", "ThompsonSampling", "make_agent",

@@ -122,8 +122,8 @@ METHODS: dict[str, Method] = {}
 """Every method by name, filled by :func:`register_method` in the agent modules:
 ``spice_ray.agents.spice`` (SPICE, the flat / oracle priors, Count-UCB),
 ``spice_ray.agents.dpt`` (DPT, AD-BC), ``spice_ray.agents.classical`` (the bandit
-baselines, Random, Optimal), ``spice_ray.agents.bayes`` (the exact-posterior and task-family
-references)."""
+baselines, Random, Optimal), ``spice_ray.agents.bayes`` (agents on the exact task posterior)
+and ``spice_ray.agents.references`` (LinUCB, the nearest-unvisited searcher, hill-climbing)."""
 
 
 def register_method(name: str, method: Method) -> Method:

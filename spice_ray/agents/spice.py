@@ -264,13 +264,18 @@ class SpiceAgent:
 # ---- the methods this module's agent is -------------------------------------------------------
 
 
-def _learned(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
-    """SPICE: the ensemble's prior fused with the context ("spice-exact-width": the learned
-    mean with the exact posterior's sd, a diagnostic)."""
-    width = env.task_posterior(spec.fusion.gamma) if spec.method == "spice-exact-width" else None
+def _learned(spec: AgentSpec, env: Any, build: Build, exact_width: bool = False
+             ) -> SpiceAgent:
+    """SPICE: the ensemble's prior fused with the context (``exact_width``: the learned mean
+    with the exact posterior's sd, a diagnostic)."""
+    width = env.task_posterior(spec.fusion.gamma) if exact_width else None
     return SpiceAgent(spec.fusion, model=build.model, stateless=env.stateless,
                       use_cache=spec.use_cache, name=spec.method, exact_width=width,
                       num_states=env.num_states)
+
+
+def _learned_exact_width(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
+    return _learned(spec, env, build, exact_width=True)
 
 
 def _model_free(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
@@ -290,7 +295,7 @@ tuned tables' row beside SPICE, whose width scale is chosen on validation with b
 register_method("spice-flat", Method("SPICE (flat prior)", _model_free, offline=True,
                                      fused=True, prior="flat"))
 """The prior ablation: SPICE's fusion and action rule with one constant prior, no network."""
-register_method("spice-exact-width", Method("SPICE (learned mean, exact sd)", _learned,
+register_method("spice-exact-width", Method("SPICE (learned mean, exact sd)", _learned_exact_width,
                                             model="spice", fused=True,
                                             requires="task_posterior"))
 register_method("spice-oracle", Method("SPICE (oracle prior)", _model_free, fused=True,
