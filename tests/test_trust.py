@@ -684,7 +684,7 @@ def test_fault_injection_has_one_switch_that_is_parsed_never_run(monkeypatch) ->
     assert [fault(p) for p in POINTS] == [None] * len(POINTS)
     monkeypatch.setenv(FAULT_ENV, fault_switch(train_epoch=1, sweep_trial={"fusion.beta": 2.0}))
     assert fault("train_epoch") == 1 and fault("sweep_trial") == {"fusion.beta": 2.0}
-    assert fault("disk_full") is None
+    assert fault("disk_full") is None and fault("generate_after_shards", -1) == -1
     with pytest.raises(ValueError, match="fault point 'boom'"):
         fault("boom")
     with pytest.raises(ValueError, match="fault points"):

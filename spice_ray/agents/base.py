@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 from torch import Tensor
 
 from spice_ray.common.plugins import load_plugins
@@ -32,6 +33,12 @@ from spice_ray.fusion import RandomSource
 
 WIDTH_SCALE_DEFAULT = FusionConfig.width_scale
 """``fusion.width_scale`` of the paper (1): left out of the results' config at this value."""
+
+
+def to_numpy(x: Tensor) -> np.ndarray:
+    """A tensor's values as numpy on the CPU (agents that keep numpy state read their inputs
+    through it)."""
+    return x.detach().cpu().numpy()
 
 
 @runtime_checkable

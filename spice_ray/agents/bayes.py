@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from spice_ray.agents.base import Build, Method, register_method
+from spice_ray.agents.base import Build, Method, register_method, to_numpy
 from spice_ray.envs.bayes import TaskPosterior
 from spice_ray.fusion import (
     STATS_DTYPE,
@@ -28,10 +27,6 @@ from spice_ray.fusion import (
     select_action,
 )
 from spice_ray.fusion.rules import BetaSchedule
-
-
-def _np(x: Tensor) -> np.ndarray:
-    return x.detach().cpu().numpy()
 
 
 class BayesAgent:
@@ -64,10 +59,10 @@ class BayesAgent:
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
                 ) -> None:
-        self.posterior.observe(_np(actions), _np(rewards), _np(states), _np(next_states))
+        self.posterior.observe(*(to_numpy(x) for x in (actions, rewards, states, next_states)))
 
     def act(self, t: int, states: Tensor) -> Tensor:
-        s = _np(states)
+        s = to_numpy(states)
         if self.rule == "thompson":
             return torch.from_numpy(self.posterior.sample(s, self._draws).argmax(axis=1))
         mean, var = (torch.from_numpy(v).to(STATS_DTYPE) for v in self.posterior.moments(s))

@@ -8,15 +8,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from spice_ray.agents.base import Method, register_method
+from spice_ray.agents.base import Method, register_method, to_numpy
+from spice_ray.envs.darkroom import all_cells
 from spice_ray.fusion import RandomSource, argmax_ties, tie_draws
 
 STAY = 4
 """The grid's "stay" action (moves +x, -x, +y, -y, stay)."""
-
-
-def _np(x: Tensor) -> np.ndarray:
-    return x.detach().cpu().numpy()
 
 
 class LinUCB:
@@ -43,9 +40,9 @@ class LinUCB:
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor | None = None,
                 next_states: Tensor | None = None) -> None:
-        a, rows = _np(actions), np.arange(len(actions))
+        a, rows = to_numpy(actions), np.arange(len(actions))
         self.counts[rows, a] += 1.0
-        self.sums[rows, a] += _np(rewards)
+        self.sums[rows, a] += to_numpy(rewards)
 
     def act(self, t: int, states: Tensor | None = None) -> Tensor:
         phi = self.features  # (A, d)
@@ -70,8 +67,7 @@ class NearestUnvisited:
 
     def __init__(self, size: int) -> None:
         self.size = int(size)
-        xs, ys = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
-        self.cells = np.stack([xs.ravel(), ys.ravel()], axis=1)  # (G, 2)
+        self.cells = all_cells(self.size)  # (G, 2), x-major
 
     def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
               ) -> None:
@@ -87,14 +83,14 @@ class NearestUnvisited:
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
                 ) -> None:
-        rows, nxt = np.arange(len(actions)), self._index(_np(next_states))
-        self.visited[rows, self._index(_np(states))] = True
+        rows, nxt = np.arange(len(actions)), self._index(to_numpy(next_states))
+        self.visited[rows, self._index(to_numpy(states))] = True
         self.visited[rows, nxt] = True
-        found = _np(rewards) > 0
+        found = to_numpy(rewards) > 0
         self.goal[found] = nxt[found]
 
     def act(self, t: int, states: Tensor) -> Tensor:
-        s = _np(states).astype(np.int64)  # (B, 2)
+        s = to_numpy(states).astype(np.int64)  # (B, 2)
         rows = np.arange(len(s))
         self.visited[rows, self._index(s)] = True
         dist = np.abs(self.cells[None] - s[:, None]).sum(-1).astype(np.float64)  # (B, G)
@@ -138,8 +134,8 @@ class HillClimb:
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
                 ) -> None:
-        a, r = _np(actions).astype(np.int64), _np(rewards).astype(np.float64)
-        s, s2 = _np(states), _np(next_states)
+        a, r = to_numpy(actions).astype(np.int64), to_numpy(rewards).astype(np.float64)
+        s, s2 = to_numpy(states), to_numpy(next_states)
         returned = a == REVERSE[self.last]
         for b in range(len(a)):
             moved = not np.array_equal(s[b], s2[b])
@@ -153,7 +149,7 @@ class HillClimb:
         self.last = a
 
     def act(self, t: int, states: Tensor) -> Tensor:
-        s = _np(states)
+        s = to_numpy(states)
         action = np.full(len(s), STAY, dtype=np.int64)
         untried = np.ones((len(s), STAY), dtype=bool)
         for b in range(len(s)):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from spice_ray.agents.base import AgentSpec, Build, Method, register_method
+from spice_ray.agents.base import AgentSpec, Build, Method, register_method, to_numpy
 from spice_ray.agents.runner import ContextRunner, ContextView, _Growing
 from spice_ray.config import FusionConfig
 from spice_ray.envs.bayes import TaskPosterior
@@ -172,7 +172,7 @@ class SpiceAgent:
             self._context.rewards.append(rewards.cpu())
             self._context.states.append(states.cpu())
         if self._exact is not None:
-            self._exact.observe(*(x.detach().cpu().numpy()
+            self._exact.observe(*(to_numpy(x)
                                  for x in (actions, rewards, states, next_states)))
         if self.incremental:
             assert self._stats is not None
@@ -234,7 +234,7 @@ class SpiceAgent:
         view = self._view(states)
         counts, mean = self.evidence(view, states)
         if self.oracle:
-            exact_mean, exact_var = self.prior.moments(states.detach().cpu().numpy())
+            exact_mean, exact_var = self.prior.moments(to_numpy(states))
             prior_mean = torch.from_numpy(exact_mean).to(STATS_DTYPE)
             prior_std = torch.from_numpy(exact_var).to(STATS_DTYPE).sqrt()
         elif self.prior is not None:
@@ -244,7 +244,7 @@ class SpiceAgent:
         else:
             prior_mean, prior_std = view.head.prior_mean, view.head.prior_std
             if self.exact_width is not None:
-                exact_var = self.exact_width.moments(states.detach().cpu().numpy())[1]
+                exact_var = self.exact_width.moments(to_numpy(states))[1]
                 prior_std = torch.from_numpy(exact_var).to(STATS_DTYPE).sqrt()
             else:  # the learned width (fusion.width_source; the ensemble's: scaled by
                 # fusion.width_scale, 1: unchanged, and narrowed with h by fusion.width_decay)

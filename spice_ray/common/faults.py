@@ -24,8 +24,8 @@ FAULT_ENV = "SPICE_RAY_FAULT"
 POINTS = ("train_epoch", "generate_after_shards", "disk_full", "sweep_trial")
 
 
-def fault(point: str) -> Any:
-    """The value injected at ``point``, or None when the switch does not name it.
+def fault(point: str, default: Any = None) -> Any:
+    """The value injected at ``point``, or ``default`` when the switch does not name it.
 
     Raises:
         ValueError: an unknown point, or a switch that is not a JSON object of known points.
@@ -34,7 +34,7 @@ def fault(point: str) -> Any:
         raise ValueError(f"fault point {point!r} is invalid: one of {', '.join(POINTS)}")
     raw = os.environ.get(FAULT_ENV, "")
     if not raw:
-        return None
+        return default
     try:
         values = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -43,7 +43,7 @@ def fault(point: str) -> Any:
     if unknown is None or unknown:
         raise ValueError(f"{FAULT_ENV}={raw!r} is invalid: a JSON object of "
                          f"{', '.join(POINTS)}")
-    return values.get(point)
+    return values.get(point, default)
 
 
 def fault_switch(**points: Any) -> str:

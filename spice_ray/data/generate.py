@@ -208,8 +208,7 @@ def generate_shards(cfg: ExperimentConfig, ds_dir: Path, parts: list[tuple[str, 
     )
     ds.write_parquet(str(staging), partition_cols=["part"], compression="none")
 
-    injected = fault("generate_after_shards")  # tests (spice_ray.common.faults)
-    fault_after = -1 if injected is None else int(injected)
+    fault_after = int(fault("generate_after_shards", -1))  # tests (spice_ray.common.faults)
     todo = parts if fault_after < 0 else parts[:fault_after]
     with ThreadPoolExecutor(max_workers=2) as pool:  # pyarrow releases the GIL
         futures = []

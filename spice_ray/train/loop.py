@@ -292,8 +292,7 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1,
 def fault_epoch_from_env() -> int:
     """The injected fault's epoch (``spice_ray.common.faults``, point ``train_epoch``), -1 when
     none."""
-    epoch = fault("train_epoch")
-    return -1 if epoch is None else int(epoch)
+    return int(fault("train_epoch", -1))
 
 
 def shuffled_batches(
