@@ -60,6 +60,11 @@ GRIDS: dict[str, Grid] = {
             "exact posterior, a learned prior) is fused with it again; a large sigma^2 is how "
             "the fusion stops counting it twice (the region darkroom's oracle prior: 86 at "
             "0.09, 9 at 1000)"),
+    "lambda_q": Grid(
+        "train.lambda_q", tuning=(1.0, 10.0, 30.0),
+        doc="the value loss's weight beside the policy loss on the shared trunk, chosen per "
+            "experiment where ``train.choose`` names it (a model trained per point; the "
+            "validation log-likelihood of the rewards under each model's prior decides)"),
     "v_min": Grid("fusion.v_min",
                   sweep={"smoke": (0.01,), "small": (0.001, 0.01, 0.1),
                          "paper": (1e-4, 1e-3, 1e-2, 1e-1)},

@@ -107,3 +107,9 @@ for _scale_name in ("small", "medium"):
             **_STRUCTURED,
             **({"env": {"horizon": 200}, "eval": {"online_horizon": 200}}
                if _family != "linear_bandit" else {})}
+# medium chooses that weight in the study itself (a model per point of the lambda_q grid, the
+# one whose prior explains the validation rewards best kept: spice_ray.study.loss_weights);
+# small keeps the one value chosen offline by the same criterion, for its time budget
+for _family in ("bandit_template", "bandit_latent", "linear_bandit"):
+    PRESETS["medium"][_family] = {**PRESETS["medium"][_family], "train": {
+        **PRESETS["medium"][_family]["train"], "choose": ["lambda_q"]}}

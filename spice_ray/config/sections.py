@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from spice_ray import envs
 from spice_ray.common.errors import SpiceRayError
+from spice_ray.config.grids import GRIDS
 from spice_ray.envs.labels import parse_label
 
 PRESET_NAMES = ("smoke", "small", "medium", "paper")
@@ -160,7 +161,7 @@ class DataConfig:
 
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
                                              "fusion": {"width_source": "ensemble"},
-                                             "train": {"h0_prior": "paper"}}
+                                             "train": {"h0_prior": "paper", "choose": ()}}
 """Fields added to a section after results were made with it, left out of what identifies
 those results at these values (:func:`without_later_defaults`: a model's training identity
 and architecture spec, an evaluation's inputs): what was made before them is what the default
@@ -171,7 +172,8 @@ def without_later_defaults(section: str, values: dict[str, Any]) -> dict[str, An
     """``values`` of config section ``section`` without the :data:`LATER_DEFAULTS` fields
     that hold their default."""
     later = LATER_DEFAULTS.get(section, {})
-    return {k: v for k, v in values.items() if not (k in later and v == later[k])}
+    return {k: v for k, v in values.items()
+            if not (k in later and to_plain(v) == to_plain(later[k]))}
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,12 @@ class TrainConfig:
     lambda_var: float = 1.0
     """Weight of the predictive-variance head's Gaussian NLL (>= 0; read only with
     ``model.var_head``)."""
+    choose: tuple[str, ...] = ()
+    """Loss weights the study chooses on validation tasks instead of taking them from this
+    section: names of ``spice_ray/config/grids.py`` grids over train fields (e.g.
+    ``[lambda_q]``). The SPICE model then trains once per grid point and the tuning stage keeps,
+    per experiment, the point whose prior gives the validation rewards the highest
+    log-likelihood (no label read; ``spice_ray.study.loss_weights``). Empty: the fields as set."""
     use_iw: bool = True
     """Importance weight omega_IS = clip(pi_u(a*) / pi_b(a*), 0, clip_iw)."""
     use_adv: bool = True
@@ -335,6 +343,10 @@ class TrainConfig:
                self.head_targets, "one of mean, bootstrap")
         _check(self.h0_prior in ("paper", "state"), "train.h0_prior", self.h0_prior,
                "one of paper, state")
+        weights = [k for k, g in GRIDS.items() if g.field.startswith("train.") and g.tuning]
+        for name in self.choose:
+            _check(name in weights and self.choose.count(name) == 1, "train.choose",
+                   list(self.choose), f"names of loss-weight grids, each once: {weights}")
         _check(self.num_workers >= 0, "train.num_workers", self.num_workers, "an integer >= 0")
         _check(self.threads >= 0, "train.threads", self.threads, "an integer >= 0")
         _check(self.max_failures >= 0, "train.max_failures", self.max_failures, ">= 0")

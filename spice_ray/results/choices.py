@@ -91,6 +91,13 @@ def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
     for exp, rec in tuning.items():
         noise = fitted_noise(rec)
         sigma2 = f"sigma^2={noise:.3g}" if noise is not None else ""
+        model = (rec.get("models") or {}).get("spice")
+        if model:  # the loss weights, chosen first (spice_ray.study.loss_weights)
+            best = next(g for g in model["grid"] if g["setting"] == model["chosen"])
+            rows.append({"experiment": exp, "method": "SPICE's loss weights",
+                         "chosen": ", ".join(f"{k}={v:g}" for k, v in model["chosen"].items())
+                         + f" (log-lik {best['log_lik']:+.4f} per reward, no label read)",
+                         "grid points": len(model["grid"]), "validation regret": "-"})
         for label, m in rec.get("methods", {}).items():
             note = ""
             if m["chosen"].get("width") == "fitted":

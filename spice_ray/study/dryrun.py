@@ -12,6 +12,7 @@ from spice_ray.config import TrainConfig
 from spice_ray.runtime.resources import check_models, dataset_estimate, human_bytes, model_estimate
 from spice_ray.study import tuning
 from spice_ray.study.experiments import EXPERIMENTS, ModelRef
+from spice_ray.study.loss_weights import trained_models
 from spice_ray.study.records import busy_seconds
 from spice_ray.train.loop import steps_per_epoch
 from spice_ray.train.rates import step_seconds
@@ -43,7 +44,8 @@ def describe_plan(plan: StudyPlan) -> str:
     lines.append("stage 2 pretraining (Ray Train; times from steps timed now, 1 thread):")
     train_seconds = 0.0
     for name, cfg in plan.configs.items():
-        models: tuple[ModelRef, ...] = tuple(m for m in EXPERIMENTS[name].models if not m.same_as)
+        models: tuple[ModelRef, ...] = tuple(m for m in trained_models(EXPERIMENTS[name], cfg)
+                                             if not m.same_as)
         steps, tc = cfg.train.epochs * steps_per_epoch(cfg), cfg.train
         n_models, n_seeds = count(len(models), "model"), count(len(cfg.seeds), "seed")
         lines.append(f"  {name:9s} {n_models} x {n_seeds}, "

@@ -45,6 +45,7 @@ from spice_ray.results.tables import load, table_path, write
 from spice_ray.runtime import tracking
 from spice_ray.study import tuning
 from spice_ray.study.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Table
+from spice_ray.study.loss_weights import check_choose, choose_models, trained_models
 from spice_ray.study.records import (
     Finals,
     busy_seconds,
@@ -131,6 +132,7 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
                               f"env.{_env_field(item)}")
     for name, cfg in cfgs.items():
         check_same_study(run_dir, name, cfg)
+        check_choose(name, EXPERIMENTS[name], cfg)
     return StudyPlan(cfgs, run_dir, tuple(experiments))
 
 
@@ -146,7 +148,7 @@ def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = 
     """
     finals: Finals = {}
     for i, (name, cfg) in enumerate(plan.configs.items(), 1):
-        models = EXPERIMENTS[name].models
+        models = trained_models(EXPERIMENTS[name], cfg)
         keys = [(m, seed) for m in models if not m.same_as for seed in cfg.seeds]
         specs = [ModelSpec(m.config(cfg), m.kind, seed,
                            f"{m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}")
@@ -371,7 +373,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
 
     t1 = time.perf_counter()
     enter_stage("2/6 pretrain")
-    n_models = sum(len([m for m in EXPERIMENTS[n].models if not m.same_as]) * len(c.seeds)
+    n_models = sum(len([m for m in trained_models(EXPERIMENTS[n], c) if not m.same_as])
+                   * len(c.seeds)
                    for n, c in plan.configs.items())
     console.stage(2, 6, "pretrain", f"{count(n_models, 'model')} (Ray Train)")
     finals = pretrain_all(plan, datasets, console)
@@ -382,7 +385,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     enter_stage("3/6 tune")
     console.stage(3, 6, "tune", "every method's settings on validation tasks (Ray actors)")
     with EvalPool() as pool:  # the actors start once for tuning and evaluation
-        tuned = tune_all(plan.configs, run_dir, datasets, finals, pool, console)
+        models = choose_models(plan.configs, run_dir, datasets, finals)  # loss weights first
+        tuned = tune_all(plan.configs, run_dir, datasets, finals, pool, console, models)
         plan.timings["tune"] = time.perf_counter() - t2
         t3 = time.perf_counter()
         enter_stage("4/6 evaluate")

@@ -391,10 +391,12 @@ def read_tuning(run_dir: Path) -> dict[str, Any]:
 
 
 def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict[str, Path],
-             finals: Finals, pool: EvalPool, console: Console = SILENT) -> dict[str, Any]:
+             finals: Finals, pool: EvalPool, console: Console = SILENT,
+             models: dict[str, Any] | None = None) -> dict[str, Any]:
     """The tuning stage: :func:`tune_experiment` for every experiment with tuned evaluations,
     ``results/tuning.json`` rewritten after each (an interrupted stage keeps what it chose;
-    choices whose inputs are unchanged are not re-run)."""
+    choices whose inputs are unchanged are not re-run); ``models``: each experiment's
+    loss-weight choice (``spice_ray.study.loss_weights``), recorded as its ``models.spice``."""
     old = read_tuning(run_dir)
     tuning: dict[str, Any] = {}
     for name, cfg in configs.items():
@@ -402,6 +404,8 @@ def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict
             continue
         t0 = time.perf_counter()
         record = tune_experiment(name, cfg, datasets[name], finals, pool, old.get(name))
+        if (models or {}).get(name) and record.get("models") != {"spice": models[name]}:
+            record = {**record, "models": {"spice": models[name]}}
         tuning[name] = record
         skipped = record is old.get(name)
         if not skipped:  # a re-run with nothing new leaves the file as it was
