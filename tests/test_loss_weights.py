@@ -131,3 +131,35 @@ def test_no_grid_no_choice_and_the_report_row(scored, tmp_path) -> None:
         "experiment": "bandit_latent", "method": "SPICE's loss weights",
         "chosen": "lambda_q=10 (log-lik -0.2600 per reward, no label read)",
         "grid points": 3, "validation regret": "-"}]
+
+
+def test_two_grids_multiply_and_the_shrinkage_weight_scales_its_loss() -> None:
+    """``train.choose=[lambda_q, lambda_shrink]``: 3 x 2 candidates, the first grid slowest;
+    lambda_shrink = 0 takes exactly lambda_q L_shrink out of the loss, 1 is the paper's."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from spice_ray.data.tasks import generate_tasks
+    from spice_ray.model.registry import build_model
+    from spice_ray.model.tokens import make_tokens
+    from spice_ray.train.losses import spice_loss
+
+    cfg = make_config("smoke", "bandit_latent",
+                      overrides=["train.choose=[lambda_q, lambda_shrink]",
+                                 "train.lambda_q=10"])
+    assert [loss_weights.variant_name(p) for p in loss_weights.grid_points(cfg)] == [
+        "lambda_q=1,lambda_shrink=1", "lambda_q=1,lambda_shrink=0",
+        "lambda_q=10,lambda_shrink=1", "lambda_q=10,lambda_shrink=0",
+        "lambda_q=30,lambda_shrink=1", "lambda_q=30,lambda_shrink=0"]
+    model = build_model("spice", cfg, generator=torch.Generator().manual_seed(0))
+    tokens = make_tokens(generate_tasks(cfg.env, cfg.data, "eval", np.arange(4)),
+                         cfg.environment())
+    out = model(tokens)
+    anchor = model.anchor_loss()
+    paper, p_parts = spice_loss(out, tokens, cfg.train, anchor)
+    none, n_parts = spice_loss(out, tokens, dataclasses.replace(cfg.train, lambda_shrink=0.0),
+                               anchor)
+    assert p_parts["shrink"] > 0 and torch.equal(p_parts["shrink"], n_parts["shrink"])
+    torch.testing.assert_close(paper - none, 10 * p_parts["shrink"])

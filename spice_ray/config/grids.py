@@ -65,6 +65,11 @@ GRIDS: dict[str, Grid] = {
         doc="the value loss's weight beside the policy loss on the shared trunk, chosen per "
             "experiment where ``train.choose`` names it (a model trained per point; the "
             "validation log-likelihood of the rewards under each model's prior decides)"),
+    "lambda_shrink": Grid(
+        "train.lambda_shrink", tuning=(1.0, 0.0),
+        doc="the shrinkage loss's weight beside the TD loss: the paper's pull of every arm "
+            "toward one pooled prior, or none (chosen as lambda_q is, where train.choose names "
+            "it; the paper's first, so a tie keeps it)"),
     "v_min": Grid("fusion.v_min",
                   sweep={"smoke": (0.01,), "small": (0.001, 0.01, 0.1),
                          "paper": (1e-4, 1e-3, 1e-2, 1e-1)},

@@ -161,7 +161,8 @@ class DataConfig:
 
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
                                              "fusion": {"width_source": "ensemble"},
-                                             "train": {"h0_prior": "paper", "choose": ()}}
+                                             "train": {"h0_prior": "paper", "choose": (),
+                                                       "lambda_shrink": 1.0}}
 """Fields added to a section after results were made with it, left out of what identifies
 those results at these values (:func:`without_later_defaults`: a model's training identity
 and architecture spec, an evaluation's inputs): what was made before them is what the default
@@ -238,7 +239,10 @@ class TrainConfig:
     cosine_schedule: bool = False
     """Cosine-decay the learning rate to 0 over the run."""
     lambda_q: float = 1.0
-    """Weight of L_TD + L_shrink in the total loss (>= 0)."""
+    """Weight of L_TD + lambda_shrink L_shrink in the total loss (>= 0)."""
+    lambda_shrink: float = 1.0
+    """Weight of the shrinkage loss beside L_TD (>= 0; 0: no shrinkage toward the pooled
+    prior, whose best reachable target is off the exact posterior)."""
     lambda_anchor: float = 1e-4
     """Weight of the anchor penalty (>= 0)."""
     lambda_var: float = 1.0
@@ -329,7 +333,8 @@ class TrainConfig:
                      "shrink_prior_var", "shrink_noise_var", "worker_cpus"):
             value = getattr(self, name)
             _check(value > 0, f"train.{name}", value, "a float > 0")
-        for name in ("weight_decay", "grad_clip", "lambda_q", "lambda_anchor", "lambda_var",
+        for name in ("weight_decay", "grad_clip", "lambda_q", "lambda_shrink", "lambda_anchor",
+                     "lambda_var",
                      "epi_scale",
                      "weight_floor"):
             value = getattr(self, name)

@@ -316,7 +316,7 @@ def spice_loss(
     out: SpiceOutput, tokens: Tokens, cfg: TrainConfig, anchor: Tensor,
     task_ids: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """L = L_pi + lambda_q (L_TD + L_shrink) + lambda_anchor L_anchor.
+    """L = L_pi + lambda_q (L_TD + lambda_shrink L_shrink) + lambda_anchor L_anchor.
 
     Args:
         out: model outputs at all positions ([B, T+1, ...]), T >= 1.
@@ -345,13 +345,10 @@ def spice_loss(
                            cfg.shrink_prior_var, cfg.shrink_noise_var)
     w = policy_weights(q_mean, q_std, tokens.behaviour_probs, tokens.label, cfg)
     l_pi = weighted_policy_loss(out.logits, tokens.label, w)
-    loss = l_pi + cfg.lambda_q * (l_td + l_shrink) + cfg.lambda_anchor * anchor
+    loss = l_pi + cfg.lambda_q * (l_td + cfg.lambda_shrink * l_shrink) \
+        + cfg.lambda_anchor * anchor
     parts = {
-        "loss": loss,
-        "policy": l_pi,
-        "td": l_td,
-        "shrink": l_shrink,
-        "anchor": anchor,
+        "loss": loss, "policy": l_pi, "td": l_td, "shrink": l_shrink, "anchor": anchor,
         "weight_mean": w.mean(),
         "weight_max": w.max(),
         "q_std_mean": q_std.mean(),
