@@ -355,6 +355,18 @@ def test_settings_read_as_typed_columns_for_where_and_by(tmp_path, capsys) -> No
     assert results_main([str(tmp_path), "bandit_online", "--by", "method"]) == 0
     screen = capsys.readouterr().out
     assert "SPICE (beta=1.0" in screen and '{"beta"' not in screen
+    # and without --by too: no JSON column, no repeated experiment name; a hint at --at
+    # where a group holds many steps
+    many = pd.DataFrame([{**r, "x": x} for r in rows for x in range(1, 31)])
+    write(tmp_path, "bandit_online", many)
+    assert results_main([str(tmp_path), "bandit_online"]) == 0
+    captured = capsys.readouterr()
+    head = captured.out.splitlines()[0].split()
+    assert head[:2] == ["label", "rule"] and "config" not in head and "experiment" not in head
+    assert "SPICE (beta=2.0" in captured.out and '{"' not in captured.out
+    assert "(30 values of x per row group: --at last, or --at N, keeps one)" in captured.err
+    assert results_main([str(tmp_path), "bandit_online", "--at", "last"]) == 0
+    assert "values of x" not in capsys.readouterr().err
 
 
 def test_results_cli_hints_at_values_and_prints_summary_tables(tmp_path, capsys) -> None:

@@ -106,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         # the typed settings served --where (and --by where named); the rows keep config
         df = df.drop(columns=[c for c in added if c not in (by or [])])
         out = df if args.raw else summarise(df, by, args.stat, pool=args.pool)
-        if not args.raw and by and any(c in out.columns and c not in by for c in LABEL_KEYS):
-            out.insert(len(by), "label", out.apply(row_label, axis=1))  # as the report reads
+        keys = by if by else [c for c in out.columns if c in ("experiment", "env", "method")]
+        if not args.raw and "method" in out.columns and \
+                any(c in out.columns and c not in keys for c in LABEL_KEYS):
+            out.insert(len(keys), "label", out.apply(row_label, axis=1))  # as the report reads
         if args.format in ("markdown", "latex"):
             if args.raw or args.stat != "sem" or not by:
                 raise ResultsError(f"--format {args.format} summarises rows: give --by (e.g. "
@@ -124,10 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     elif args.format == "json":
         print(out.to_json(orient="records", indent=1))
     else:  # on screen the label says what config does (csv and json keep the JSON)
-        shown = out.drop(columns="config") if "label" in out and "config" in out else out
+        drop = [c for c in ("config", "method") if "label" in out and c in out]
+        drop += [c for c in ("experiment", "env") if c in out and out[c].nunique() == 1]
+        shown = out.drop(columns=drop)  # the label names the method and its settings
         with pd.option_context("display.max_rows", 500, "display.width", 200,
                                "display.max_columns", 20):
             print(shown.to_string(index=False))
+        steps = out["x"].nunique() if "x" in out.columns else 0
+        if steps > 20 and args.at is None:
+            print(f"({steps} values of x per row group: --at last, or --at N, keeps one)",
+                  file=sys.stderr)
     return 0
 
 
