@@ -187,6 +187,35 @@ def test_save_pretrained_round_trip_acts_the_same(tmp_path, kind) -> None:
         cls.from_pretrained(folder)
 
 
+def test_from_pretrained_resolves_a_hub_id_through_the_local_cache(tmp_path) -> None:
+    """``from_pretrained("owner/name")`` finds a folder uploaded to the Hugging Face Hub in
+    ``huggingface_hub``'s cache (here pre-populated, no network): the same policy, checked as
+    a local folder is; an id in no cache, or neither an id nor a folder, is named."""
+    import shutil
+
+    pytest.importorskip("huggingface_hub")
+    cfg = make_config("smoke", "bandit")
+    policy = spice_ray.SpicePolicy.from_checkpoint(_checkpoint(tmp_path, cfg))
+    folder = policy.save_pretrained(tmp_path / "pretrained")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--spice-bandit"
+    shutil.copytree(folder, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    loaded = spice_ray.SpicePolicy.from_pretrained("someone/spice-bandit",
+                                                   cache_dir=tmp_path / "hub",
+                                                   local_files_only=True)
+    for p in (policy, loaded):
+        p.reset(num_envs=3, draws=1)
+    np.testing.assert_array_equal(loaded.act(None), policy.act(None))
+    assert loaded.fusion == policy.fusion
+    with pytest.raises(ValueError, match="someone/other: not in the Hub cache"):
+        spice_ray.SpicePolicy.from_pretrained("someone/other", cache_dir=tmp_path / "hub",
+                                              local_files_only=True)
+    with pytest.raises(FileNotFoundError, match="no such directory, and not a Hugging Face"):
+        spice_ray.SpicePolicy.from_pretrained(tmp_path / "missing" / "deeper" / "folder")
+
+
 def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path) -> None:
     """Two weight variants' checkpoint directories swapped: ``from_run`` names the mismatch
     between the index and the checkpoint's own meta.json instead of loading the other model,

@@ -34,13 +34,13 @@ from spice_ray.model.registry import load_model
 from spice_ray.study.run_models import (
     MODEL_CARD,
     PRETRAINED_CONFIG,
+    PRETRAINED_WEIGHTS,
     checkpoint_of,
     model_card,
+    pretrained_dir,
     pretrained_model,
     tuned_fusion,
 )
-
-PRETRAINED_WEIGHTS = "model.safetensors"
 
 
 def excerpt_array(x: Any) -> str:
@@ -124,10 +124,13 @@ class _Policy:
         return publish_dir(directory, write)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
-                        **options: Any) -> Any:
+    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu", *,
+                        revision: str | None = None, cache_dir: str | Path | None = None,
+                        local_files_only: bool = False, **options: Any) -> Any:
         """A policy from :meth:`save_pretrained`'s folder (both files checked against their
-        checksums); ``options`` override the saved ones (e.g. ``rule="greedy"``).
+        checksums), or from a Hugging Face Hub model id ``owner/name`` it was uploaded to
+        (resolved through ``huggingface_hub``'s cache, at ``revision``); ``options`` override
+        the saved ones (e.g. ``rule="greedy"``).
 
         Raises:
             ValueError: naming the file or field: a file is missing or corrupt; it holds
@@ -139,7 +142,7 @@ class _Policy:
 
         from spice_ray.common.artifacts import read_json, verify_dir
 
-        directory = Path(directory)
+        directory = pretrained_dir(directory, revision, cache_dir, local_files_only)
         why = verify_dir(directory, (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG))
         if why:
             raise ValueError(f"{why}; save the policy again")

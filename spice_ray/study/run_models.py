@@ -16,6 +16,8 @@ from spice_ray.model import checkpoint as ckpt
 
 PRETRAINED_CONFIG = "config.json"
 """The config file of a ``save_pretrained`` folder (``spice_ray.study.policy`` writes it)."""
+PRETRAINED_WEIGHTS = "model.safetensors"
+"""Its weights (safetensors: reading them runs no code)."""
 
 
 def checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
@@ -78,6 +80,47 @@ def checkpoint_of(run_dir: str | Path, experiment: str, kind: str, seed: int = 0
     raise FileNotFoundError(f"no {kind} model of experiment {experiment!r}"
                             f"{f' [{variant}]' if variant else ''} seed {seed} in "
                             f"{run_dir}; it has: {', '.join(have[:12])}")
+
+
+HUB_ID = r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}"
+"""A Hugging Face Hub model id, ``owner/name``."""
+
+
+def pretrained_dir(source: str | Path, revision: str | None = None,
+                   cache_dir: str | Path | None = None, local_files_only: bool = False) -> Path:
+    """The folder of a saved policy: ``source`` itself when it is a directory, else a Hub
+    model id (``owner/name``) resolved through ``huggingface_hub``'s download cache (the
+    usual ``HF_HUB_CACHE``, or ``cache_dir``): downloaded when missing unless
+    ``local_files_only`` (or ``HF_HUB_OFFLINE=1``). Only the policy's files are fetched, and
+    they pass the same checks as a local folder's before any weight is used.
+
+    Raises:
+        FileNotFoundError: neither a directory nor a Hub id.
+        ValueError: a Hub id that is not in the cache and cannot be downloaded, or
+            ``huggingface_hub`` is not installed (the ``hub`` extra).
+    """
+    import re
+
+    path = Path(source)
+    if path.is_dir():
+        return path
+    if not re.fullmatch(HUB_ID, str(source)):
+        raise FileNotFoundError(f"{source}: no such directory, and not a Hugging Face Hub "
+                                "model id (owner/name)")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ValueError(f"{source} looks like a Hub model id: resolving it needs "
+                         "huggingface_hub (pip install 'spice-ray[hub]')") from None
+    try:
+        return Path(snapshot_download(
+            str(source), revision=revision, cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            allow_patterns=[f"{PRETRAINED_WEIGHTS}*", f"{PRETRAINED_CONFIG}*", MODEL_CARD]))
+    except Exception as exc:  # the library's own errors: offline, unknown repo, no revision
+        raise ValueError(f"{source}: not in the Hub cache"
+                         f"{f' {cache_dir}' if cache_dir else ''} and not downloadable "
+                         f"({type(exc).__name__}: {excerpt(str(exc).splitlines()[0])})") from None
 
 
 def pretrained_model(directory: Path, kind: str, name: str
