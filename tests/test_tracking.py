@@ -51,6 +51,16 @@ def test_bad_track_value_is_refused() -> None:
         make_config("smoke", "bandit", overrides=["track=tensorbord"])
 
 
+def _figure(run_dir):
+    """A 40 x 30 pixel PNG as the study's figures/bandit_online.png."""
+    import matplotlib.image
+    import numpy as np
+
+    (run_dir / "figures").mkdir()
+    pixels = np.linspace(0, 1, 30 * 40 * 3).reshape(30, 40, 3)
+    matplotlib.image.imsave(run_dir / "figures" / "bandit_online.png", pixels)
+
+
 @pytest.mark.ray
 @_needs("mlflow")
 def test_mlflow_local_store_reads_back(ray_local, tmp_path) -> None:
@@ -80,6 +90,7 @@ def test_mlflow_study_artifacts(tmp_path) -> None:
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "bandit_online.parquet").write_bytes(b"PAR1")
     (tmp_path / "report.md").write_text("# report\n")
+    _figure(tmp_path)
     cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}", "track=mlflow"])
     final, dpt = tmp_path / "checkpoints" / "final", tmp_path / "checkpoints" / "dpt"
     for path in (final, dpt):
@@ -94,7 +105,9 @@ def test_mlflow_study_artifacts(tmp_path) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("spice-ray-study").experiment_id])[0]
     assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == [
-        "bandit_online.parquet", "checkpoints", "report.md"]
+        "bandit_online.parquet", "checkpoints", "figures", "report.md"]
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "figures")] == [
+        "figures/bandit_online.png"]  # logged as an image (mlflow.log_image)
     model = "checkpoints/bandit/spice/all/seed0"
     assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/bandit/spice")
             ] == ["checkpoints/bandit/spice/all"]  # logged once
@@ -128,12 +141,15 @@ def test_tensorboard_study_has_hparams(tmp_path) -> None:
     from spice_ray.runtime.tracking import log_study
 
     (tmp_path / "report.md").write_text("# report\n")
+    _figure(tmp_path)
     cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}", "track=tensorboard"])
     log_study(cfg, tmp_path, metrics={"bandit/SPICE/final_regret": 6.5},
               params={"bandit/SPICE/beta": 2.0},
               checkpoints={("bandit", "spice", "all", 0): tmp_path})
     acc = EventAccumulator(str(tmp_path / "tensorboard" / "study" / "study")).Reload()
     assert [e.value for e in acc.Scalars("bandit/SPICE/final_regret")] == [6.5]
+    (image,) = acc.Images("figures/bandit_online")  # the figure itself, not its path
+    assert (image.width, image.height) == (40, 30)
     content = acc.PluginTagToContent("hparams")
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"])
     assert [m.name.tag for m in experiment.experiment.metric_infos] == [
@@ -144,3 +160,19 @@ def test_tensorboard_study_has_hparams(tmp_path) -> None:
     assert start.hparams["fusion.beta"].number_value == cfg.fusion.beta
     texts = acc.Tensors("checkpoints/bandit/spice/all/seed0/text_summary")
     assert texts[0].tensor_proto.string_val[0].decode() == str(tmp_path)
+
+
+@_needs("wandb")
+def test_wandb_study_figures_are_images(tmp_path, monkeypatch) -> None:
+    """W&B (offline) gets each figure as a wandb.Image in the run's media, beside the files."""
+    from spice_ray.runtime.tracking import log_study
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "report.md").write_text("# report\n")
+    _figure(tmp_path)
+    cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}", "track=wandb"])
+    log_study(cfg, tmp_path)
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+    media = sorted(p.name for p in run.glob("files/media/images/figures/*.png"))
+    assert len(media) == 1 and media[0].startswith("bandit_online_")

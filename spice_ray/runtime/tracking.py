@@ -94,6 +94,9 @@ class Run(Protocol):
 
     def artifact(self, path: Path) -> None: ...
 
+    def image(self, path: Path) -> None:
+        """A figure (PNG) as an image the tracker shows, ``figures/<name>``."""
+
     def model(self, path: Path, name: str) -> None:
         """A checkpoint directory as a model artifact named ``name``."""
 
@@ -116,6 +119,12 @@ class _TensorBoard:
     def artifact(self, path: Path) -> None:
         text = path.read_text() if path.suffix in (".md", ".txt", ".yaml") else str(path)
         self.writer.add_text(path.name, text)
+
+    def image(self, path: Path) -> None:
+        import matplotlib.image
+
+        pixels = matplotlib.image.imread(str(path))[..., :3]  # RGB(A) floats in [0, 1]
+        self.writer.add_image(f"figures/{path.stem}", pixels, dataformats="HWC")
 
     def model(self, path: Path, name: str) -> None:
         self.writer.add_text(f"checkpoints/{name}", str(path))  # no artifact store
@@ -146,6 +155,12 @@ class _MLflow:
     def artifact(self, path: Path) -> None:
         self.mlflow.log_artifact(str(path))
 
+    def image(self, path: Path) -> None:
+        import matplotlib.image
+
+        self.mlflow.log_image(matplotlib.image.imread(str(path))[..., :3],
+                              artifact_file=f"figures/{path.name}")
+
     def model(self, path: Path, name: str) -> None:
         self.mlflow.log_artifacts(str(path), artifact_path=f"checkpoints/{name}")
 
@@ -173,6 +188,11 @@ class _Wandb:
         art = wandb.Artifact(path.stem.replace(".", "_"), type="result")
         art.add_file(str(path))
         self.run.log_artifact(art)
+
+    def image(self, path: Path) -> None:
+        import wandb
+
+        self.run.log({f"figures/{path.stem}": wandb.Image(str(path))})
 
     def model(self, path: Path, name: str) -> None:
         import wandb
@@ -224,7 +244,8 @@ def log_study(cfg: ExperimentConfig, run_dir: Path, name: str = "study",
               metrics: Mapping[str, float] | None = None,
               params: Mapping[str, Any] | None = None,
               checkpoints: Mapping[tuple[str, str, str, int], Path] | None = None) -> None:
-    """The study's result tables, figures and report as artifacts of one run ``name``, with
+    """The study's result tables and report as artifacts and its figures as images of one
+    run ``name``, with
     its headline ``metrics`` (logged at step 0: a compare view lines runs up by them),
     ``params`` (e.g. the settings chosen on validation tasks) beside the config's (TensorBoard:
     its HParams view), and its final ``checkpoints``
@@ -237,11 +258,12 @@ def log_study(cfg: ExperimentConfig, run_dir: Path, name: str = "study",
     try:
         if metrics:
             run.log(metrics, 0)
-        files = [*sorted((run_dir / "results").glob("*.parquet")),
-                 *sorted((run_dir / "figures").glob("*.png")), run_dir / "report.md"]
+        files = [*sorted((run_dir / "results").glob("*.parquet")), run_dir / "report.md"]
         for path in files:
             if path.exists():
                 run.artifact(path)
+        for path in sorted((run_dir / "figures").glob("*.png")):
+            run.image(path)  # shown as images, not paths or files to download
         logged: set[Path] = set()
         for (exp, kind, variant, seed), path in sorted((checkpoints or {}).items()):
             if Path(path).resolve() not in logged:  # a variant trained as another is one
