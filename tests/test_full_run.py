@@ -448,3 +448,25 @@ def test_relative_out_dirs_become_absolute(tmp_path, monkeypatch) -> None:
     for argv in ([], ["--out", "x"]):
         cfg = config_from_args(parser.parse_args(["--preset", "smoke", *argv]))
         assert Path(cfg.out_dir).is_absolute() and cfg.out_dir.startswith(str(tmp_path))
+
+
+def test_dry_run_says_when_the_machine_is_busy_and_keeps_its_columns(tmp_path,
+                                                                     monkeypatch) -> None:
+    """A loaded machine times slow steps: the plan says so; an experiment without a tuning
+    grid says so instead of "0 methods"; long experiment names keep the columns aligned."""
+    from spice_ray.study import dryrun, plan_study
+
+    plan = plan_study("smoke", tmp_path / "p",
+                      experiments=("darkroom_dpt_star", "bandit_latent"))
+    monkeypatch.setattr(dryrun.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(dryrun.os, "cpu_count", lambda: 2)
+    text = dryrun.describe_plan(plan)
+    assert "the machine is busy: load average 9.0 on 2 cores" in text
+    assert "  darkroom_dpt_star nothing to tune (a fixed protocol)" in text
+    rows = [line for line in text.splitlines()
+            if line.startswith(("  darkroom_dpt_star ", "  bandit_latent "))]
+    assert len(rows) == 8  # datasets, pretraining, tuning, evaluation: one row each
+    assert {line[2:19].rstrip() for line in rows} == {"darkroom_dpt_star", "bandit_latent"}
+    assert all(line[19] == " " and line[20:].strip() for line in rows)  # one column of names
+    monkeypatch.setattr(dryrun.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    assert "busy" not in dryrun.describe_plan(plan)
