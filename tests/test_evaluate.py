@@ -13,6 +13,7 @@ from spice_ray.agents import (
     UCB,
     AgentSpec,
     EmpiricalMean,
+    OfflineContexts,
     OracleAgent,
     PolicyAgent,
     SpiceAgent,
@@ -35,7 +36,6 @@ from spice_ray.evaluate import (
     run_online,
     sequence_outputs,
 )
-from spice_ray.evaluate.offline import spice_offline_picks
 from spice_ray.model import DptModel, SpiceModel, make_tokens
 from spice_ray.results.schema import ROW_COLUMNS, ROW_KEY
 from spice_ray.results.tables import read_frame, write_frame
@@ -318,9 +318,8 @@ def test_offline_picks_equal_online_posterior_on_the_same_context(fusion) -> Non
     hs = np.array([0, 1, 5, 17, 24])
     out = sequence_outputs(model, make_tokens(data, BANDIT.env, dtype=torch.float64), hs,
                            keep_latents=True, keep_prior_means=True, batch_size=4)
-    offline = spice_offline_picks(AgentSpec("spice", fusion), out, actions, rewards, hs, 5,
-                                  model)
     ctrl = SpiceAgent(fusion, model=model, stateless=True)
+    offline = ctrl.offline_picks(OfflineContexts(actions, rewards, hs, 5, outputs=out))
     ctrl.reset(6, 5)
     zeros = torch.zeros(6, 1)
     for t in range(25):

@@ -14,7 +14,7 @@ import torch
 from spice_ray.agents import AgentSpec
 from spice_ray.agents.spice import SpiceAgent
 from spice_ray.config import EvalConfig, FusionConfig, make_config
-from spice_ray.evaluate.offline import sequence_outputs, spice_offline_picks
+from spice_ray.evaluate.offline import sequence_outputs
 from spice_ray.evaluate.width import fit_model_width, transition_predictions
 from spice_ray.fusion import (
     NOISE_VAR_FLOOR,
@@ -230,6 +230,14 @@ def test_online_posterior_scales_only_the_learned_width() -> None:
     # prior precision 1/max((s sigma_Q)^2, v_min): a narrower prior never has a larger var
     assert bool((posts[0.5].var <= posts[1.0].var + 1e-15).all())
     assert not torch.equal(posts[0.5].var, posts[1.0].var)
+
+
+def spice_offline_picks(spec, out, actions, rewards, hs, num_actions, model):
+    """SPICE's offline picks at every h, as the offline protocol asks its agent for them."""
+    from spice_ray.agents import OfflineContexts
+
+    return SpiceAgent(spec.fusion, model=model).offline_picks(
+        OfflineContexts(actions, rewards, hs, num_actions, outputs=out))
 
 
 def test_offline_picks_are_unchanged_at_one_and_read_the_scale() -> None:

@@ -18,6 +18,7 @@ from spice_ray.agents.base import (
     AgentSpec,
     Build,
     Method,
+    OfflineContexts,
     OfflinePicker,
     register_method,
 )
@@ -71,6 +72,6 @@ def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel |
 __all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "BayesAgent", "Build", "HillClimb",
            "LinUCB",
            "NearestUnvisited", "CountingBandit", "EmpiricalMean",
-           "FlatPrior", "Method", "OfflinePicker", "OracleAgent", "PolicyAgent",
+           "FlatPrior", "Method", "OfflineContexts", "OfflinePicker", "OracleAgent", "PolicyAgent",
            "PosteriorBandit", "RandomAgent", "SpiceAgent", "ThompsonSampling", "make_agent",
            "register_method", "state_features"]

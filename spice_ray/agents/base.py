@@ -62,14 +62,36 @@ class Agent(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class OfflineContexts:
+    """What an offline pick reads: B fixed contexts, read at P context lengths at once."""
+
+    actions: Tensor
+    """long [B, T]: the context actions."""
+    rewards: Tensor
+    """[B, T]: the context rewards."""
+    hs: np.ndarray
+    """int [P]: the context lengths h (the pick after the first h transitions)."""
+    num_actions: int
+    ties: Tensor | None = None
+    """[B, P] uniforms that break ties (``fusion.argmax_ties``; None: the lowest index)."""
+    outputs: Any = None
+    """For agents that read a model: its heads at positions ``hs`` from one forward over the
+    contexts (``spice_ray.evaluate.offline.sequence_outputs``), shared by every agent of that
+    model; with "prior_mean_all" where n-step targets bootstrap."""
+    state_dim: int = 1
+    """S of the environment's one state."""
+
+
 @runtime_checkable
 class OfflinePicker(Protocol):
-    """Picks one action per task from a fixed context (stateless environments)."""
+    """Picks one action per task from a fixed context (stateless environments): the offline
+    protocol asks the agent, never decides for it."""
 
     name: str
 
-    def offline_pick(self, actions: Tensor, rewards: Tensor, num_actions: int) -> Tensor:
-        """One action per task from contexts actions long [B, h], rewards [B, h] -> long [B]."""
+    def offline_picks(self, contexts: OfflineContexts) -> Tensor:
+        """The pick after the first h transitions of each context, for every h: long [B, P]."""
         ...
 
 

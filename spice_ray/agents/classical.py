@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from spice_ray.agents.base import Build, Method, register_method
+from spice_ray.agents.base import Build, Method, OfflineContexts, register_method
 from spice_ray.config import EvalConfig
 from spice_ray.fusion import (
     STATS_DTYPE,
@@ -107,6 +107,13 @@ class CountingBandit:
         actions = torch.as_tensor(actions, dtype=torch.long)
         counts, mean = weighted_action_stats(None, actions, rewards, num_actions)
         return self._offline(counts, mean, ties)
+
+    def offline_picks(self, contexts: OfflineContexts) -> Tensor:
+        """:meth:`offline_pick` at every context length: long [B, P]."""
+        c = contexts
+        return torch.stack([self.offline_pick(c.actions[:, :h], c.rewards[:, :h], c.num_actions,
+                                              None if c.ties is None else c.ties[:, j])
+                            for j, h in enumerate(int(v) for v in c.hs)], 1)
 
     def _ties(self, scores: Tensor) -> Tensor | None:
         """Uniforms that break the ties of this step's argmax (from the agent's draws)."""

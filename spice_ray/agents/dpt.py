@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from spice_ray.agents.base import AgentSpec, Build, Method, register_method
+from spice_ray.agents.base import AgentSpec, Build, Method, OfflineContexts, register_method
 from spice_ray.agents.runner import ContextRunner
 from spice_ray.fusion import STATS_DTYPE, RandomSource, argmax_ties, sample_categorical, tie_draws
 from spice_ray.model.trunk import TrunkModel
@@ -54,6 +54,15 @@ class PolicyAgent:
             raise ValueError("a sampling policy agent needs a torch.Generator or StepDraws in "
                              "reset()")
         return sample_categorical(torch.softmax(logits, dim=-1), self._draws)  # (B,)
+
+
+    def offline_picks(self, contexts: OfflineContexts) -> Tensor:
+        """The greedy action of the policy head at each position h (it has seen the first h
+        transitions): long [B, P]."""
+        if contexts.outputs is None or "logits" not in contexts.outputs:
+            raise ValueError(f"{self.name}'s offline picks read the policy head's logits at "
+                             "each context length: give the model's outputs")
+        return argmax_ties(contexts.outputs["logits"], contexts.ties)
 
 
 def _policy(spec: AgentSpec, env: Any, build: Build) -> PolicyAgent:

@@ -21,7 +21,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from spice_ray.agents.base import AgentSpec, Build, Method, register_method, to_numpy
+from spice_ray.agents.base import (
+    AgentSpec,
+    Build,
+    Method,
+    OfflineContexts,
+    register_method,
+    to_numpy,
+)
 from spice_ray.agents.runner import ContextRunner, ContextView, _Growing
 from spice_ray.config import FusionConfig
 from spice_ray.envs.bayes import TaskPosterior
@@ -34,6 +41,7 @@ from spice_ray.fusion import (
     bootstrap_values,
     context_evidence,
     fused_posterior,
+    greedy_action,
     learned_prior_std,
     needs_bootstrap,
     needs_nstep,
@@ -259,6 +267,59 @@ class SpiceAgent:
         beta = beta_at(t, self.fusion.beta, self.fusion.beta_schedule,
                        self.num_states * self.num_actions)
         return select_action(post, self.fusion.rule, beta, self._draws)
+
+
+    def offline_picks(self, contexts: OfflineContexts) -> Tensor:
+        """The greedy pick argmax_a m_post after the first h transitions, for every h at once:
+        long [B, P]. The learned prior is the model's heads at position h
+        (``contexts.outputs``), its width as online (``fusion.width_source``, scale, decay);
+        a flat prior is the same at every h. The uniform kernel's evidence for every prefix
+        comes from prefix masks at once; other kernels take one vectorised step per h."""
+        f, c = self.fusion, contexts
+        if f.kernel != "uniform" and f.kernel_space == "context":
+            raise ValueError("fusion.kernel_space=context has no offline curve: the offline "
+                             "pick reads one position, not the latents of a moving query")
+        if self.oracle or self.exact_width is not None:
+            raise ValueError(f"{self.name} has no offline pick (its prior follows an online "
+                             "context)")
+        outputs = c.outputs or {}
+        if self.model is not None and "prior_mean" not in outputs:
+            raise ValueError("method 'spice' needs a SpiceModel (a value ensemble)")
+        B, T = c.actions.shape
+        P = len(c.hs)
+        next_values = None
+        if needs_bootstrap(f):
+            next_values = bootstrap_values(outputs["prior_mean_all"][:, 1:], f.bootstrap)
+        if f.kernel == "uniform":
+            # All prefixes at once: prefix masks [P, T] over the broadcast context [B, P, T].
+            mask = torch.arange(T)[None, :] < torch.as_tensor(c.hs)[:, None]  # (P, T)
+            expand = (B, P, T)
+            counts, mean = context_evidence(
+                f, c.actions[:, None].expand(expand), c.rewards[:, None].expand(expand),
+                c.num_actions,
+                next_values=None if next_values is None else next_values[:, None].expand(expand),
+                mask=mask.expand(expand))  # (B, P, A) each
+        else:  # the weights depend on the query at h: one vectorised step per h
+            stats = []
+            for h in (int(v) for v in c.hs):
+                query, context = torch.zeros(B, c.state_dim), torch.zeros(B, h, c.state_dim)
+                if f.kernel_space == "latent":
+                    query, context = self.kernel_features(query), self.kernel_features(context)
+                stats.append(context_evidence(
+                    f, c.actions[:, :h], c.rewards[:, :h], c.num_actions, query, context,
+                    None if next_values is None else next_values[:, :h]))
+            counts = torch.stack([n for n, _ in stats], 1)  # (B, P, A)
+            mean = torch.stack([m for _, m in stats], 1)  # (B, P, A)
+        if self.model is not None:  # the learned prior, its width from fusion.width_source
+            prior_mean = outputs["prior_mean"]
+            prior_std = learned_prior_std(f, outputs["prior_std"],
+                                          torch.as_tensor(c.hs)[None, :, None],
+                                          outputs.get("pred_var"))
+        else:  # the flat prior
+            prior_mean = torch.full(counts.shape, self.prior.mean, dtype=STATS_DTYPE)
+            prior_std = torch.full(counts.shape, self.prior.var ** 0.5, dtype=STATS_DTYPE)
+        post = fused_posterior(f, prior_mean, prior_std, counts, mean)
+        return greedy_action(post.mean, c.ties)  # (B, P)
 
 
 # ---- the methods this module's agent is -------------------------------------------------------

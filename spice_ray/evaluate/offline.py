@@ -17,18 +17,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from spice_ray.agents import AgentSpec, make_agent, state_features
+from spice_ray.agents import AgentSpec, OfflineContexts, OfflinePicker, make_agent
 from spice_ray.common.rng import TaskStreams
 from spice_ray.config import EnvConfig, EvalConfig
 from spice_ray.evaluate.online import applicable_specs
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
 from spice_ray.fusion import (
-    argmax_ties,
-    bootstrap_values,
-    context_evidence,
-    fused_posterior,
-    greedy_action,
-    learned_prior_std,
     needs_bootstrap,
 )
 from spice_ray.model.tokens import Tokens, make_tokens
@@ -110,77 +104,7 @@ def sequence_outputs(
 
 
 
-# ---- offline picks and rows --------------------------------------------------
-
-
-def spice_offline_picks(
-    spec: AgentSpec,
-    outputs: Mapping[str, Tensor],
-    actions: Tensor,
-    rewards: Tensor,
-    hs: np.ndarray,
-    num_actions: int,
-    model: TrunkModel | None = None,
-    state_dim: int = 1,
-    ties: Tensor | None = None,
-) -> Tensor:
-    """SPICE's greedy offline pick argmax_a m_post after the first h transitions, every h.
-
-    Args:
-        spec: a spice spec (its fusion config).
-        outputs: :func:`sequence_outputs` at positions ``hs`` (with "prior_mean_all" when the
-            targets bootstrap).
-        actions: long [B, T] context actions.
-        rewards: [B, T] context rewards.
-        hs: int [P] context lengths.
-        num_actions: A.
-        model: the SpiceModel; needed by latent-space kernels (:func:`state_features`).
-        state_dim: S of the environment's one state.
-        ties: [B, P] uniforms breaking ties (:func:`argmax_ties`); None: the lowest index.
-
-    Returns:
-        long [B, P] picks.
-    """
-    f = spec.fusion
-    if f.kernel != "uniform" and f.kernel_space == "context":
-        raise ValueError("fusion.kernel_space=context has no offline curve: the offline pick "
-                         "reads one position, not the latents of a moving query")
-    B, T = actions.shape
-    P = len(hs)
-    S = state_dim
-    next_values = None
-    if needs_bootstrap(f):
-        next_values = bootstrap_values(outputs["prior_mean_all"][:, 1:], f.bootstrap)  # (B, T)
-    if f.kernel == "uniform":
-        # All prefixes at once: prefix masks [P, T] over the broadcast context [B, P, T].
-        mask = torch.arange(T)[None, :] < torch.as_tensor(hs)[:, None]  # (P, T)
-        expand = (B, P, T)
-        counts, mean = context_evidence(
-            f, actions[:, None].expand(expand), rewards[:, None].expand(expand), num_actions,
-            next_values=None if next_values is None else next_values[:, None].expand(expand),
-            mask=mask.expand(expand))  # (B, P, A) each
-    else:  # the weights depend on the query latent at h: one vectorised step per h
-        stats = []
-        for h in (int(v) for v in hs):
-            query, context = torch.zeros(B, S), torch.zeros(B, h, S)  # the one (zero) state
-            if f.kernel_space == "latent":
-                if model is None:
-                    raise ValueError("a latent-space kernel needs the model")
-                query, context = state_features(model, query), state_features(model, context)
-            stats.append(context_evidence(
-                f, actions[:, :h], rewards[:, :h], num_actions, query, context,
-                None if next_values is None else next_values[:, :h]))
-        counts = torch.stack([c for c, _ in stats], 1)  # (B, P, A)
-        mean = torch.stack([m for _, m in stats], 1)  # (B, P, A)
-    if spec.uses_model:  # the learned prior, its width from fusion.width_source
-        prior_mean = outputs["prior_mean"]
-        prior_std = learned_prior_std(f, outputs["prior_std"],
-                                      torch.as_tensor(hs)[None, :, None], outputs.get("pred_var"))
-    else:  # the flat prior
-        prior_mean = torch.full(counts.shape, spec.prior[0], dtype=torch.float64)
-        prior_std = torch.full(counts.shape, spec.prior[1] ** 0.5, dtype=torch.float64)
-    post = fused_posterior(f, prior_mean, prior_std, counts, mean)
-    return greedy_action(post.mean, ties)  # (B, P)
+# ---- offline rows --------------------------------------------------------------
 
 
 def offline_rows(
@@ -235,21 +159,15 @@ def offline_rows(
         outputs = sequence_outputs(model, tokens, hs,
                                    keep_prior_means=any(needs_bootstrap(s.fusion) for s in spice),
                                    batch_size=batch_size)
+    contexts = OfflineContexts(actions, rewards, hs, A, ties, outputs, env.state_dim)
     frames = []
-    for spec in todo:
-        if spec.info.fused:
-            if spec.uses_model and (outputs is None or "prior_mean" not in outputs):
-                raise ValueError("method 'spice' needs a SpiceModel (a value ensemble)")
-            picks = spice_offline_picks(spec, outputs or {}, actions, rewards, hs, A, model,
-                                        env.state_dim, ties)
-        elif spec.uses_model:
-            assert outputs is not None
-            picks = argmax_ties(outputs["logits"], ties)  # (B, P): greedy at position h
-        else:
-            base = make_agent(spec, env, eval_cfg=eval_cfg, sigma=sigma)
-            picks = torch.stack([base.offline_pick(actions[:, :h], rewards[:, :h], A,
-                                                   ties[:, j])
-                                 for j, h in enumerate(int(v) for v in hs)], 1)  # (B, P)
+    for spec in todo:  # each method makes its own picks (agents.OfflinePicker)
+        agent = make_agent(spec, env, model=model if spec.uses_model else None,
+                           eval_cfg=eval_cfg, sigma=sigma)
+        if not isinstance(agent, OfflinePicker):
+            raise ValueError(f"method {spec.method!r} says it has an offline protocol but its "
+                             "agent has no offline_picks")
+        picks = agent.offline_picks(contexts)  # (B, P)
         pick_values = np.take_along_axis(values, picks.numpy().astype(np.int64), axis=1)
         subopt = values.max(axis=1, keepdims=True) - pick_values  # (B, P)
         frames.append(tidy_rows(env.name, spec.label, spec.rule(online=False),
