@@ -34,8 +34,9 @@ from spice_ray.agents.classical import (
     ThompsonSampling,
 )
 from spice_ray.agents.dpt import PolicyAgent
+from spice_ray.agents.priors import ExactPrior, FlatPrior, LearnedMeanExactSd, LearnedPrior, Prior
 from spice_ray.agents.references import HillClimb, LinUCB, NearestUnvisited
-from spice_ray.agents.spice import FlatPrior, SpiceAgent, state_features
+from spice_ray.agents.spice import SpiceAgent, state_features
 from spice_ray.config import EvalConfig
 from spice_ray.model.trunk import TrunkModel
 
@@ -69,9 +70,9 @@ def make_agent(spec: AgentSpec, env: Any, tasks: Any = None, model: TrunkModel |
     return info.build(spec, env, Build(tasks, model, eval_cfg or EvalConfig(), sigma))
 
 
-__all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "BayesAgent", "Build", "HillClimb",
-           "LinUCB",
-           "NearestUnvisited", "CountingBandit", "EmpiricalMean",
-           "FlatPrior", "Method", "OfflineContexts", "OfflinePicker", "OracleAgent", "PolicyAgent",
-           "PosteriorBandit", "RandomAgent", "SpiceAgent", "ThompsonSampling", "make_agent",
-           "register_method", "state_features"]
+__all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "BayesAgent", "Build",
+           "CountingBandit", "EmpiricalMean", "ExactPrior", "FlatPrior", "HillClimb",
+           "LearnedMeanExactSd", "LearnedPrior", "LinUCB", "Method", "NearestUnvisited",
+           "OfflineContexts", "OfflinePicker", "OracleAgent", "PolicyAgent",
+           "PosteriorBandit", "Prior", "RandomAgent", "SpiceAgent", "ThompsonSampling",
+           "make_agent", "register_method", "state_features"]

@@ -1,11 +1,12 @@
 """SPICE at test time: a per-action prior fused with kernel-weighted evidence from the context.
 
-The prior is the learned ensemble's N(Q-bar, max((s sigma_Q)^2, v_min)) at the current position
-(paper sec. 3.3; s = ``fusion.width_scale``, 1 in the paper), or, for the prior ablation and
-the count-based explorer, one constant N(mu_0, v_0) for every action (:class:`FlatPrior`: no
-network at all). Everything else, the kernel weights, the n-step targets, the Normal-Normal
-posterior and the action rule, is the same code (``spice_ray.fusion``), so the difference
-between the rows is the prior alone.
+The agent is the fusion -- the kernel weights, the n-step targets, the Normal-Normal posterior
+and the action rule (``spice_ray.fusion``) -- plus one prior strategy
+(``spice_ray.agents.priors``): the learned ensemble's N(Q-bar, max((s sigma_Q)^2, v_min)) at
+the current position (paper sec. 3.3), one constant N(mu_0, v_0) (the prior ablation and the
+count-based explorer: no network), the exact task posterior (the oracle prior), or the learned
+mean with the exact sd. Everything but the prior is the same code, so the difference between
+the rows is the prior alone.
 
 Kernel features (``fusion.kernel_space``): ``state`` compares raw states; ``latent`` the
 trunk's output for a state alone (the query token [s, 0, 0, 0], the paper's reading); and
@@ -15,7 +16,6 @@ t-1 (which has seen s_t as the next state of its token) for context state s_t.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,8 +27,8 @@ from spice_ray.agents.base import (
     Method,
     OfflineContexts,
     register_method,
-    to_numpy,
 )
+from spice_ray.agents.priors import FlatPrior, make_prior
 from spice_ray.agents.runner import ContextRunner, ContextView, _Growing
 from spice_ray.config import FusionConfig
 from spice_ray.envs.bayes import TaskPosterior
@@ -42,7 +42,6 @@ from spice_ray.fusion import (
     context_evidence,
     fused_posterior,
     greedy_action,
-    learned_prior_std,
     needs_bootstrap,
     needs_nstep,
     select_action,
@@ -72,14 +71,6 @@ def state_features(model: TrunkModel, states: Tensor) -> Tensor:
     x = query_features(uniq, model.num_actions)  # (U, F)
     h = model.trunk(x[:, None, :])[:, 0]  # (U, D): position 0 of a 1-token sequence
     return h[inverse].reshape(*lead, h.shape[-1])
-
-
-@dataclass(frozen=True)
-class FlatPrior:
-    """The same prior N(mean, var) for every action and state (no network)."""
-
-    mean: float
-    var: float
 
 
 class _Context:
@@ -127,8 +118,7 @@ class SpiceAgent:
             raise ValueError("exact_width replaces a learned prior's sd: it needs a model")
         self.fusion = fusion
         self.model = model
-        self.prior = prior
-        self.exact_width = exact_width
+        self.prior = make_prior(fusion, model, prior, exact_width)
         self.name = name
         self.num_states = int(num_states)
         self.runner = None if model is None else ContextRunner(
@@ -141,16 +131,6 @@ class SpiceAgent:
         self._context: _Context | None = None
         self._draws: RandomSource | None = None
 
-    @property
-    def oracle(self) -> bool:
-        """Whether the prior is an exact task posterior (it follows the context)."""
-        return self.prior is not None and not isinstance(self.prior, FlatPrior)
-
-    @property
-    def _exact(self) -> TaskPosterior | None:
-        """The exact posterior this agent follows (oracle prior or exact width), if any."""
-        return self.prior if self.oracle else self.exact_width
-
     def reset(self, num_tasks: int, num_actions: int, draws: RandomSource | None = None
               ) -> None:
         if self.model is not None and num_actions != self.model.num_actions:
@@ -159,8 +139,7 @@ class SpiceAgent:
         self.num_actions = num_actions
         if self.runner is not None:
             self.runner.reset(num_tasks)
-        if self._exact is not None:
-            self._exact.reset(num_tasks)
+        self.prior.reset(num_tasks)
         self._stats = RunningStats.zeros(num_tasks, num_actions, dtype=STATS_DTYPE)
         self._context = None
         self._num_tasks = num_tasks
@@ -179,9 +158,7 @@ class SpiceAgent:
             self._context.actions.append(actions.cpu())
             self._context.rewards.append(rewards.cpu())
             self._context.states.append(states.cpu())
-        if self._exact is not None:
-            self._exact.observe(*(to_numpy(x)
-                                 for x in (actions, rewards, states, next_states)))
+        self.prior.observe(actions, rewards, states, next_states)
         if self.incremental:
             assert self._stats is not None
             self._stats.update(actions.cpu(), rewards.cpu())  # O(A) per task
@@ -225,15 +202,7 @@ class SpiceAgent:
                 assert view.latents is not None
                 query = view.latents[:, -1]  # (B, D): position T, the current state
                 context = view.latents[:, :-1]  # (B, T, D): position t-1 for s_t
-        next_values = None
-        if needs_bootstrap(f):
-            if self.oracle:
-                next_values = torch.from_numpy(self.prior.next_values()).to(STATS_DTYPE)
-            elif self.prior is not None:
-                next_values = torch.full(view.rewards.shape, self.prior.mean, dtype=STATS_DTYPE)
-            else:
-                assert view.prior_means is not None
-                next_values = bootstrap_values(view.prior_means, f.bootstrap)  # (B, T)
+        next_values = self.prior.next_values(view, f) if needs_bootstrap(f) else None
         return context_evidence(f, view.actions, view.rewards, self.num_actions, query,
                                 context, next_values)
 
@@ -241,24 +210,9 @@ class SpiceAgent:
         """The fused posterior at the current step, (mean [B, A], var [B, A]) on the CPU."""
         view = self._view(states)
         counts, mean = self.evidence(view, states)
-        if self.oracle:
-            exact_mean, exact_var = self.prior.moments(to_numpy(states))
-            prior_mean = torch.from_numpy(exact_mean).to(STATS_DTYPE)
-            prior_std = torch.from_numpy(exact_var).to(STATS_DTYPE).sqrt()
-        elif self.prior is not None:
-            shape = (self._num_tasks, self.num_actions)
-            prior_mean = torch.full(shape, self.prior.mean, dtype=STATS_DTYPE)
-            prior_std = torch.full(shape, self.prior.var ** 0.5, dtype=STATS_DTYPE)
-        else:
-            prior_mean, prior_std = view.head.prior_mean, view.head.prior_std
-            if self.exact_width is not None:
-                exact_var = self.exact_width.moments(to_numpy(states))[1]
-                prior_std = torch.from_numpy(exact_var).to(STATS_DTYPE).sqrt()
-            else:  # the learned width (fusion.width_source; the ensemble's: scaled by
-                # fusion.width_scale, 1: unchanged, and narrowed with h by fusion.width_decay)
-                h = self._seen if self.model is None else min(self._seen,
-                                                              self.model.max_len - 1)
-                prior_std = learned_prior_std(self.fusion, prior_std, h, view.head.pred_var)
+        h = self._seen if self.model is None else min(self._seen, self.model.max_len - 1)
+        prior_mean, prior_std = self.prior.moments(view, states, h,
+                                                   (self._num_tasks, self.num_actions))
         return fused_posterior(self.fusion, prior_mean, prior_std, counts, mean)
 
     def act(self, t: int, states: Tensor) -> Tensor:
@@ -279,9 +233,6 @@ class SpiceAgent:
         if f.kernel != "uniform" and f.kernel_space == "context":
             raise ValueError("fusion.kernel_space=context has no offline curve: the offline "
                              "pick reads one position, not the latents of a moving query")
-        if self.oracle or self.exact_width is not None:
-            raise ValueError(f"{self.name} has no offline pick (its prior follows an online "
-                             "context)")
         outputs = c.outputs or {}
         if self.model is not None and "prior_mean" not in outputs:
             raise ValueError("method 'spice' needs a SpiceModel (a value ensemble)")
@@ -310,14 +261,8 @@ class SpiceAgent:
                     None if next_values is None else next_values[:, :h]))
             counts = torch.stack([n for n, _ in stats], 1)  # (B, P, A)
             mean = torch.stack([m for _, m in stats], 1)  # (B, P, A)
-        if self.model is not None:  # the learned prior, its width from fusion.width_source
-            prior_mean = outputs["prior_mean"]
-            prior_std = learned_prior_std(f, outputs["prior_std"],
-                                          torch.as_tensor(c.hs)[None, :, None],
-                                          outputs.get("pred_var"))
-        else:  # the flat prior
-            prior_mean = torch.full(counts.shape, self.prior.mean, dtype=STATS_DTYPE)
-            prior_std = torch.full(counts.shape, self.prior.var ** 0.5, dtype=STATS_DTYPE)
+        prior_mean, prior_std = self.prior.offline_moments(outputs, torch.as_tensor(c.hs),
+                                                           counts.shape)
         post = fused_posterior(f, prior_mean, prior_std, counts, mean)
         return greedy_action(post.mean, c.ties)  # (B, P)
 
