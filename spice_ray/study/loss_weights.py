@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from spice_ray.agents import AgentSpec
+from spice_ray.common.console import SILENT, Console
 from spice_ray.config import ExperimentConfig, config_hash
 from spice_ray.config.grids import GRIDS
 from spice_ray.data import store
@@ -149,7 +150,8 @@ def check_choose(name: str, exp: Experiment, cfg: ExperimentConfig) -> None:
 
 
 def choose_models(configs: dict[str, ExperimentConfig], run_dir: Path,
-                  datasets: dict[str, Path], finals: Finals) -> dict[str, dict[str, Any]]:
+                  datasets: dict[str, Path], finals: Finals, console: Console = SILENT
+                  ) -> dict[str, dict[str, Any]]:
     """:func:`choose_model` for every experiment whose ``train.choose`` names grids (the
     previous records read from the run's ``tuning.json``), and the checkpoint index rewritten
     so that it lists each chosen model as the experiment's SPICE model; returns the records by
@@ -165,6 +167,11 @@ def choose_models(configs: dict[str, ExperimentConfig], run_dir: Path,
                               previous if isinstance(previous, dict) else None)
         if record is not None:
             out[name] = record
+            best = next(g for g in record["grid"] if g["setting"] == record["chosen"])
+            console.line(f"  {name}: SPICE's loss weights {variant_name(record['chosen'])} "
+                         f"of {len(record['grid'])} (validation log-lik "
+                         f"{best['log_lik']:+.4f} per reward)"
+                         + (", current, skipped" if record is previous else ""))
     if out:
         write_checkpoint_index(run_dir, finals)
     return out

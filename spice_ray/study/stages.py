@@ -385,7 +385,7 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     enter_stage("3/6 tune")
     console.stage(3, 6, "tune", "every method's settings on validation tasks (Ray actors)")
     with EvalPool() as pool:  # the actors start once for tuning and evaluation
-        models = choose_models(plan.configs, run_dir, datasets, finals)  # loss weights first
+        models = choose_models(plan.configs, run_dir, datasets, finals, console)
         tuned = tune_all(plan.configs, run_dir, datasets, finals, pool, console, models)
         plan.timings["tune"] = time.perf_counter() - t2
         t3 = time.perf_counter()
