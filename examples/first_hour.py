@@ -5,7 +5,8 @@
 1. runs the study (the bandit experiment: datasets, pretraining, tuning on validation tasks,
    evaluation, tables, figures as PNG and PDF, the report);
 2. re-runs it into the same directory with another config, which is refused with the way out
-   (the run holds one study; its tables are never mixed with another config's);
+   (the run holds one study; its tables are never mixed with another config's), and takes
+   that way out: ``--variant nv4`` keeps both side by side, in its own tables and one report;
 3. loads the policy the tuning stage chose (``SpicePolicy.from_run``) and plays one task of
    the run's own environment through ``gymnasium.make`` with ``predict`` and ``observe``;
 4. writes the tuned table as LaTeX for a paper (short labels, the metric by its name);
@@ -57,12 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     check(proc.returncode == 2 and "another config" in proc.stderr,
           f"a re-run with another config was not refused (exit {proc.returncode})")
     print("   refused: " + proc.stderr.strip().splitlines()[-1])
+    proc = study(out, "--set", "fusion.noise_var=0.04", "--variant", "nv4")
+    check(proc.returncode == 0, f"the variant run exited {proc.returncode}: "
+          f"{proc.stderr[-2000:]}")
+    report = (out / "report.md").read_text()
+    check("## bandit_tuned" in report and "## bandit--nv4_tuned" in report,
+          "the report does not hold the study and its variant side by side")
+    print("   --variant nv4: bandit--nv4_* tables beside bandit_*, one report with both")
 
     print("3. the tuned policy on the run's own environment, through Gymnasium")
     policy = spice_ray.SpicePolicy.from_run(out, "bandit")
     check(policy.tuned is not None, "from_run did not give the validation-tuned policy")
     print(f"   {policy!r}")
-    env = gymnasium.make("spice_ray/bandit-v0", task=0, run_dir=str(out))
+    env = gymnasium.make("spice_ray/bandit-v0", task=0, run_dir=str(out), experiment="bandit")
     obs, _ = env.reset(seed=0)
     regret, steps, done = 0.0, 0, False
     while not done:

@@ -39,6 +39,10 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--experiments", default=",".join(DEFAULT_EXPERIMENTS),
                         help="comma-separated experiments, of " + ", ".join(EXPERIMENTS)
                         + " (default: %(default)s)")
+    parser.add_argument("--variant", default="", metavar="NAME",
+                        help="run the experiments under NAME beside the ones --out holds (e.g. "
+                        "another config of them): tables bandit--NAME_online ..., both in one "
+                        "report")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (stages, resources, sizes, times) and exit")
     parser.add_argument("--figure-format", default="png",
@@ -55,7 +59,7 @@ def cli(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     try:  # every experiment's config is valid before Ray starts
         plan = plan_study(args.preset, args.out, args.config, args.overrides,
-                          tuple(e for e in args.experiments.split(",") if e))
+                          tuple(e for e in args.experiments.split(",") if e), args.variant)
     except ConfigError as exc:
         print(f"error: bad config: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

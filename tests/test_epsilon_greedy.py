@@ -126,9 +126,10 @@ def _installed(site: Path) -> dict[str, str]:
 
 @pytest.mark.ray
 def test_the_first_hour_example_runs_with_an_installed_plugin(tmp_path) -> None:
-    """examples/first_hour.py end to end (the study, a re-run with another config refused,
-    the tuned policy's predict on a gymnasium.make env of the run, a LaTeX table, a PDF
-    figure, save_pretrained with a model card), with the plugin installed, so one smoke study
+    """examples/first_hour.py end to end (the study, a re-run with another config refused and
+    then kept beside it with --variant, the tuned policy's predict on a gymnasium.make env of
+    the run, a LaTeX table, a PDF figure, save_pretrained with a model card), with the plugin
+    installed, so one smoke study
     also shows tuning, evaluation, a table, a figure and the report taking an agent no file
     under spice_ray/ names: the driver and every Ray actor load it by its entry point."""
     env = _installed(tmp_path / "site")
@@ -141,6 +142,8 @@ def test_the_first_hour_example_runs_with_an_installed_plugin(tmp_path) -> None:
     out = proc.stdout
     assert "refused: error: bad config: " in out and "fusion.noise_var: on disk 0.09, " \
         "requested 0.04" in out
+    assert "--variant nv4: bandit--nv4_* tables beside bandit_*, one report with both" in out
+    assert (run / "results" / "bandit--nv4_tuned.parquet").is_file()
     assert re.search(r"tuned on validation: beta=\S+", out)
     assert re.search(r"eval task 0: cumulative regret \d+\.\d\d over 24 steps", out)
     tex = (run / "bandit_tuned.tex").read_text()

@@ -470,3 +470,40 @@ def test_dry_run_says_when_the_machine_is_busy_and_keeps_its_columns(tmp_path,
     assert all(line[19] == " " and line[20:].strip() for line in rows)  # one column of names
     monkeypatch.setattr(dryrun.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
     assert "busy" not in dryrun.describe_plan(plan)
+
+
+def test_a_variant_is_its_experiment_under_its_own_name(tmp_path) -> None:
+    """``--variant NAME`` plans ``<experiment>--NAME``: its own tables, config file and
+    tuning record, so another config of a study lives beside it (the refusal's way out);
+    the report orders each experiment before its variants and the aggregate pools one per
+    task set."""
+    from spice_ray.config import ConfigError
+    from spice_ray.study.experiments import EXPERIMENTS, experiment_named
+    from spice_ray.study.reporting import aggregated, run_configs
+
+    run = tmp_path / "run"
+    base = plan_study("smoke", run, experiments=("bandit",))
+    base.configs["bandit"].write(run / "configs", "bandit.yaml")
+    with pytest.raises(ConfigError, match="--variant NAME to keep both"):
+        plan_study("smoke", run, overrides=["fusion.noise_var=0.04"], experiments=("bandit",))
+    plan = plan_study("smoke", run, overrides=["fusion.noise_var=0.04"],
+                      experiments=("bandit",), variant="nv4")
+    assert list(plan.configs) == ["bandit--nv4"] and plan.configs["bandit--nv4"].fusion.noise_var \
+        == 0.04
+    exp = EXPERIMENTS["bandit--nv4"]
+    assert exp is experiment_named("bandit--nv4") and exp.env == "bandit"
+    assert [t.name for t in exp.tables] == ["bandit--nv4_offline", "bandit--nv4_online",
+                                            "bandit--nv4_robustness", "bandit--nv4_calibration"]
+    assert exp.tuned_table().name == "bandit--nv4_tuned"
+    for bad in ("bandit--", "bandit--a b", "nope--x", "bandit--" + "x" * 40):
+        with pytest.raises(ValueError, match="is invalid"):
+            experiment_named(bad)
+    with pytest.raises(ConfigError, match="--variant 'a b' is invalid"):
+        plan_study("smoke", run, experiments=("bandit",), variant="a b")
+    # the report's experiments: both (each with a table written), the experiment first
+    plan.configs["bandit--nv4"].write(run / "configs", "bandit--nv4.yaml")
+    assert run_configs(run, plan.configs) == {"bandit--nv4": plan.configs["bandit--nv4"]}
+    _fixture_table(run)  # a bandit_online table: the experiment is in the run
+    both = run_configs(run, plan.configs)
+    assert list(both) == ["bandit", "bandit--nv4"] and both["bandit"].fusion.noise_var == 0.09
+    assert aggregated(both) == ["bandit"] and aggregated(plan.configs) == ["bandit--nv4"]

@@ -2,7 +2,9 @@
 
 ``experiment_spec`` and ``experiments`` (the study's experiments as data), ``records`` (what
 the stages hand each other), ``tuning`` (every method's settings chosen on validation tasks),
-``stages`` (the stage driver: datasets, pretraining, tuning, evaluation, figures, report),
+``loss_weights`` (the loss weights chosen on validation), ``stages`` (the stage driver:
+datasets, pretraining, tuning, evaluation), ``reporting`` (figures and the report over every
+experiment of a run directory),
 ``dryrun`` (the plan without the work), ``run_models`` (a run's trained models and their
 cards), ``ladder`` (the scaling experiment) and ``policy`` (a trained policy in your own
 loop). ``plan_study``, ``run_study``, ``study_tables``, ``StudyPlan`` and

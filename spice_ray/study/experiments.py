@@ -371,6 +371,41 @@ def add_evaluation(experiment: str, evaluation: Evaluation, tables: tuple[str, .
     return EXPERIMENTS[experiment]
 
 
+VARIANT = "--"
+"""Between an experiment's name and a variant's (``full_run --variant``): ``bandit--lr3``."""
+
+
+def experiment_named(name: str) -> Experiment:
+    """The registered experiment ``name``; ``<experiment>@<variant>`` is that experiment under
+    a name of its own, registered on first use: its tables (``bandit--lr3_online``), tuning
+    record, config file and checkpoints carry the name, so a study and its variant live side
+    by side in one run directory and report.
+
+    Raises:
+        ValueError: neither a registered experiment nor one of them with a variant name
+            (letters, digits, ``_`` and ``-``, at most 32).
+    """
+    import re
+
+    if name in EXPERIMENTS:
+        return EXPERIMENTS[name]
+    base, sep, variant = name.partition(VARIANT)
+    if not sep or base not in EXPERIMENTS or not re.fullmatch(
+            r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", variant):
+        raise ValueError(f"experiment {name!r} is invalid: one of {list(EXPERIMENTS)}, or "
+                         f"one of them{VARIANT}<variant> (letters, digits, _ and -)")
+    exp = EXPERIMENTS[base]
+
+    def renamed(table: Table) -> Table:
+        rest = table.name[len(base):] if table.name.startswith(base) else f"_{table.name}"
+        return dataclasses.replace(table, name=f"{name}{rest}",
+                                   title=f"{table.title} [{variant}]")
+
+    EXPERIMENTS[name] = dataclasses.replace(exp, name=name,
+                                            tables=tuple(renamed(t) for t in exp.tables))
+    return EXPERIMENTS[name]
+
+
 def add_experiment(experiment: Experiment) -> Experiment:
     """Register a whole experiment (a plugin's), runnable as ``--experiments <name>``.
 

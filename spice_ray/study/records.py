@@ -196,4 +196,5 @@ def check_same_study(run_dir: Path, name: str, cfg: ExperimentConfig) -> None:
             f"{run_dir} holds experiment {name} run with another config ("
             + "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
             + "): its tables would be replaced and the report would mix the two. Use another "
-            f"--out for this config, or delete {run_dir} to replace that study")
+            "--out for this config, --variant NAME to keep both in this run directory side by "
+            f"side, or delete {run_dir} to replace that study")

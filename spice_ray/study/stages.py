@@ -21,7 +21,7 @@ import pandas as pd
 
 from spice_ray import envs
 from spice_ray.agents import AgentSpec
-from spice_ray.common.artifacts import file_sha256, is_current
+from spice_ray.common.artifacts import is_current
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.common.errors import enter_stage
 from spice_ray.config import (
@@ -36,31 +36,37 @@ from spice_ray.data import store
 from spice_ray.data.generate import generate_stage
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.results import aggregate, plots
-from spice_ray.results.choices import choices_table, fitted_decay, fitted_noise, fitted_scale
-from spice_ray.results.figure_files import extra_formats, is_drawn, mark_drawn
-from spice_ray.results.report import write_report
+from spice_ray.results import aggregate
+from spice_ray.results.choices import fitted_decay, fitted_noise, fitted_scale
+from spice_ray.results.figure_files import extra_formats
 from spice_ray.results.schema import NO_SEED
-from spice_ray.results.tables import load, table_path, write
+from spice_ray.results.tables import table_path, write
 from spice_ray.runtime import tracking
 from spice_ray.study import tuning
-from spice_ray.study.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS, Table
+from spice_ray.study.experiments import (
+    DEFAULT_EXPERIMENTS,
+    EXPERIMENTS,
+    VARIANT,
+    Table,
+    experiment_named,
+)
 from spice_ray.study.loss_weights import check_choose, choose_models, trained_models
 from spice_ray.study.records import (
     Finals,
     busy_seconds,
     check_same_study,
-    timing_notes,
-    timing_of_work,
-    training_table,
     write_checkpoint_index,
     write_timing,
 )
+from spice_ray.study.reporting import (
+    aggregated,
+    draw_figures,
+    run_configs,
+    tables_of,
+    write_study_report,
+)
 from spice_ray.study.tuning import (
-    SCORE,
     agent_specs,
-    read_tuning,
-    task_groups,
     tune_all,
     write_tuned_table,
 )
@@ -97,7 +103,8 @@ def _env_fields(env: str) -> set[str]:
 
 def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None = None,
                overrides: list[str] | tuple[str, ...] = (),
-               experiments: tuple[str, ...] = DEFAULT_EXPERIMENTS) -> StudyPlan:
+               experiments: tuple[str, ...] = DEFAULT_EXPERIMENTS, variant: str = ""
+               ) -> StudyPlan:
     """Resolve and validate the config of every experiment.
 
     The user's overrides apply to every experiment, except that ``env.<field>`` applies only
@@ -115,8 +122,12 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
         raise ConfigError(f"experiment {unknown[0]!r} is invalid: one of {list(EXPERIMENTS)}")
     used: set[str] = set()
     cfgs = {}
-    for name in experiments:
-        exp = EXPERIMENTS[name]
+    for base in experiments:
+        try:  # a variant: the experiment under a name of its own (experiments.VARIANT)
+            exp = experiment_named(f"{base}{VARIANT}{variant}" if variant else base)
+        except ValueError as exc:
+            raise ConfigError(f"--variant {variant!r} is invalid: {exc}") from None
+        name = exp.name
         fields = _env_fields(exp.env)
         mine = [o for o in overrides if _env_field(o) is None or _env_field(o) in fields]
         used |= set(mine)
@@ -133,7 +144,7 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
     for name, cfg in cfgs.items():
         check_same_study(run_dir, name, cfg)
         check_choose(name, EXPERIMENTS[name], cfg)
-    return StudyPlan(cfgs, run_dir, tuple(experiments))
+    return StudyPlan(cfgs, run_dir, tuple(cfgs))
 
 
 # ---- stage 2: pretraining ----------------------------------------------------------------
@@ -314,40 +325,8 @@ def _ppo_rows(cfg: ExperimentConfig, data: dict) -> pd.DataFrame:
 
 
 def study_tables(plan: StudyPlan, datasets: dict[str, Path] | None = None) -> list[Table]:
-    """Every table of the study in report order: per experiment its tuned table (the
-    headline), then the others. With ``datasets``, tuned tables of tasks that share goals
-    state intervals over goals (:func:`spice_ray.study.tuning.task_groups`)."""
-    out = []
-    for name, cfg in plan.configs.items():
-        exp = EXPERIMENTS[name]
-        groups = task_groups(datasets[name], cfg) if datasets else None
-        out += [t for t in (exp.tuned_table(groups),) if t is not None] + exp.tables_for(cfg)
-    return out
-
-
-def draw_figures(plan: StudyPlan) -> dict[str, list[Path]]:
-    """The PNGs each table declares, under ``<run_dir>/figures``; a table's figures are kept
-    when their sidecars say they were drawn from the same table (its checksum sidecar) by the
-    same plotting code (``figure_files.is_drawn``)."""
-    run_dir = plan.run_dir
-    code = file_sha256(Path(plots.__file__))
-    out: dict[str, list[Path]] = {}
-    for table in study_tables(plan):
-        if not table.figures:
-            continue
-        paths = [run_dir / "figures" / (f"{table.name}.png" if i == 0
-                                        else f"{table.name}_{kind}.png")
-                 for i, kind in enumerate(table.figures)]
-        sidecar = table_path(run_dir, table.name).with_name(f"{table.name}.parquet.sha256")
-        stamp = config_hash({"table": sidecar.read_text(), "code": code,
-                             "title": table.title, "kinds": table.figures})
-        if not is_drawn(paths, stamp):
-            df = load(run_dir, table.name)
-            for kind, path in zip(table.figures, paths, strict=True):
-                plots.PLOTS[kind](df, path, table.title)
-            mark_drawn(paths, stamp)
-        out[table.name] = paths
-    return out
+    """Every table of the plan's experiments in report order (``reporting.tables_of``)."""
+    return tables_of(plan.configs, datasets)
 
 
 def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
@@ -403,40 +382,17 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
 
     enter_stage("5/6 figures")
     t4 = time.perf_counter()
+    every = run_configs(run_dir, plan.configs)  # and what earlier invocations ran here
     with extra_formats(plan.figure_formats):
-        figures = draw_figures(plan)
-        across = aggregate.study_aggregate(run_dir, list(plan.configs))
+        figures = draw_figures(run_dir, every)
+        across = aggregate.study_aggregate(run_dir, aggregated(every))
     plan.timings["figures"] = time.perf_counter() - t4
     pngs = sum(len(v) for v in figures.values()) + bool(across)
     also = "".join(f", {pngs} {f.upper()}" for f in plan.figure_formats if f != "png")
     console.stage(5, 6, "figures", f"{count(pngs, 'PNG file')}{also}")
     enter_stage("6/6 report")
-    notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
-             *(n for name in plan.configs for n in EXPERIMENTS[name].notes),
-             *timing_notes(list(plan.configs), *timing_of_work(run_dir, plan.timings,
-                                                               plan.units))]
-    configs = {name: cfg.to_yaml() for name, cfg in plan.configs.items()}
-    tables = study_tables(plan, datasets)
-    descriptions = {t.name: t.description for t in tables}
-    findings = {t.name: t.analysis(load(run_dir, t.name)) for t in tables if t.analysis}
-    choices = choices_table(read_tuning(run_dir))
-    sections = [("Settings chosen on validation tasks",
-                 f"Each method's setting, chosen by the {SCORE} on the grid of "
-                 "`spice_ray.study.tuning` (the same grid for SPICE and every reference); every "
-                 "validation score is in `results/tuning.json`. The `*_tuned` tables run each "
-                 "method once, at its choice, on the eval tasks; the other tables show every "
-                 "setting of a fixed grid on the eval tasks, for sensitivity, not for ranking.",
-                 choices)] if len(choices) else []
-    sections.append(("Pretraining: steps and the train / validation gap",
-                     "Per model (seeds together: mean +- sd): optimiser steps, training tasks, "
-                     "the last epoch's mean training loss and the validation loss at its end "
-                     "(validation tasks the model never trained on). A validation loss well "
-                     "above the training loss is memorised training tasks.",
-                     training_table(finals)))
-    sections += across
-    report = write_report(run_dir, figures, configs, notes, descriptions, findings,
-                          horizon_points=(10, 50, first.env.horizon),
-                          order=[t.name for t in tables], sections=sections)
+    report = write_study_report(run_dir, every, finals, figures, across, plan.timings,
+                                plan.units)
     plan.timings["total"] = time.perf_counter() - t0
     write_timing(run_dir, plan.timings, plan.units)
     console.stage(6, 6, "report", str(report))

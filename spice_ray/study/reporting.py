@@ -1,0 +1,156 @@
+"""Stages 5 and 6: the figures and the report, over every experiment the run directory holds.
+
+A run directory may hold experiments run by several invocations (``--experiments bandit``,
+then ``--experiments darkroom``, or the same experiment under ``--variant``): the figures,
+the aggregate and ``report.md`` always cover all of them, each with its own config, findings
+and checkpoints, so a partial re-run never rewrites the report from part of the study.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from spice_ray.common.artifacts import file_sha256, verify
+from spice_ray.config import ConfigError, ExperimentConfig, config_hash, load_config
+from spice_ray.data import store
+from spice_ray.data.generate import datasets_root
+from spice_ray.results import plots
+from spice_ray.results.choices import choices_table
+from spice_ray.results.figure_files import is_drawn, mark_drawn
+from spice_ray.results.report import write_report
+from spice_ray.results.tables import list_experiments, load, table_path
+from spice_ray.study.experiments import EXPERIMENTS, VARIANT, Table, experiment_named
+from spice_ray.study.records import (
+    CHECKPOINT_INDEX,
+    Finals,
+    timing_notes,
+    timing_of_work,
+    training_table,
+)
+from spice_ray.study.tuning import SCORE, read_tuning, task_groups
+
+log = logging.getLogger(__name__)
+
+
+def tables_of(configs: dict[str, ExperimentConfig], datasets: dict[str, Path] | None = None
+              ) -> list[Table]:
+    """Every table of these experiments in report order: per experiment its tuned table (the
+    headline), then the others. With ``datasets``, tuned tables of tasks that share goals
+    state intervals over goals (:func:`spice_ray.study.tuning.task_groups`)."""
+    out = []
+    for name, cfg in configs.items():
+        exp = EXPERIMENTS[name]
+        groups = task_groups(datasets[name], cfg) if datasets and name in datasets else None
+        out += [t for t in (exp.tuned_table(groups),) if t is not None] + exp.tables_for(cfg)
+    return out
+
+
+def run_configs(run_dir: Path, configs: dict[str, ExperimentConfig]
+                ) -> dict[str, ExperimentConfig]:
+    """``configs``, then every other experiment the run directory holds: a readable
+    ``configs/<name>.yaml`` of a registered experiment (a ``--variant`` is registered from
+    its name) with at least one of its tables written."""
+    out = dict(configs)
+    have = set(list_experiments(run_dir))
+    for path in sorted((Path(run_dir) / "configs").glob("*.yaml")):
+        name = path.stem
+        if name in out:
+            continue
+        try:
+            exp = experiment_named(name)
+            cfg = load_config(path)
+        except (ValueError, ConfigError, OSError) as exc:
+            log.warning("report: %s left out (%s)", path, exc)
+            continue
+        if any(t.name in have for t in tables_of({name: cfg})):
+            out[exp.name] = cfg
+    order = list(EXPERIMENTS)  # each experiment, then its variants
+    return dict(sorted(out.items(), key=lambda item: (
+        order.index(item[0].partition(VARIANT)[0]), item[0])))
+
+
+def aggregated(configs: dict[str, ExperimentConfig]) -> list[str]:
+    """The experiments the aggregate pools: one per task set, so not a variant beside its
+    experiment (every one where the run holds only variants)."""
+    return [n for n in configs if VARIANT not in n] or list(configs)
+
+
+def indexed_finals(run_dir: Path) -> Finals:
+    """The final checkpoints the run's checkpoint index lists ({} when it is missing or fails
+    its checksum: the report's training table then has this invocation's models only)."""
+    path = Path(run_dir) / CHECKPOINT_INDEX
+    record, _ = verify(path)
+    if record is None:
+        return {}
+    try:
+        entries = json.loads(path.read_text())["checkpoints"]
+        return {(e["experiment"], e["kind"], e["variant"], e["seed"]): Path(run_dir) / e["path"]
+                for e in entries if (Path(run_dir) / e["path"]).is_dir()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def draw_figures(run_dir: Path, configs: dict[str, ExperimentConfig]
+                 ) -> dict[str, list[Path]]:
+    """The PNGs each table declares, under ``<run_dir>/figures``; a table's figures are kept
+    when their sidecars say they were drawn from the same table (its checksum sidecar) by the
+    same plotting code (``figure_files.is_drawn``)."""
+    code = file_sha256(Path(plots.__file__))
+    out: dict[str, list[Path]] = {}
+    for table in tables_of(configs):
+        if not table.figures or not table_path(run_dir, table.name).exists():
+            continue
+        paths = [run_dir / "figures" / (f"{table.name}.png" if i == 0
+                                        else f"{table.name}_{kind}.png")
+                 for i, kind in enumerate(table.figures)]
+        sidecar = table_path(run_dir, table.name).with_name(f"{table.name}.parquet.sha256")
+        stamp = config_hash({"table": sidecar.read_text(), "code": code,
+                             "title": table.title, "kinds": table.figures})
+        if not is_drawn(paths, stamp):
+            df = load(run_dir, table.name)
+            for kind, path in zip(table.figures, paths, strict=True):
+                plots.PLOTS[kind](df, path, table.title)
+            mark_drawn(paths, stamp)
+        out[table.name] = paths
+    return out
+
+
+def write_study_report(run_dir: Path, configs: dict[str, ExperimentConfig], finals: Finals,
+                       figures: dict[str, list[Path]], across: list[Any],
+                       timings: dict[str, float], units: list[dict[str, Any]]) -> Path:
+    """``report.md`` over ``configs`` (every experiment of the run: :func:`run_configs`), with
+    the settings chosen on validation, the pretraining table of every indexed model and
+    ``finals``, the aggregate sections ``across`` and each table's findings."""
+    first = next(iter(configs.values()))
+    notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
+             *dict.fromkeys(n for name in configs for n in EXPERIMENTS[name].notes),
+             *timing_notes(list(configs), *timing_of_work(run_dir, timings, units))]
+    datasets = {name: store.dataset_dir(datasets_root(cfg), cfg)
+                for name, cfg in configs.items()}
+    tables = tables_of(configs, {k: v for k, v in datasets.items() if v.is_dir()})
+    have = set(list_experiments(run_dir))
+    descriptions = {t.name: t.description for t in tables}
+    findings = {t.name: t.analysis(load(run_dir, t.name)) for t in tables
+                if t.analysis and t.name in have}
+    choices = choices_table(read_tuning(run_dir))
+    sections = [("Settings chosen on validation tasks",
+                 f"Each method's setting, chosen by the {SCORE} on the grid of "
+                 "`spice_ray.study.tuning` (the same grid for SPICE and every reference); every "
+                 "validation score is in `results/tuning.json`. The `*_tuned` tables run each "
+                 "method once, at its choice, on the eval tasks; the other tables show every "
+                 "setting of a fixed grid on the eval tasks, for sensitivity, not for ranking.",
+                 choices)] if len(choices) else []
+    sections.append(("Pretraining: steps and the train / validation gap",
+                     "Per model (seeds together: mean +- sd): optimiser steps, training tasks, "
+                     "the last epoch's mean training loss and the validation loss at its end "
+                     "(validation tasks the model never trained on). A validation loss well "
+                     "above the training loss is memorised training tasks.",
+                     training_table({**{k: v for k, v in indexed_finals(run_dir).items()
+                                        if k[0] in configs}, **finals})))
+    sections += across
+    return write_report(run_dir, figures, {name: cfg.to_yaml() for name, cfg in configs.items()},
+                        notes, descriptions, findings, horizon_points=(10, 50, first.env.horizon),
+                        order=[t.name for t in tables], sections=sections)
