@@ -125,7 +125,11 @@ def write_study_report(run_dir: Path, configs: dict[str, ExperimentConfig], fina
     the settings chosen on validation, the pretraining table of every indexed model and
     ``finals``, the aggregate sections ``across`` and each table's findings."""
     first = next(iter(configs.values()))
-    notes = [f"preset `{first.preset}`, training seeds {list(first.seeds)}",
+    presets = {name: f"`{cfg.preset}`, training seeds {list(cfg.seeds)}"
+               for name, cfg in configs.items()}
+    same = len(set(presets.values())) == 1
+    notes = [f"preset {presets[next(iter(configs))]}" if same else  # else each its own
+             "presets: " + "; ".join(f"{name} {text}" for name, text in presets.items()),
              *dict.fromkeys(n for name in configs for n in EXPERIMENTS[name].notes),
              *timing_notes(list(configs), *timing_of_work(run_dir, timings, units))]
     datasets = {name: store.dataset_dir(datasets_root(cfg), cfg)
