@@ -163,3 +163,15 @@ def test_two_grids_multiply_and_the_shrinkage_weight_scales_its_loss() -> None:
                                anchor)
     assert p_parts["shrink"] > 0 and torch.equal(p_parts["shrink"], n_parts["shrink"])
     torch.testing.assert_close(paper - none, 10 * p_parts["shrink"])
+
+
+def test_a_non_finite_score_is_refused_by_name(scored, tmp_path, monkeypatch) -> None:
+    """A candidate whose log-likelihood is not finite stops the study naming it, never a
+    choice made by comparing NaN."""
+    monkeypatch.setattr("spice_ray.study.tuning.fit_width", lambda spec, cfg, data, sources: {
+        "log_lik": float("nan") if "lq10" in next(iter(sources.values())) else -0.3,
+        "scale": 0.5, "targets": 100})
+    cfg = make_config("smoke", "bandit_latent",
+                      overrides=["train.choose=[lambda_q]", "seeds=[0, 1]"])
+    with pytest.raises(ValueError, match=r"SPICE \[lambda_q=10\] is not finite"):
+        loss_weights.choose_model("bandit_latent", cfg, tmp_path, _finals())

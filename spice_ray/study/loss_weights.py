@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,10 @@ def choose_model(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals
             grid.append({"setting": point, "log_lik": float(fit["log_lik"]),
                          "scale": float(fit["scale"]), "targets": int(fit["targets"])})
         scores = [g["log_lik"] for g in grid]
+        bad = [v for v, x in zip(variants, scores, strict=True) if not math.isfinite(x)]
+        if bad:
+            raise ValueError(f"experiment {name}: the validation log-likelihood of SPICE "
+                             f"[{bad[0]}] is not finite: its checkpoints cannot be scored")
         record = {"inputs": inputs, "criterion": CRITERION, "grid": grid,
                   "chosen": grid[scores.index(max(scores))]["setting"]}
         log.info("[tune] %s: SPICE model %s (%s)", name, variant_name(record["chosen"]),
@@ -162,7 +167,8 @@ def choose_models(configs: dict[str, ExperimentConfig], run_dir: Path,
     old = read_tuning(run_dir)
     out = {}
     for name, cfg in configs.items():
-        previous = (old.get(name) or {}).get("models", {}).get("spice")
+        models = old.get(name, {}).get("models") if isinstance(old.get(name), dict) else None
+        previous = models.get("spice") if isinstance(models, dict) else None  # else rescored
         record = choose_model(name, cfg, datasets[name], finals,
                               previous if isinstance(previous, dict) else None)
         if record is not None:
