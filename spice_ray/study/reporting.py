@@ -16,7 +16,6 @@ from typing import Any
 from spice_ray.common.artifacts import file_sha256, verify
 from spice_ray.config import ConfigError, ExperimentConfig, config_hash, load_config
 from spice_ray.data import store
-from spice_ray.data.generate import datasets_root
 from spice_ray.results import plots
 from spice_ray.results.choices import choices_table
 from spice_ray.results.figure_files import is_drawn, mark_drawn
@@ -132,7 +131,7 @@ def write_study_report(run_dir: Path, configs: dict[str, ExperimentConfig], fina
              "presets: " + "; ".join(f"{name} {text}" for name, text in presets.items()),
              *dict.fromkeys(n for name in configs for n in EXPERIMENTS[name].notes),
              *timing_notes(list(configs), *timing_of_work(run_dir, timings, units))]
-    datasets = {name: store.dataset_dir(datasets_root(cfg), cfg)
+    datasets = {name: store.dataset_dir(Path(run_dir) / "datasets", cfg)  # a moved run's too
                 for name, cfg in configs.items()}
     tables = tables_of(configs, {k: v for k, v in datasets.items() if v.is_dir()})
     have = set(list_experiments(run_dir))
