@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -155,7 +156,7 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
         return "hash"
 
     def evaluate(source, env, eval_cfg, data, specs, protocols, seed=0, pool=None):
-        assert protocols == ("online",)
+        assert protocols == ("final",)  # the score alone, not the curves
         rows = []
         for spec in specs:
             cfg = json.loads(spec.config_json(eval_cfg))
@@ -290,3 +291,27 @@ def test_tuning_json_is_read_only_while_it_matches_its_checksum(tmp_path, caplog
     assert "tuning.json: SHA-256 mismatch (corrupted): every choice is tuned again" in caplog.text
     sidecar_path(path).unlink()  # written before sidecars: read, each record re-checked later
     assert tuning.read_tuning(tmp_path)["bandit"]["methods"]["SPICE"]["grid"][0]["mean"] == 0.5
+
+
+def test_the_final_protocol_is_the_curves_last_step_exactly() -> None:
+    """The tuning stage scores candidates on the "final" protocol: the same rollouts as the
+    online curves, only the main reading's cumulative regret at the last step, so every
+    validation score (and tuning.json) is what the curves gave, bit for bit."""
+    from spice_ray.data.tasks import generate_tasks
+    from spice_ray.evaluate.actors import evaluate_tasks
+
+    cfg = make_config("smoke", "darkroom_region")
+    data = generate_tasks(cfg.env, cfg.data, "validation", np.arange(6))
+    base = AgentSpec("spice-flat", fusion=cfg.fusion, prior=(0.5, 1 / 12))
+    specs = [c.spec for c in tuning.candidates(base, cfg.eval, None, 1.0)[:6]]
+    curves = evaluate_tasks(cfg.env, cfg.eval, data, specs, protocols=("online",))
+    final = evaluate_tasks(cfg.env, cfg.eval, data, specs, protocols=("final",))
+    assert set(final["metric"]) == {"cumulative_regret"} and final["x"].nunique() == 1
+    regret = curves[curves["metric"] == "cumulative_regret"]
+    last = regret[regret["x"] == regret["x"].max()]
+    key = ["method", "config", "task_id"]
+    pd.testing.assert_frame_equal(final.sort_values(key).reset_index(drop=True),
+                                  last.sort_values(key).reset_index(drop=True))
+    pd.testing.assert_frame_equal(tuning.final_scores(final), tuning.final_scores(curves))
+    with pytest.raises(ValueError, match=r"protocols \['finals'\] are invalid: .*, final$"):
+        evaluate_tasks(cfg.env, cfg.eval, data, specs, protocols=("finals",))

@@ -65,7 +65,8 @@ def evaluate_tasks(
             cumulative-regret curves at the environment's noise level; "robustness": final
             regret at each ``eval_cfg.robustness_sigmas``; "offline": suboptimality vs h;
             "calibration": the SPICE prior's coverage and pseudo-counts; "episode": one
-            episode from the corner on a fixed context (``spice_ray.evaluate.episode``).
+            episode from the corner on a fixed context (``spice_ray.evaluate.episode``);
+            "final": the online protocol's final cumulative regret alone (what tuning scores).
         seed: the checkpoint's training seed, written to every row.
         calibration_fusion: noise_var / v_min of the calibration rows (default: the first
             fused spec's fusion config, else FusionConfig()).
@@ -73,11 +74,12 @@ def evaluate_tasks(
     Raises:
         ValueError: a protocol is unknown or the environment does not have it.
     """
-    unknown = set(protocols) - set(PROTOCOLS)
+    unknown = set(protocols) - {*PROTOCOLS, "final"}
     if unknown:
-        raise ValueError(f"protocols {sorted(unknown)} are invalid: from {', '.join(PROTOCOLS)}")
+        raise ValueError(f"protocols {sorted(unknown)} are invalid: from {', '.join(PROTOCOLS)}"
+                         ", final")
     environment = env.environment()
-    missing = set(protocols) - set(environment.protocols)
+    missing = {"online" if p == "final" else p for p in protocols} - set(environment.protocols)
     if missing:
         raise ValueError(f"env.name={env.name} has no {sorted(missing)} protocol; it has "
                          f"{list(environment.protocols)}")
@@ -88,6 +90,8 @@ def evaluate_tasks(
         finals = eval_cfg.robustness_sigmas if "robustness" in protocols else ()
         frames.append(online_rows(env, eval_cfg, data, specs, model, seed,
                                   curves="online" in protocols, final_sigmas=finals))
+    if "final" in protocols:
+        frames.append(online_rows(env, eval_cfg, data, specs, model, seed, final_only=True))
     if "episode" in protocols:
         frames.append(episode_rows(env, eval_cfg, data, specs, model, seed))
     if "calibration" in protocols:

@@ -150,6 +150,7 @@ def online_rows(
     seed: int = 0,
     curves: bool = True,
     final_sigmas: Sequence[float] = (),
+    final_only: bool = False,
 ) -> pd.DataFrame:
     """Online rows of every applicable spec (see the module docstring for the metrics).
 
@@ -163,6 +164,9 @@ def online_rows(
         curves: write the per-step curves at the environment's own noise level.
         final_sigmas: robustness noise levels (environments with that protocol): the final
             regret at each; a level equal to the environment's own is run once.
+        final_only: instead of the curves, the cumulative regret at the last step alone (the
+            same rollouts and values: what the tuning stage scores, without building and
+            shipping a row per step).
     """
     env = env_cfg.environment()
     task_ids = np.asarray(data["task_id"])
@@ -172,7 +176,8 @@ def online_rows(
     steps = np.arange(1, E * H + 1)
     has_noise = "robustness" in env.protocols
     own = float(env.params.sigma) if has_noise else None
-    levels = ([own] if curves else []) + [float(s) for s in final_sigmas]
+    curves = curves and not final_only
+    levels = ([own] if curves or final_only else []) + [float(s) for s in final_sigmas]
     frames = []
     for level in dict.fromkeys(levels):
         tasks = env.with_noise(base, level) if has_noise else base
@@ -193,6 +198,8 @@ def online_rows(
                 main = reading == env.reading()
                 if curves and level == own:
                     add("cumulative_regret" if main else f"cumulative_regret_{reading}", regret)
+                if final_only and main and level == own:
+                    add("cumulative_regret", regret[:, -1:], steps[-1:])
                 if main and level in final_sigmas:
                     add("final_regret", regret[:, -1:], steps[-1:])
             if curves and level == own and not env.stateless:

@@ -234,12 +234,13 @@ def agent_specs(exp: Experiment, cfg: ExperimentConfig, dataset: Path
 
 
 def _run(cands: list[Candidate], source: str | None, cfg: ExperimentConfig, data: dict, seed: int,
-         pool: EvalPool) -> pd.DataFrame:
-    """Online rows of every candidate, one actor pass per distinct eval config."""
+         pool: EvalPool, protocol: str = "online") -> pd.DataFrame:
+    """Online rows of every candidate (``protocol="final"``: the final cumulative regret
+    alone, what a validation score reads), one actor pass per distinct eval config."""
     by_eval: dict[EvalConfig, list[AgentSpec]] = {}
     for c in cands:
         by_eval.setdefault(c.eval_cfg, []).append(c.spec)
-    frames = [evaluate_parallel(source, cfg.env, ev_cfg, data, specs, ("online",), seed=seed,
+    frames = [evaluate_parallel(source, cfg.env, ev_cfg, data, specs, (protocol,), seed=seed,
                                 pool=pool)
               for ev_cfg, specs in by_eval.items()]
     return pd.concat(frames, ignore_index=True)
@@ -287,7 +288,7 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
         sources = sources_of(ev_name)
         grids = [candidates(s, cfg.eval, widths.get(s.label), noise) for s in group]
         flat = [c for grid in grids for c in grid]
-        rows = pd.concat([_run(flat, sources.get(seed), cfg, data, seed, pool)
+        rows = pd.concat([_run(flat, sources.get(seed), cfg, data, seed, pool, "final")
                           for seed in seeds], ignore_index=True)
         scores = final_scores(rows)
         for grid in grids:
