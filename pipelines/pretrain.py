@@ -14,13 +14,13 @@ candidates a study chooses among (``spice_ray.study.loss_weights``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from spice_ray.common.console import Console
 from spice_ray.data.generate import generate_stage
 from spice_ray.model.checkpoint import read_meta
 from spice_ray.runtime.cli import add_config_args, config_from_args, run_main, start_run
-from spice_ray.study.loss_weights import grid_points, variant_name
+from spice_ray.study.experiment_spec import ModelRef
+from spice_ray.study.loss_weights import candidates
 from spice_ray.train.together import ModelSpec, pretrain_many
 
 
@@ -39,11 +39,11 @@ def cli(argv: list[str] | None = None) -> None:
     ds_dir = run_main(generate_stage, cfg, console=console, label="dataset").dataset_dir
     seeds = [args.seed] if args.seed is not None else list(cfg.seeds)
     # with train.choose, SPICE trains once per loss-weight grid point (the study's candidates)
-    points = grid_points(cfg) if args.model == "spice" else []
-    runs = [(cfg.replace(train=dataclasses.replace(cfg.train, **p, choose=())),
-             f" [{variant_name(p)}]") for p in points] or [(cfg, "")]
-    specs = [ModelSpec(c, args.model, seed, f"{args.model}{v} seed {seed}")
-             for c, v in runs for seed in seeds]
+    model = ModelRef(args.model)
+    refs = (candidates(model, cfg) if args.model == "spice" else []) or [model]
+    specs = [ModelSpec(m.config(cfg), m.kind, seed,
+                       f"{m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}")
+             for m in refs for seed in seeds]
     finals, _ = run_main(pretrain_many, specs, ds_dir, console=console, label=args.model)
     for final in finals:
         metrics = read_meta(final)["metrics"]

@@ -55,7 +55,6 @@ class PolicyAgent:
                              "reset()")
         return sample_categorical(torch.softmax(logits, dim=-1), self._draws)  # (B,)
 
-
     def offline_picks(self, contexts: OfflineContexts) -> Tensor:
         """The greedy action of the policy head at each position h (it has seen the first h
         transitions): long [B, P]."""

@@ -35,9 +35,6 @@ class Prior(Protocol):
     """SPICE's prior: moments per action, [B, A] on the CPU in float64 (or the model's dtype
     for a learned one)."""
 
-    follows_context: bool
-    """Whether it is an exact task posterior that has seen the context itself."""
-
     def reset(self, num_tasks: int) -> None: ...
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
@@ -61,8 +58,6 @@ class Prior(Protocol):
 
 class _Stateless:
     """A prior that reads nothing from the transitions it is shown."""
-
-    follows_context = False
 
     def reset(self, num_tasks: int) -> None:
         pass
@@ -122,8 +117,6 @@ class ExactPrior:
     """The environment's exact task posterior at the current state given the whole context
     (the oracle prior): it observes every transition itself."""
 
-    follows_context = True
-
     def __init__(self, posterior: TaskPosterior) -> None:
         self.posterior = posterior
 
@@ -151,8 +144,6 @@ class ExactPrior:
 
 class LearnedMeanExactSd(ExactPrior):
     """The learned prior's mean with the exact task posterior's sd (a diagnostic)."""
-
-    follows_context = False
 
     def moments(self, view: ContextView, states: Tensor, h: int, shape: tuple[int, int]
                 ) -> tuple[Tensor, Tensor]:

@@ -222,7 +222,6 @@ class SpiceAgent:
                        self.num_states * self.num_actions)
         return select_action(post, self.fusion.rule, beta, self._draws)
 
-
     def offline_picks(self, contexts: OfflineContexts) -> Tensor:
         """The greedy pick argmax_a m_post after the first h transitions, for every h at once:
         long [B, P]. The learned prior is the model's heads at position h

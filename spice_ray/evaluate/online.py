@@ -193,9 +193,11 @@ def online_rows(
                                         task_ids, metric, x, values))
 
             for reading in env.regret_readings:
+                main = reading == env.reading()
+                if not (main or (curves and level == own)):
+                    continue  # another reading, read only by the curves
                 regret = np.cumsum(env.regret(tasks, run.states, run.actions, run.rewards, H,
                                               reading), axis=1)
-                main = reading == env.reading()
                 if curves and level == own:
                     add("cumulative_regret" if main else f"cumulative_regret_{reading}", regret)
                 if final_only and main and level == own:

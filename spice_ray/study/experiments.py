@@ -376,7 +376,7 @@ VARIANT = "--"
 
 
 def experiment_named(name: str) -> Experiment:
-    """The registered experiment ``name``; ``<experiment>@<variant>`` is that experiment under
+    """The registered experiment ``name``; ``<experiment>--<variant>`` is that experiment under
     a name of its own, registered on first use: its tables (``bandit--lr3_online``), tuning
     record, config file and checkpoints carry the name, so a study and its variant live side
     by side in one run directory and report.

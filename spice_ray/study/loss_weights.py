@@ -55,17 +55,20 @@ def variant_name(point: dict[str, Any]) -> str:
     return ",".join(f"{k}={v:g}" for k, v in point.items())
 
 
+def candidates(model: ModelRef, cfg: ExperimentConfig) -> list[ModelRef]:
+    """``model`` once per point of the grids ``train.choose`` names (variant ``lambda_q=10``,
+    its train settings the point's, with nothing left to choose), or [] when it names none."""
+    return [ModelRef(model.kind, variant_name(p), {**model.train, **p, "choose": ()})
+            for p in grid_points(cfg)]
+
+
 def trained_models(exp: Experiment, cfg: ExperimentConfig) -> tuple[ModelRef, ...]:
     """The models experiment ``exp`` trains under ``cfg``: its own, except that where
     ``train.choose`` names grids its main SPICE model is one candidate per grid point."""
-    points = grid_points(cfg)
     out: list[ModelRef] = []
     for m in exp.models:
-        if points and (m.kind, m.variant) == ("spice", ""):
-            out += [ModelRef("spice", variant_name(p), {**m.train, **p, "choose": ()})
-                    for p in points]
-        else:
-            out.append(m)
+        main = (m.kind, m.variant) == ("spice", "")
+        out += (candidates(m, cfg) if main else []) or [m]
     return tuple(out)
 
 

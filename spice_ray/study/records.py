@@ -28,16 +28,24 @@ CHECKPOINT_INDEX = "checkpoints/index.json"
 variant and seed (what ``SpicePolicy.from_run`` reads, so nobody globs hash-named paths)."""
 
 
-def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
-    """Record (merging with an earlier invocation's) the final checkpoints of ``finals``."""
-    path = run_dir / CHECKPOINT_INDEX
+def index_entries(run_dir: Path) -> list[Any]:
+    """The entries of the run's checkpoint index as written; [] when it is missing, edited
+    since written (fails its checksum) or unreadable (an index from before sidecars is read)."""
+    path = Path(run_dir) / CHECKPOINT_INDEX
     record, why = verify(path)
     try:
         if record is None and why != NO_SIDECAR:
-            raise ValueError(why)  # missing, or edited since written: this run's entries only
+            raise ValueError(why)
         entries = json.loads(path.read_text())["checkpoints"]
     except (OSError, ValueError, KeyError, TypeError):
-        entries = []
+        return []
+    return entries if isinstance(entries, list) else []
+
+
+def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
+    """Record (merging with an earlier invocation's) the final checkpoints of ``finals``."""
+    path = run_dir / CHECKPOINT_INDEX
+    entries = index_entries(run_dir)  # [] when missing or edited: this run's entries only
     new = {(name, kind, variant, seed): str(Path(final).relative_to(run_dir))
            for (name, kind, variant, seed), final in finals.items()}
     kept = [e for e in entries if isinstance(e, dict) and

@@ -8,12 +8,11 @@ and checkpoints, so a partial re-run never rewrites the report from part of the 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from spice_ray.common.artifacts import file_sha256, verify
+from spice_ray.common.artifacts import file_sha256
 from spice_ray.config import ConfigError, ExperimentConfig, config_hash, load_config
 from spice_ray.data import store
 from spice_ray.results import plots
@@ -23,8 +22,8 @@ from spice_ray.results.report import write_report
 from spice_ray.results.tables import list_experiments, load, table_path
 from spice_ray.study.experiments import EXPERIMENTS, VARIANT, Table, experiment_named
 from spice_ray.study.records import (
-    CHECKPOINT_INDEX,
     Finals,
+    index_entries,
     timing_notes,
     timing_of_work,
     training_table,
@@ -78,17 +77,13 @@ def aggregated(configs: dict[str, ExperimentConfig]) -> list[str]:
 
 
 def indexed_finals(run_dir: Path) -> Finals:
-    """The final checkpoints the run's checkpoint index lists ({} when it is missing or fails
-    its checksum: the report's training table then has this invocation's models only)."""
-    path = Path(run_dir) / CHECKPOINT_INDEX
-    record, _ = verify(path)
-    if record is None:
-        return {}
+    """The final checkpoints the run's checkpoint index lists (``records.index_entries``:
+    none when it is missing or fails its checksum, and the report's training table then has
+    this invocation's models only)."""
     try:
-        entries = json.loads(path.read_text())["checkpoints"]
         return {(e["experiment"], e["kind"], e["variant"], e["seed"]): Path(run_dir) / e["path"]
-                for e in entries if (Path(run_dir) / e["path"]).is_dir()}
-    except (OSError, ValueError, KeyError, TypeError):
+                for e in index_entries(run_dir) if (Path(run_dir) / e["path"]).is_dir()}
+    except (KeyError, TypeError):
         return {}
 
 

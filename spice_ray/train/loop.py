@@ -42,10 +42,6 @@ from spice_ray.train.losses import loss_for
 
 log = logging.getLogger(__name__)
 
-# Fault injection for tests: raise once in epoch N (0-based) of a first attempt, i.e. when no
-# checkpoint exists yet to resume from.
-
-
 @dataclass(frozen=True)
 class TrainJob:
     """One model to pretrain: plain values so it ships to Ray workers as a dict."""
