@@ -21,7 +21,7 @@ Baseline and current steps alternate in ``--rounds`` rounds of ``--steps`` steps
 that comes and goes hits both; each figure is the median step. Printed per row: ms per step,
 model-steps per second, matmul FLOPs of one forward + backward (``torch.utils.flop_counter`` on
 the same step with eager heads, plus causal attention's query-key pairs counted from the shapes:
-:func:`attention_flops`), the achieved GFLOP/s and its share of the
+``spice_ray.train.rates.attention_flops``), the achieved GFLOP/s and its share of the
 machine's matmul peak at the same threads and dtype (a 2048^3 matmul on a CPU, 8192^3 on a
 GPU, best of 5, measured in this run), and current / baseline (target: >= 2x). ``--batch``
 times larger batches too (the step's FLOPs scale with it): a GPU's share of its peak at the
@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from spice_ray.config import make_config
 from spice_ray.data.tasks import generate_tasks
@@ -46,6 +45,7 @@ from spice_ray.model import ensemble as ensemble_module
 from spice_ray.model import spice as spice_module
 from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import make_tokens
+from spice_ray.train import rates
 from spice_ray.train.loop import check_step_finite, make_optimizer
 from spice_ray.train.losses import loss_for
 
@@ -136,28 +136,10 @@ class Trainer:
         self.optimizer.step()
 
 
-def attention_flops(cfg) -> float:
-    """FLOPs of causal self-attention's matmuls in one forward + backward, every layer.
-
-    Per layer and sequence of L = T + 1 positions, the L (L + 1) / 2 query-key pairs a causal
-    mask keeps each cost 2 D FLOPs in each of QK^T and PV (forward) and in each of dP, dV, dQ
-    and dK (backward): 12 D L (L + 1) / 2. ``torch.utils.flop_counter`` has no formula for
-    the CPU flash-attention kernel, so these are added to its count.
-    """
-    L = cfg.env.horizon + 1
-    return cfg.model.n_layer * cfg.train.batch_size * 6.0 * cfg.model.n_embd * L * (L + 1)
-
-
 def step_flops(experiment: str, kind: str, batch: int = 0) -> float:
-    """Matmul FLOPs of one forward + backward: the linear layers and heads as
-    ``torch.utils.flop_counter`` counts them (eager heads: the same math, countable) plus
-    :func:`attention_flops`. Counted on a CPU: the math is the same on any device."""
-    trainer = Trainer(experiment, kind, "current", head_kernel="eager", batch=batch)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        loss, _ = trainer.loss()
-        loss.backward()
-    return float(counter.get_total_flops()) + attention_flops(trainer.cfg)
+    """Matmul FLOPs of one forward + backward of the ``small`` config at ``batch`` (0: its
+    own), counted as the dry run counts them (``spice_ray.train.rates.step_flops``)."""
+    return rates.step_flops(make_config("small", experiment), kind, batch or None)
 
 
 def time_interleaved(trainers: dict[str, Trainer], steps: int, rounds: int

@@ -278,6 +278,14 @@ def test_dry_run_prints_the_plan(tmp_path) -> None:
     assert "all models: ~" in proc.stdout and "CPU rates shown" in proc.stdout
     # the paper's 4 workers each train whole models (train.together), side by side
     assert "side by side on 4 workers: ~" in proc.stdout, proc.stdout
+    # its GPUs planned without one, from the steps' FLOP count
+    assert re.search(r"spice: .*no GPU here: [\d.]+ PFLOP, ~[\d.]+-[\d.]+ GPU-hours at "
+                     r"1-10 TFLOP/s", proc.stdout), proc.stdout
+    # every stage timed, and the whole study
+    assert re.search(r"darkroom +5 methods, 192 grid points .*: ~\d", proc.stdout)
+    assert re.search(r"darkroom +100 tasks, H=100, 2 actors x 0.5 CPU: ~\d", proc.stdout)
+    assert re.search(r"stage 5 figures: 9 PNG files, ~\d+ s", proc.stdout), proc.stdout
+    assert re.search(r"whole study: ~31 h|whole study: ~\d+ h .*tuning ~\d+ min", proc.stdout)
 
 
 def _fixture_table(run_dir: Path) -> pd.DataFrame:

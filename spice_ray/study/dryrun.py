@@ -9,17 +9,39 @@ from typing import TYPE_CHECKING
 import torch
 
 from spice_ray.common.console import count, fmt_seconds
-from spice_ray.config import TrainConfig
+from spice_ray.config import ExperimentConfig, TrainConfig
+from spice_ray.evaluate import rates
+from spice_ray.evaluate.online import applicable_specs
 from spice_ray.runtime.resources import check_models, dataset_estimate, human_bytes, model_estimate
 from spice_ray.study import tuning
-from spice_ray.study.experiments import EXPERIMENTS, ModelRef
+from spice_ray.study.experiments import EXPERIMENTS, Experiment, ModelRef
 from spice_ray.study.loss_weights import trained_models
 from spice_ray.study.records import busy_seconds
+from spice_ray.study.reporting import tables_of
 from spice_ray.train.loop import steps_per_epoch
-from spice_ray.train.rates import step_seconds
+from spice_ray.train.rates import step_flops, step_seconds
+
+TASKS_PER_SECOND = 4000
+"""Tasks Ray Data generates and writes per second on the 2-core machine."""
+FIGURE_SECONDS = (0.4, 3.9e-5)
+"""Seconds to draw one PNG on the 2-core machine: a fixed part, and a part per eval task and
+online step of its experiment (the summaries it draws grow with them); fitted to the smoke
+study's figure stage (48 in about 20 s) and the small study's (48 in 2 min 02 s)."""
+GPU_FLOPS = (1e12, 10e12)
+"""The range of FLOP/s a training step sustains on one GPU, for presets planned without one:
+on an H100 the small models sustain 0.2-6.6 TFLOP/s (docs/cluster.md; a step there is bound
+by kernel launches), larger widths and batches more."""
 
 if TYPE_CHECKING:
     from spice_ray.study import StudyPlan
+
+
+def gpu_hours(flops: float) -> str:
+    """GPU-hours of ``flops`` FLOPs of training steps at :data:`GPU_FLOPS`: how presets that
+    ask for GPUs are planned where there is none."""
+    low, high = (flops / rate / 3600 for rate in GPU_FLOPS[::-1])
+    return (f"{flops / 1e15:,.1f} PFLOP, ~{low:,.1f}-{high:,.1f} GPU-hours at "
+            f"{GPU_FLOPS[0] / 1e12:.0f}-{GPU_FLOPS[1] / 1e12:.0f} TFLOP/s sustained")
 
 
 def side_by_side_seconds(model_seconds: list[float], tc: TrainConfig) -> float:
@@ -36,19 +58,22 @@ def describe_plan(plan: StudyPlan) -> str:
     lines = [f"run directory: {plan.run_dir}", ""]
     w = max(9, *(len(name) for name in plan.configs))  # the experiments' column
     total_bytes = 0
+    data_seconds = 0.0
     lines.append("stage 1 datasets (Ray Data tasks):")
     for name, cfg in plan.configs.items():
         n, size, _ = dataset_estimate(cfg)
         total_bytes += size
+        data_seconds += n / TASKS_PER_SECOND
         lines.append(f"  {name:{w}s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, "
                      f"{cfg.data.concurrent_tasks} tasks at once x {cfg.data.task_cpus} CPU, "
-                     f"~{n / 4000:.0f} s at the 2-core rate of 4000 tasks/s")
+                     f"~{n / TASKS_PER_SECOND:.0f} s at the 2-core rate of {TASKS_PER_SECOND} "
+                     "tasks/s")
     lines.append("stage 2 pretraining (Ray Train; times from steps timed now, 1 thread):")
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     if load > 0.5 * cpus:  # the steps are timed on a machine others are using
         lines.append(f"  (the machine is busy: load average {load:.1f} on {cpus} cores, so "
                      "these step times are slower than a quiet machine's)")
-    train_seconds = 0.0
+    train_seconds = total_flops = 0.0
     for name, cfg in plan.configs.items():
         models: tuple[ModelRef, ...] = tuple(m for m in trained_models(EXPERIMENTS[name], cfg)
                                              if not m.same_as)
@@ -70,14 +95,18 @@ def describe_plan(plan: StudyPlan) -> str:
                 lines.append(f"  {'':{w}s} {kind}: {size.params:,} parameters: does not fit")
                 continue
             step = step_of[kind] = step_seconds(cfg, kind, device="cuda" if gpu else "cpu")
-            seconds = step * steps * len(cfg.seeds) * sum(m.kind == kind for m in models)
+            count_of = len(cfg.seeds) * sum(m.kind == kind for m in models)
+            seconds = step * steps * count_of
+            flops = step_flops(cfg, kind) * steps * count_of if tc.use_gpu and not gpu else 0.0
+            total_flops += flops
             lines.append(f"  {'':{w}s} {kind}: {size.params:,} parameters, ~"
                          f"{human_bytes(size.worker_bytes)} per worker (weights, gradients, "
                          f"AdamW {human_bytes(size.state_bytes)}; activations "
                          f"{human_bytes(size.activation_bytes)}); {step * 1e3:.0f} ms/step "
                          f"on {'GPU' if gpu else 'CPU'}: ~{fmt_seconds(seconds)} of steps"
                          + (f", {seconds * gpus_per_model / 3600:.2f} GPU-hours"
-                            if gpu else ""))
+                            if gpu else "")
+                         + (f"; no GPU here: {gpu_hours(flops)}" if flops else ""))
         if step_of:
             wall = side_by_side_seconds([step_of[m.kind] * steps for m in models
                                          for _ in cfg.seeds], tc)
@@ -87,27 +116,79 @@ def describe_plan(plan: StudyPlan) -> str:
                              f"~{fmt_seconds(wall)}")
     lines.append(f"  all models: ~{fmt_seconds(train_seconds)} of steps, plus each job's "
                  "start (~20-40 s on 2 cores)"
-                 + ("; train.use_gpu asks for GPUs, none in this process: CPU rates shown"
-                    if any(c.train.use_gpu for c in plan.configs.values())
-                    and not torch.cuda.is_available() else ""))
-    lines.append("stage 3 tuning on validation tasks (Ray actors):")
+                 + (f"; train.use_gpu asks for GPUs, none in this process: CPU rates shown, "
+                    f"and on GPUs {gpu_hours(total_flops)}" if total_flops else ""))
+    lines.append("stage 3 tuning on validation tasks (Ray actors; times from online rollouts "
+                 "probed now, 1 thread per actor):")
+    tune_seconds = 0.0
     for name, cfg in plan.configs.items():
         exp = EXPERIMENTS[name]
-        points = [len(tuning.candidates(s, cfg.eval)) for ev in exp.tuned
-                  for s in tuning.bases(exp.evaluation(ev).agents(cfg), cfg)]
-        seeds = len(cfg.seeds)
+        n_val = min(cfg.eval.num_tasks, cfg.data.num_val_tasks)
+        methods, points, seconds = 0, 0, 0.0
+        for ev_name in exp.tuned:
+            ev = exp.evaluation(ev_name)
+            seeds = len(cfg.seeds) if ev.model else 1
+            for s in tuning.bases(ev.agents(cfg), cfg):
+                grid = len(tuning.candidates(s, cfg.eval))
+                methods, points = methods + 1, points + grid
+                seconds += grid * seeds * rates.rollout_seconds(
+                    cfg, s, ev.model.kind if ev.model else None, rates.actor_tasks(cfg, n_val))
         if not points:
             lines.append(f"  {name:{w}s} nothing to tune (a fixed protocol)")
             continue
-        lines.append(f"  {name:{w}s} {count(len(points), 'method')}, "
-                     f"{count(sum(points), 'grid point')} (x {count(seeds, 'seed')} where "
-                     f"trained) on {min(cfg.eval.num_tasks, cfg.data.num_val_tasks)} validation "
-                     "tasks")
-    lines.append("stage 4 evaluation (Ray actors):")
+        tune_seconds += seconds
+        lines.append(f"  {name:{w}s} {count(methods, 'method')}, "
+                     f"{count(points, 'grid point')} (x {count(len(cfg.seeds), 'seed')} where "
+                     f"trained) on {n_val} validation tasks: ~{fmt_seconds(seconds)}")
+    lines.append("stage 4 evaluation (Ray actors; online rollouts as probed above):")
+    eval_seconds = 0.0
     for name, cfg in plan.configs.items():
+        seconds = evaluation_seconds(EXPERIMENTS[name], cfg)
+        eval_seconds += seconds
         lines.append(f"  {name:{w}s} {cfg.eval.num_tasks} tasks, H={cfg.eval.online_horizon}, "
-                     f"{cfg.eval.num_actors} actors x {cfg.eval.actor_cpus} CPU"
-                     + (f" + {cfg.eval.actor_gpus} GPU" if cfg.eval.actor_gpus else ""))
-    lines += ["stage 5 figures, stage 6 report.md", "",
-              f"datasets on disk: ~{human_bytes(total_bytes)}"]
+                     f"{count(cfg.eval.num_actors, 'actor')} x {cfg.eval.actor_cpus} CPU"
+                     + (f" + {cfg.eval.actor_gpus} GPU" if cfg.eval.actor_gpus else "")
+                     + f": ~{fmt_seconds(seconds)}")
+    n_figures, figure_seconds = 0, 0.0
+    for name, cfg in plan.configs.items():
+        figures = sum(len(t.figures) for t in tables_of({name: cfg}))
+        steps = cfg.eval.num_tasks * cfg.eval.online_horizon * cfg.eval.episodes
+        n_figures += figures
+        figure_seconds += figures * (FIGURE_SECONDS[0] + FIGURE_SECONDS[1] * steps)
+    total = data_seconds + train_seconds + tune_seconds + eval_seconds + figure_seconds
+    lines += [f"stage 5 figures: {n_figures} PNG files, ~{fmt_seconds(figure_seconds)} at the "
+              "2-core rate; stage 6 report.md", "",
+              f"datasets on disk: ~{human_bytes(total_bytes)}",
+              f"whole study: ~{fmt_seconds(total)} "
+              f"(datasets ~{fmt_seconds(data_seconds)}, pretraining ~{fmt_seconds(train_seconds)} "
+              f"plus each job's start, tuning ~{fmt_seconds(tune_seconds)}, evaluation "
+              f"~{fmt_seconds(eval_seconds)}, figures ~{fmt_seconds(figure_seconds)}); a stage "
+              "whose outputs are current is skipped"]
     return "\n".join(lines)
+
+
+def evaluation_seconds(exp: Experiment, cfg: ExperimentConfig) -> float:
+    """Seconds of the evaluation stage's online rollouts of ``exp`` on one actor's share of
+    the eval tasks: every evaluation's online agents per training seed (once more per
+    robustness noise level), and the tuned table's methods at their choice (SPICE also at the
+    paper's width). The offline and calibration protocols (one pass over fixed contexts, no
+    rollout) are not counted."""
+    env = cfg.environment()
+    tasks = rates.actor_tasks(cfg, cfg.eval.num_tasks)
+    own = [float(env.params.sigma)] if "robustness" in env.protocols else [0.0]
+    seconds = 0.0
+    for ev in exp.evaluations:
+        if not {"online", "robustness"} & set(ev.protocols):
+            continue
+        levels = len(dict.fromkeys(own + [float(s) for s in cfg.eval.robustness_sigmas])) \
+            if "robustness" in ev.protocols else 1
+        kind = ev.model.kind if ev.model else None
+        seeds = len(cfg.seeds) if ev.model else 1
+        tuned = ev.name in exp.tuned
+        for s in applicable_specs(ev.agents(cfg), env, cfg.eval, online=True):
+            rollout = rates.rollout_seconds(cfg, s, kind, tasks)
+            seconds += seeds * levels * rollout
+        for s in tuning.bases(ev.agents(cfg), cfg) if tuned else ():
+            seconds += seeds * (2 if s.info.scales_width else 1) * rates.rollout_seconds(
+                cfg, s, kind, tasks)
+    return seconds

@@ -7,6 +7,7 @@ run them: one torch thread on CPU, bf16 autocast on a GPU. Nothing is written.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -59,3 +60,34 @@ def _measure(cfg: ExperimentConfig, kind: str, steps: int, device: str) -> float
     finally:
         torch.set_num_threads(threads)
     return float(np.median(times[1:]))
+
+
+def attention_flops(cfg: ExperimentConfig, batch_size: int) -> float:
+    """FLOPs of causal self-attention's matmuls in one forward + backward, every layer.
+
+    Per layer and sequence of L = T + 1 positions, the L (L + 1) / 2 query-key pairs a causal
+    mask keeps each cost 2 D FLOPs in each of QK^T and PV (forward) and in each of dP, dV, dQ
+    and dK (backward): 12 D L (L + 1) / 2. ``torch.utils.flop_counter`` has no formula for
+    the CPU flash-attention kernel, so these are added to its count.
+    """
+    L = cfg.env.horizon + 1
+    return cfg.model.n_layer * batch_size * 6.0 * cfg.model.n_embd * L * (L + 1)
+
+
+def step_flops(cfg: ExperimentConfig, kind: str, batch_size: int | None = None) -> float:
+    """Matmul FLOPs of one optimiser step's forward + backward of a ``kind`` model for
+    ``cfg`` at ``batch_size`` (default ``train.batch_size``): the linear layers and value heads
+    as ``torch.utils.flop_counter`` counts them on one task (the eager heads: the same math,
+    countable), times the batch, plus :func:`attention_flops`. Counted on the CPU: the math is
+    the same on any device."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch_size = cfg.train.batch_size if batch_size is None else batch_size
+    counted = cfg.replace(model=dataclasses.replace(cfg.model, head_kernel="eager"))
+    batch = generate_tasks(counted.env, counted.data, "train", np.arange(1))
+    model = build_model(kind, counted, torch.Generator().manual_seed(0))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss, _ = compute_loss(model, batch, kind, counted, torch.device("cpu"))
+        loss.backward()
+    return float(counter.get_total_flops()) * batch_size + attention_flops(cfg, batch_size)
