@@ -54,6 +54,10 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     assert any(re.search(r"\d+/\d+ bandit spice seed 0: \d+ epochs, loss [\d.]+ "
                          r"\(policy [\d.]+, td [\d.]+, shrink [\d.]+, anchor [\d.]+\)", line)
                for line in lines), proc.stdout
+    # the figures stage says what it draws before it starts, and what it drew
+    figures_at = lines.index(next(line for line in lines if line.startswith("[5/6] figures: ")))
+    assert re.fullmatch(r"\[5/6\] figures: \d+ tables \(matplotlib\)", lines[figures_at])
+    assert re.fullmatch(r"  figures: \d+ PNG files \(\d+ s\)", lines[figures_at + 1])
     logs = tmp_path / "run" / "logs"
     assert "[stage 4/6 evaluate]" in (logs / "driver.log").read_text()
     timing = json.loads((logs / "timing.json").read_text())

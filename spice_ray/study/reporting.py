@@ -9,6 +9,7 @@ and checkpoints, so a partial re-run never rewrites the report from part of the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,16 +88,21 @@ def indexed_finals(run_dir: Path) -> Finals:
         return {}
 
 
-def draw_figures(run_dir: Path, configs: dict[str, ExperimentConfig]
-                 ) -> dict[str, list[Path]]:
+def figure_tables(run_dir: Path, configs: dict[str, ExperimentConfig]) -> list[Table]:
+    """The tables of ``configs`` that declare figures and are written in ``run_dir``."""
+    return [t for t in tables_of(configs)
+            if t.figures and table_path(run_dir, t.name).exists()]
+
+
+def draw_figures(run_dir: Path, configs: dict[str, ExperimentConfig],
+                 progress: Callable[[str], None] | None = None) -> dict[str, list[Path]]:
     """The PNGs each table declares, under ``<run_dir>/figures``; a table's figures are kept
     when their sidecars say they were drawn from the same table (its checksum sidecar) by the
-    same plotting code (``figure_files.is_drawn``)."""
+    same plotting code (``figure_files.is_drawn``); ``progress`` is called with each table's
+    name once its figures are drawn or kept."""
     code = file_sha256(Path(plots.__file__))
     out: dict[str, list[Path]] = {}
-    for table in tables_of(configs):
-        if not table.figures or not table_path(run_dir, table.name).exists():
-            continue
+    for table in figure_tables(run_dir, configs):
         paths = [run_dir / "figures" / (f"{table.name}.png" if i == 0
                                         else f"{table.name}_{kind}.png")
                  for i, kind in enumerate(table.figures)]
@@ -109,6 +115,8 @@ def draw_figures(run_dir: Path, configs: dict[str, ExperimentConfig]
                 plots.PLOTS[kind](df, path, table.title)
             mark_drawn(paths, stamp)
         out[table.name] = paths
+        if progress is not None:
+            progress(table.name)
     return out
 
 

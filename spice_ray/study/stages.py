@@ -61,6 +61,7 @@ from spice_ray.study.records import (
 from spice_ray.study.reporting import (
     aggregated,
     draw_figures,
+    figure_tables,
     run_configs,
     tables_of,
     write_study_report,
@@ -383,13 +384,20 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     enter_stage("5/6 figures")
     t4 = time.perf_counter()
     every = run_configs(run_dir, plan.configs)  # and what earlier invocations ran here
-    with extra_formats(plan.figure_formats):
-        figures = draw_figures(run_dir, every)
-        across = aggregate.study_aggregate(run_dir, aggregated(every))
+    drawn = figure_tables(run_dir, every)
+    console.stage(5, 6, "figures", f"{count(len(drawn), 'table')} (matplotlib)")
+    bar = console.bar("figures", len(drawn), "table")
+    try:
+        with extra_formats(plan.figure_formats):
+            figures = draw_figures(run_dir, every, lambda name: bar.update(1, status=name))
+            across = aggregate.study_aggregate(run_dir, aggregated(every))
+    except BaseException as exc:
+        bar.abort(exc)
+        raise
     plan.timings["figures"] = time.perf_counter() - t4
     pngs = sum(len(v) for v in figures.values()) + bool(across)
     also = "".join(f", {pngs} {f.upper()}" for f in plan.figure_formats if f != "png")
-    console.stage(5, 6, "figures", f"{count(pngs, 'PNG file')}{also}")
+    bar.close(f"{count(pngs, 'PNG file')}{also}")
     enter_stage("6/6 report")
     report = write_study_report(run_dir, every, finals, figures, across, plan.timings,
                                 plan.units)
