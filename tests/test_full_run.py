@@ -33,7 +33,7 @@ CONSOLE_LINE = re.compile(r"^(\[\d/6\] |  \S|spice-ray study|report: |figures: |
 
 
 @pytest.mark.ray
-def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
+def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) -> None:
     """The command a user types, off a terminal: at most 60 lines, every one ours, Ray's logs
     in <run>/logs; then every table, figure and the report; then a re-run does no work."""
     proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
@@ -160,6 +160,20 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path) -> None:
     np.testing.assert_array_equal(as_acts["return"], star["value"].to_numpy())
     assert (stays["return"] >= as_acts["return"]).all()
     assert stays["on_goal"].sum() == stays["on_goal"][STAY]
+    # the fusion probe scores a method's chosen point as the tuning stage did
+    from tools.fusion_probe import main as probe
+
+    tuned = json.loads((run_dir / "results" / "tuning.json").read_text())["bandit"]["methods"]
+    chosen = tuned["SPICE"]["chosen"]
+    assert chosen.get("width") == "paper"  # the fusion config's own width: beta alone differs
+    point = ",".join(f"{k}={v}" for k, v in chosen.items() if k != "width")
+    capsys.readouterr()
+    assert probe([str(run_dir), "bandit", "--chosen", "--point", point]) == 0
+    scored = {what: float(mean) for what, mean, _, _ in
+              (line.rsplit(None, 3) for line in capsys.readouterr().out.splitlines())}
+    best = next(r["mean"] for r in tuned["SPICE"]["grid"] if r["setting"] == chosen)
+    assert scored[f"SPICE chosen {chosen}"] == pytest.approx(best, abs=5e-3)
+    assert scored[f"SPICE {point}"] == scored[f"SPICE chosen {chosen}"]
     text = report.read_text()
     study_order = [t.name for t in study_tables(plan)]
     places = [text.index(f"## {name}\n") for name in study_order]

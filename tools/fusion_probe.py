@@ -1,0 +1,130 @@
+"""Score fusion settings of a finished study's method on its validation tasks: no training, no
+Ray, nothing written. For asking why a method scores what it does, off its tuning grid.
+
+    python tools/fusion_probe.py RUN darkroom_continuous --method SPICE \
+        --point beta=0,noise_var=1e6 --point beta=4,tau=1,width_scale=10 --chosen
+
+Each ``--point`` is ``field=value`` pairs of the fusion config (``spice_ray.config.FusionConfig``
+fields; numbers only) applied to the method's tuning base (its config before the grid), with
+``beta_schedule=fixed`` unless given; ``--chosen`` adds every tuned method at its choice in RUN's
+``results/tuning.json``. The method runs online on the experiment's validation tasks with every
+training seed's checkpoint that RUN's ``checkpoints/index.json`` lists (each checked against its
+own ``meta.json``), in this process with one thread; printed per point: the mean final
+cumulative regret over tasks (seeds averaged per task) and its SEM, the tuning stage's score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from spice_ray.agents import AgentSpec
+from spice_ray.config import load_config
+from spice_ray.data import store
+from spice_ray.evaluate.online import online_rows
+from spice_ray.model.registry import load_model
+from spice_ray.results.schema import NO_SEED
+from spice_ray.study.experiments import EXPERIMENTS
+from spice_ray.study.run_models import checked_entry
+from spice_ray.study.tuning import agent_specs, bases, grid_point, read_tuning
+
+
+def parse_point(text: str, fields: set[str]) -> dict[str, float | str]:
+    """``"beta=4,tau=1"`` -> {"beta": 4.0, "tau": 1.0}; ``beta_schedule`` keeps its word.
+
+    Raises:
+        ValueError: naming the pair: not ``field=value``, an unknown field or not a number.
+    """
+    out: dict[str, float | str] = {"beta_schedule": "fixed"}
+    for pair in filter(None, text.split(",")):
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or key not in fields:
+            raise ValueError(f"--point {text!r}: {pair!r} is not field=value of a fusion field "
+                             f"({', '.join(sorted(fields))})")
+        if key == "beta_schedule":
+            out[key] = value.strip()
+            continue
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--point {text!r}: {key}={value!r} is not a number") from None
+    return out
+
+
+def final_regret(rows: pd.DataFrame) -> tuple[float, float]:
+    """(mean, SEM) over tasks of the final cumulative regret, seeds averaged per task."""
+    per_task = rows[rows["metric"] == "cumulative_regret"].groupby("task_id")["value"].mean()
+    return float(per_task.mean()), float(per_task.std(ddof=1) / np.sqrt(len(per_task)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", type=Path, help="a finished study's run directory (read only)")
+    p.add_argument("experiment")
+    p.add_argument("--method", default="SPICE", help="a tuned method's label (default SPICE)")
+    p.add_argument("--point", action="append", default=[], help="field=value,... (repeat)")
+    p.add_argument("--chosen", action="store_true", help="every tuned method at its choice")
+    p.add_argument("--split", default="validation", choices=("validation", "eval"))
+    args = p.parse_args(argv)
+    run, name = args.run.resolve(), args.experiment
+    if name not in EXPERIMENTS or not EXPERIMENTS[name].tuned:
+        p.error(f"{name!r} is not an experiment with tuned methods")
+    torch.set_num_threads(1)  # as an evaluation actor
+    cfg = load_config(run / "configs" / f"{name}.yaml")
+    exp = EXPERIMENTS[name]
+    entries = [e for e in json.loads((run / "checkpoints" / "index.json").read_text())[
+        "checkpoints"] if e["experiment"] == name]
+    if not entries:
+        p.error(f"{run} has no checkpoint of experiment {name!r}")
+    dataset = run / "datasets" / Path(entries[0]["path"]).parts[1]
+    specs = agent_specs(exp, cfg, dataset)
+    record = read_tuning(run).get(name, {})
+    points: list[tuple[str, AgentSpec, str]] = []  # (what, spec, evaluation)
+    for ev_name in exp.tuned:
+        for base in bases(specs[ev_name], cfg):
+            if base.label == args.method:
+                fields = {f.name for f in dataclasses.fields(base.fusion)}
+                for text in args.point:
+                    try:
+                        change = parse_point(text, fields)
+                    except ValueError as exc:
+                        p.error(str(exc))
+                    spec = dataclasses.replace(base, fusion=dataclasses.replace(base.fusion,
+                                                                                **change))
+                    points.append((f"{base.label} {text}", spec, ev_name))
+            if args.chosen and base.label in record.get("methods", {}):
+                chosen = record["methods"][base.label]["chosen"]
+                point = grid_point(base, cfg.eval, record, chosen)
+                if point is not None:
+                    points.append((f"{base.label} chosen {chosen}", point.spec, ev_name))
+    if not points:
+        p.error(f"nothing to score: no --point for a tuned method {args.method!r} of {name} "
+                "and no --chosen")
+    data = store.load_split(dataset, args.split, limit=cfg.eval.num_tasks)
+    for what, spec, ev_name in points:
+        model_ref = exp.evaluation(ev_name).model
+        frames = []
+        seeds = cfg.seeds if model_ref else (NO_SEED,)
+        for seed in seeds:
+            model = None
+            if model_ref:
+                entry = next(e for e in entries if (e["kind"], e["variant"], e["seed"])
+                             == (model_ref.kind, model_ref.variant, seed))
+                model = load_model(str(checked_entry(run, entry)), cfg.env).eval()
+            frames.append(online_rows(cfg.env, cfg.eval, data, [spec], model, seed,
+                                      final_only=True))
+        mean, sem = final_regret(pd.concat(frames, ignore_index=True))
+        print(f"{what:60s} {mean:8.2f} +- {sem:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
