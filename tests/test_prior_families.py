@@ -153,6 +153,13 @@ def test_region_goal_posterior_matches_rejection_sampling() -> None:
     np.testing.assert_allclose(var, 0.0, atol=1e-12)
     # from (6, 3) the goal (6, 5) is 2 steps away; +y brings it to 1
     np.testing.assert_allclose(mean[0], 0.9 ** np.array([3, 3, 1, 3, 2]) / 0.1)
+    # the values table built once equals, bit for bit, the distances computed per state
+    from spice_ray.envs.darkroom import all_cells, move
+
+    cells = all_cells(10)
+    nxt = move(cells[:, None, :], np.arange(5)[None, :], 10)  # (G, A, 2)
+    dist = np.abs(nxt[:, :, None, :] - cells[None, None]).sum(-1)  # (G, A, G)
+    np.testing.assert_array_equal(post._values(cells[::-1]), (0.9**dist / (1.0 - 0.9))[::-1])
 
 
 def _run(env, tasks, spec: AgentSpec, horizon: int, seed: int = 0) -> np.ndarray:

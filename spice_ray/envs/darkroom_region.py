@@ -121,6 +121,11 @@ class GoalPosterior:
             raise ValueError(f"gamma={gamma!r} is invalid: in [0, 1)")
         self.size, self.prior, self.gamma = int(size), np.asarray(prior, np.float64), gamma
         self.cells = all_cells(self.size)  # (G, 2)
+        # Q*_g(s, a) of every cell s (x-major, as _index numbers them), built once: a step
+        # gathers its rows instead of recomputing B x A x G distances and powers
+        nxt = move(self.cells[:, None, :], np.arange(5)[None, :], self.size)  # (G, A, 2)
+        dist = np.abs(nxt[:, :, None, :] - self.cells[None, None]).sum(-1)  # (G, A, G)
+        self._table = self.gamma**dist / (1.0 - self.gamma)
         self.reset(0)
 
     def reset(self, num_tasks: int) -> None:
@@ -144,9 +149,7 @@ class GoalPosterior:
 
     def _values(self, states: np.ndarray) -> np.ndarray:
         """Q*_g(s, a) [B, A, G] at states [B, 2] for every goal."""
-        nxt = move(np.asarray(states)[:, None, :], np.arange(5)[None, :], self.size)  # (B, A, 2)
-        dist = np.abs(nxt[:, :, None, :] - self.cells[None, None]).sum(-1)  # (B, A, G)
-        return self.gamma**dist / (1.0 - self.gamma)
+        return self._table[self._index(states)]
 
     def moments(self, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         q = self._values(states)
