@@ -74,6 +74,7 @@ def describe_plan(plan: StudyPlan) -> str:
         lines.append(f"  (the machine is busy: load average {load:.1f} on {cpus} cores, so "
                      "these step times are slower than a quiet machine's)")
     train_seconds = total_flops = 0.0
+    too_big: set[str] = set()  # experiments whose models cannot fit: nothing is timed
     for name, cfg in plan.configs.items():
         models: tuple[ModelRef, ...] = tuple(m for m in trained_models(EXPERIMENTS[name], cfg)
                                              if not m.same_as)
@@ -87,6 +88,7 @@ def describe_plan(plan: StudyPlan) -> str:
                      f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
         gpu = tc.use_gpu and torch.cuda.is_available()
         fits = not check_models([cfg])  # never build a model to time it that cannot fit
+        too_big |= set() if fits else {name}
         step_of: dict[str, float] = {}
         gpus_per_model = 1 if tc.together else max(1, tc.num_workers)
         for kind in sorted({m.kind for m in models}):
@@ -125,7 +127,7 @@ def describe_plan(plan: StudyPlan) -> str:
         exp = EXPERIMENTS[name]
         n_val = min(cfg.eval.num_tasks, cfg.data.num_val_tasks)
         methods, points, seconds = 0, 0, 0.0
-        for ev_name in exp.tuned:
+        for ev_name in exp.tuned if name not in too_big else ():
             ev = exp.evaluation(ev_name)
             seeds = len(cfg.seeds) if ev.model else 1
             for s in tuning.bases(ev.agents(cfg), cfg):
@@ -133,6 +135,9 @@ def describe_plan(plan: StudyPlan) -> str:
                 methods, points = methods + 1, points + grid
                 seconds += grid * seeds * rates.rollout_seconds(
                     cfg, s, ev.model.kind if ev.model else None, rates.actor_tasks(cfg, n_val))
+        if name in too_big:
+            lines.append(f"  {name:{w}s} its models do not fit: not timed")
+            continue
         if not points:
             lines.append(f"  {name:{w}s} nothing to tune (a fixed protocol)")
             continue
@@ -143,7 +148,7 @@ def describe_plan(plan: StudyPlan) -> str:
     lines.append("stage 4 evaluation (Ray actors; online rollouts as probed above):")
     eval_seconds = 0.0
     for name, cfg in plan.configs.items():
-        seconds = evaluation_seconds(EXPERIMENTS[name], cfg)
+        seconds = evaluation_seconds(EXPERIMENTS[name], cfg) if name not in too_big else 0.0
         eval_seconds += seconds
         lines.append(f"  {name:{w}s} {cfg.eval.num_tasks} tasks, H={cfg.eval.online_horizon}, "
                      f"{count(cfg.eval.num_actors, 'actor')} x {cfg.eval.actor_cpus} CPU"
