@@ -14,6 +14,7 @@ from spice_ray.agents import AgentSpec, make_agent
 from spice_ray.config import make_config
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.evaluate import agent_draws, online_noise, run_online
+from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.checkpoint import save_checkpoint
 from spice_ray.model.registry import build_model, load_model
 
@@ -146,8 +147,10 @@ def test_batched_policy_names_the_batch_shape(tmp_path) -> None:
 
 @pytest.mark.parametrize("kind", ["spice", "dpt"])
 def test_save_pretrained_round_trip_acts_the_same(tmp_path, kind) -> None:
-    """A self-contained folder (safetensors weights, config JSON, checksums) gives a policy that
-    takes the same actions; options override; a flipped byte is refused; .to() keeps acting."""
+    """A self-contained folder (the one checkpoint format: safetensors weights, meta.json,
+    checksums, and a model card) gives a policy that takes the same actions; options override;
+    a flipped byte is refused; .to() keeps acting; the training checkpoint it came from loads
+    through the same call."""
     cfg = make_config("smoke", "bandit")
     path = _checkpoint(tmp_path, cfg, kind)
     cls = spice_ray.SpicePolicy if kind == "spice" else spice_ray.DptPolicy
@@ -155,8 +158,11 @@ def test_save_pretrained_round_trip_acts_the_same(tmp_path, kind) -> None:
     policy = cls.from_checkpoint(path, **options)
     folder = policy.save_pretrained(tmp_path / "pretrained")
     assert sorted(p.name for p in folder.iterdir()) == [
-        "README.md", "README.md.sha256", "config.json", "config.json.sha256",
+        "README.md", "README.md.sha256", "meta.json", "meta.json.sha256",
         "model.safetensors", "model.safetensors.sha256"]
+    meta = ckpt.read_meta(folder)  # the training checkpoint's origin, kept
+    assert (meta["dataset_hash"], meta["epoch"]) == ("hash", 0)  # as the checkpoint's
+    assert meta["files"] == ["model.safetensors", "README.md"]
     card = (folder / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: spice-ray\n") and "- 96 training tasks" in card
     assert "no table row describes it" in card  # a checkpoint's policy, not a run's tuned one
@@ -177,13 +183,17 @@ def test_save_pretrained_round_trip_acts_the_same(tmp_path, kind) -> None:
     if kind == "spice":
         assert loaded.fusion == policy.fusion and loaded.fusion.beta == 2.0
         assert cls.from_pretrained(folder, rule="ucb").fusion.rule == "ucb"
-        with pytest.raises(ValueError, match="holds a 'spice' model; DptPolicy needs 'dpt'"):
+        with pytest.raises(ValueError, match="holds a 'spice' model, not 'dpt'"):
             spice_ray.DptPolicy.from_pretrained(folder)
+    straight = cls.from_pretrained(path, **options)  # a run's checkpoint: the same loader
+    straight.reset(num_envs=4, draws=3)
+    policy.reset(num_envs=4, draws=3)
+    np.testing.assert_array_equal(straight.act(None), policy.act(None))
     weights = folder / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 1
     weights.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="model.safetensors: SHA-256 mismatch"):
+    with pytest.raises(ValueError, match="model.safetensors fails its SHA-256 checksum"):
         cls.from_pretrained(folder)
 
 
@@ -273,7 +283,7 @@ def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path) -> None:
     (lambda m: m["options"].update(colour="blue"), r"an option is not one of SpicePolicy's"),
 ])
 def test_from_pretrained_refuses_an_edited_config_by_field(tmp_path, edit, match) -> None:
-    """A hand-edited (and re-signed) config.json is refused with a ValueError naming the field,
+    """A hand-edited (and re-signed) meta.json is refused with a ValueError naming the field,
     before anything the size of its numbers is allocated."""
     import json
 
@@ -282,7 +292,7 @@ def test_from_pretrained_refuses_an_edited_config_by_field(tmp_path, edit, match
     folder = spice_ray.SpicePolicy.from_checkpoint(
         _checkpoint(tmp_path, make_config("smoke", "bandit"), "spice")
     ).save_pretrained(tmp_path / "pretrained")
-    path = folder / "config.json"
+    path = folder / "meta.json"
     meta = json.loads(path.read_text())
     edit(meta)
     path.write_text(json.dumps(meta))

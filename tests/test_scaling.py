@@ -78,8 +78,8 @@ def test_smoke_ladder_trains_each_model_once_and_tabulates_every_rung(tmp_path) 
     finals = sorted(out.glob("darkroom_dpt_star/rung-*/checkpoints/*/*/final"))
     assert [ckpt.read_meta(f)["epoch"] for f in finals] == [0, 1]
     assert finals[0].parent.name == finals[1].parent.name  # one identity across rungs
-    seeded = finals[1].parent / "local" / "epoch-0000" / "weights.pt"
-    assert seeded.read_bytes() == (finals[0] / "weights.pt").read_bytes()
+    seeded = finals[1].parent / "local" / "epoch-0000" / ckpt.WEIGHTS
+    assert seeded.read_bytes() == (finals[0] / ckpt.WEIGHTS).read_bytes()
     table = pd.read_parquet(out / TABLE)
     assert sorted(table["multiple"].unique()) == [1, 2]
     assert set(table["steps"]) == {12, 24}

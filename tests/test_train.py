@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from spice_ray.common.artifacts import write_sidecar
+from spice_ray.common.artifacts import file_sha256, sidecar_path, write_sidecar
 from spice_ray.common.faults import FAULT_ENV, fault_switch
 from spice_ray.config import make_config
 from spice_ray.data.generate import generate_dataset
@@ -230,7 +230,7 @@ def test_checkpoint_refuses_wrong_env_and_corruption(smoke_bandit, tmp_path) -> 
         load_model(path, kind="dpt")
     weights = path / ckpt.WEIGHTS
     weights.write_bytes(weights.read_bytes()[:-10])
-    with pytest.raises(ckpt.CheckpointError, match="weights.pt fails its SHA-256"):
+    with pytest.raises(ckpt.CheckpointError, match="model.safetensors fails its SHA-256"):
         load_model(path, kind="spice")
     with pytest.raises(ckpt.CheckpointError, match="is not a checkpoint"):
         load_model(tmp_path / "nothing", kind="spice")
@@ -243,18 +243,47 @@ def test_checkpoint_refuses_wrong_env_and_corruption(smoke_bandit, tmp_path) -> 
         load_model(payload, expect_env=wide)
 
 
-def test_checkpoint_loading_is_weights_only(smoke_bandit, tmp_path) -> None:
+def _as_legacy(path: Path) -> None:
+    """Rewrite a checkpoint as one written before 2026-11-26: its weights in weights.pt."""
+    import json
+
+    from safetensors.torch import load_file
+
+    state = load_file(str(path / ckpt.WEIGHTS))
+    (path / ckpt.WEIGHTS).unlink()
+    sidecar_path(path / ckpt.WEIGHTS).unlink()
+    torch.save(state, path / ckpt.LEGACY_WEIGHTS)
+    write_sidecar(path / ckpt.LEGACY_WEIGHTS)
+    meta = json.loads((path / ckpt.META).read_text())
+    meta["files"] = [ckpt.LEGACY_WEIGHTS]
+    ckpt.write_meta(path, meta)
+
+
+def test_checkpoint_loading_runs_no_code(smoke_bandit, tmp_path) -> None:
+    """Weights are safetensors, which hold tensors and nothing else: a pickle put in their
+    place (and re-signed by a forger) is not read; a checkpoint from before the format, whose
+    weights.pt still loads (the same weights, its content id from that file), is read with
+    weights_only, which refuses a pickled object there too."""
     cfg, _ = smoke_bandit
     model = build_model("dpt", cfg)
     path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "hash", epoch=0)
-    # a pickled arbitrary object with a valid checksum is still refused by weights_only
-    torch.save({"evil": ckpt.CheckpointError("x")}, path / ckpt.WEIGHTS)
-    import json
-
     assert json.loads((path / ckpt.META).read_text())["files"] == [ckpt.WEIGHTS]
+    evil = tmp_path / "evil.pt"
+    torch.save({"evil": ckpt.CheckpointError("x")}, evil)
+    (path / ckpt.WEIGHTS).write_bytes(evil.read_bytes())
     write_sidecar(path / ckpt.WEIGHTS)  # a forger re-signs the weights as well
-    with pytest.raises(Exception, match="Weights only load failed|Unsupported global"):
+    with pytest.raises(ckpt.CheckpointError, match="model.safetensors is not safetensors"):
         load_model(path, kind="dpt")
+    legacy = ckpt.save_checkpoint(tmp_path / "legacy", model, cfg, "hash", epoch=0)
+    _as_legacy(legacy)
+    loaded = load_model(legacy, kind="dpt")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))
+    assert ckpt.content_id(legacy).endswith(file_sha256(legacy / ckpt.LEGACY_WEIGHTS))
+    (legacy / ckpt.LEGACY_WEIGHTS).write_bytes(evil.read_bytes())
+    write_sidecar(legacy / ckpt.LEGACY_WEIGHTS)
+    with pytest.raises(Exception, match="Weights only load failed|Unsupported global"):
+        load_model(legacy, kind="dpt")
 
 
 def test_gpu_request_falls_back_to_cpu_without_gpus() -> None:
@@ -441,7 +470,7 @@ def test_a_checkpoint_of_the_format_before_sidecars_still_loads(smoke_bandit, tm
                                                  model.state_dict().values(), strict=True))
     weights = path / ckpt.WEIGHTS
     weights.write_bytes(weights.read_bytes()[:-10])
-    with pytest.raises(ckpt.CheckpointError, match="weights.pt fails its SHA-256"):
+    with pytest.raises(ckpt.CheckpointError, match="model.safetensors fails its SHA-256"):
         load_model(path, kind="dpt")
 
 

@@ -174,7 +174,7 @@ def test_checkpoint_with_non_finite_weights_is_refused(tmp_path) -> None:
     with torch.no_grad():
         next(model.parameters())[0] = float("nan")
     path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "h", epoch=0)
-    with pytest.raises(ckpt.CheckpointError, match="weights.pt holds non-finite values"):
+    with pytest.raises(ckpt.CheckpointError, match="model.safetensors holds non-finite values"):
         load_model(path)
 
 
@@ -455,7 +455,7 @@ def test_corrupt_final_weights_are_republished_from_an_intact_checkpoint(ray_loc
     with caplog.at_level(logging.WARNING):
         again = pretrain(cfg, "dpt", 0, ds)
     assert again == final and (final / ckpt.WEIGHTS).read_bytes() == good
-    assert "weights.pt fails its SHA-256 checksum" in caplog.text
+    assert "model.safetensors fails its SHA-256 checksum" in caplog.text
     assert "republished from the intact checkpoint" in caplog.text
     # with no intact copy left, the model is trained again instead of being used
     for path in (final.parent / "local").glob("epoch-*"):

@@ -1,23 +1,28 @@
 """The checkpoint format: a directory that rebuilds a model with nothing else.
 
 This module reads and writes the files; it imports no model class: the registry's
-``spice_ray.model.registry.load_model`` is the one way to turn a checkpoint into a model.
+``spice_ray.model.registry.load_model`` is the one way to turn a checkpoint into a model. One
+format serves every model the platform writes: a training checkpoint (``final/`` and the
+``epoch-*`` ones), and a policy's ``save_pretrained`` folder, which adds its options and a
+model card.
 
 Layout::
 
     <checkpoint>/
-      meta.json         kind, architecture spec, run config, dataset content hash, epoch,
-                        metrics, and the names of the files below
-      weights.pt        model state_dict (tensors only; torch.load(weights_only=True))
-      optimizer.pt      optimizer (+ scheduler) state, for resuming (weights_only as well)
-      *.sha256          a SHA-256 sidecar per file, the format of every artifact
-                        (``spice_ray.common.artifacts.publish_dir`` writes the directory)
+      meta.json          kind, architecture spec, run config, dataset content hash, epoch,
+                         metrics, the names of the files below (a policy's: also its options)
+      model.safetensors  the model's state_dict (safetensors: tensors only, reading runs no code)
+      optimizer.pt       optimizer (+ scheduler) state, for resuming (torch.load, weights_only)
+      README.md          a policy's model card (``save_pretrained`` only)
+      *.sha256           a SHA-256 sidecar per file, the format of every artifact
+                         (``spice_ray.common.artifacts.publish_dir`` writes the directory)
 
-Loading never unpickles arbitrary objects: ``weights_only=True`` only admits tensors and plain
-containers, and every file is checked against its sidecar first, so a corrupted, truncated or
-edited file is named instead of half-loaded: an edited ``spec`` or ``config`` would rebuild a
-different model. Checkpoints written before the sidecars (meta.json's ``files`` mapping each
-name to its SHA-256) still load, checked against that mapping.
+Loading never unpickles arbitrary objects, and every file is checked against its sidecar
+first, so a corrupted, truncated or edited file is named instead of half-loaded: an edited
+``spec`` or ``config`` would rebuild a different model. Checkpoints written before 2026-11-26
+hold their weights in ``weights.pt`` (``torch.load(weights_only=True)``: tensors and plain
+containers only) and still load; checkpoints written before the sidecars (meta.json's
+``files`` mapping each name to its SHA-256) too, checked against that mapping.
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import EnvConfig, ExperimentConfig
 
 META = "meta.json"
-WEIGHTS = "weights.pt"
+WEIGHTS = "model.safetensors"
+"""The model's weights, in every checkpoint this version writes."""
+LEGACY_WEIGHTS = "weights.pt"
+"""Where checkpoints written before 2026-11-26 hold their weights (read, never written)."""
 OPTIMIZER = "optimizer.pt"
 
 
@@ -61,20 +69,28 @@ def save_checkpoint(
     metrics: dict[str, float] | None = None,
     optimizer_state: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    texts: dict[str, str] | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically (temp dir + rename) and return its path.
 
     Args:
         model: any module with ``KIND``, ``spec()`` and ``state_dict()`` (a TrunkModel).
+        extra: more fields of meta.json (a policy's options, the training identity).
+        texts: more files by name, e.g. a model card (each listed and checksummed).
     """
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
 
     def write(tmp: Path) -> None:
-        torch.save(state, tmp / WEIGHTS)
+        save_file(state, str(tmp / WEIGHTS))
         files = [WEIGHTS]
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER)
             files.append(OPTIMIZER)
+        for name, text in (texts or {}).items():
+            (tmp / name).write_text(text)
+            files.append(name)
         meta = {
             "kind": model.KIND,
             "spec": model.spec(),
@@ -147,12 +163,19 @@ def _checked_sha256(directory: Path, name: str, meta: dict[str, Any]) -> str:
     return str(record["sha256"])
 
 
+def weights_file(meta: dict[str, Any]) -> str:
+    """The name of a checkpoint's weights file (:data:`WEIGHTS`, or an older checkpoint's
+    :data:`LEGACY_WEIGHTS`), from its meta.json's list of files."""
+    return LEGACY_WEIGHTS if LEGACY_WEIGHTS in meta["files"] and WEIGHTS not in meta["files"] \
+        else WEIGHTS
+
+
 def content_id(directory: str | Path) -> str:
     """A checkpoint by content, not by path: its job identity (or kind and epoch) and the
     SHA-256 of its weights (checked against their sidecar)."""
     meta = read_meta(directory)
     who = meta.get("identity") or f"{meta.get('kind')}@{meta.get('epoch')}"
-    return f"{who}:{_checked_sha256(Path(directory), WEIGHTS, meta)}"
+    return f"{who}:{_checked_sha256(Path(directory), weights_file(meta), meta)}"
 
 
 def nonfinite_names(state: dict[str, Any]) -> list[str]:
@@ -164,8 +187,18 @@ def nonfinite_names(state: dict[str, Any]) -> list[str]:
 def _load_file(directory: Path, name: str, meta: dict[str, Any]) -> Any:
     _checked_sha256(directory, name, meta)
     path = directory / name
-    state = torch.load(path, map_location="cpu", weights_only=True)
     if name == WEIGHTS:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(str(path))
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"checkpoint file {path} is not safetensors weights "
+                                  f"({exc})") from None
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if name in (WEIGHTS, LEGACY_WEIGHTS):
         bad = nonfinite_names(state)
         if bad:
             raise CheckpointError(f"checkpoint file {path} holds non-finite values in "
@@ -203,7 +236,7 @@ def load_state(directory: str | Path, expect_env: EnvConfig | None = None,
                               f"not {kind!r}")
     if expect_env is not None:
         check_env(meta, expect_env, str(directory))
-    return meta, _load_file(directory, WEIGHTS, meta)
+    return meta, _load_file(directory, weights_file(meta), meta)
 
 
 def load_training_state(directory: str | Path) -> tuple[dict[str, Any], dict[str, Any],
@@ -211,6 +244,6 @@ def load_training_state(directory: str | Path) -> tuple[dict[str, Any], dict[str
     """(meta, model state_dict, optimizer state or None) for resuming training."""
     directory = Path(directory)
     meta = read_meta(directory)
-    weights = _load_file(directory, WEIGHTS, meta)
+    weights = _load_file(directory, weights_file(meta), meta)
     opt = _load_file(directory, OPTIMIZER, meta) if OPTIMIZER in meta["files"] else None
     return meta, weights, opt

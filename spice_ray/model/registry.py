@@ -48,22 +48,58 @@ def model_payload(model: TrunkModel) -> dict[str, Any]:
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
 
 
+def planned_spec(meta: dict[str, Any], where: Path, memory: int | None = None
+                 ) -> dict[str, Any]:
+    """A checkpoint's architecture, once it is the one its own run config builds and, given
+    ``memory`` (bytes), its fp32 weights fit in it: checked before the model is allocated, so
+    a hand-edited ``max_len`` or width is refused, not allocated.
+
+    Raises:
+        CheckpointError: naming the file and the field.
+    """
+    from spice_ray.common.errors import excerpt
+    from spice_ray.config import ConfigError, from_dict
+
+    try:
+        cfg = from_dict(meta["config"])
+    except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as exc:
+        raise CheckpointError(f"{where}: field config is not a run config "
+                              f"({excerpt(str(exc))})") from None
+    with torch.device("meta"):  # no memory: the architecture only
+        shape = build_model(str(meta.get("kind")), cfg)
+    expected = shape.spec()
+    if meta.get("spec") != expected:
+        got = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
+        fields = sorted(k for k in set(expected) | set(got) if got.get(k) != expected.get(k))
+        raise CheckpointError(f"{where}: field spec ({', '.join(fields) or 'its type'}) is "
+                              "not the architecture its run config builds: edited by hand?")
+    weights = 4 * sum(t.numel() for t in (*shape.parameters(), *shape.buffers()))
+    if memory is not None and weights > memory:
+        raise CheckpointError(f"{where}: the model's weights need ~{weights / 2**30:.1f} GiB, "
+                              "more than this machine's available memory")
+    return expected
+
+
 def load_model(source: ModelSource, expect_env: EnvConfig | None = None,
-               kind: str | None = None) -> TrunkModel:
-    """The one way to load a model: from a checkpoint directory (weights checksummed, loaded
-    with ``weights_only``) or an in-memory :func:`model_payload`; in eval mode.
+               kind: str | None = None, memory: int | None = None) -> TrunkModel:
+    """The one way to load a model: from a checkpoint directory (``spice_ray.model.
+    checkpoint``'s format, which training, the study and ``save_pretrained`` all write: every
+    file checked against its checksum, the architecture against its run config, the weights
+    for finiteness) or an in-memory :func:`model_payload`; in eval mode.
 
     Args:
         expect_env: a model built for another A or state width is refused.
         kind: the model kind it must be ("spice", "dpt"); None: any.
+        memory: refuse a checkpoint whose weights would need more bytes than this.
 
     Raises:
-        CheckpointError: the checkpoint or payload is not of ``kind`` or does not fit
-            ``expect_env``.
+        CheckpointError: the checkpoint or payload is not of ``kind``, does not fit
+            ``expect_env`` or ``memory``, or its files are not what its meta.json says.
     """
     if not isinstance(source, Mapping):
-        meta, state = load_state(Path(source), expect_env, kind)
-        spec = meta["spec"]
+        directory = Path(source)
+        meta, state = load_state(directory, expect_env, kind)
+        spec = planned_spec(meta, directory / "meta.json", memory)
     else:
         spec, state = source["spec"], source["state_dict"]
         if kind is not None and spec.get("kind") != kind:
@@ -74,5 +110,10 @@ def load_model(source: ModelSource, expect_env: EnvConfig | None = None,
                                   f"{spec['state_dim']}; env {expect_env.name} needs "
                                   f"{expect_env.num_actions} and {expect_env.state_dim}")
     model = model_class(spec.get("kind", "")).from_spec(spec)
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        where = "the payload" if isinstance(source, Mapping) else str(source)
+        raise CheckpointError(f"{where} does not hold this model's weights: "
+                              f"{str(exc).splitlines()[0][:200]}") from None
     return model.eval()

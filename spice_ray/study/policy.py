@@ -33,12 +33,10 @@ from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import load_model
 from spice_ray.study.run_models import (
     MODEL_CARD,
-    PRETRAINED_CONFIG,
-    PRETRAINED_WEIGHTS,
     checkpoint_of,
     model_card,
     pretrained_dir,
-    pretrained_model,
+    saved_options,
     tuned_fusion,
 )
 
@@ -62,6 +60,7 @@ class _Policy:
         self._started = False
         self._seed: int | None = None  # the checkpoint's training seed, when known
         self._source: tuple[Path, str, int] | None = None  # (run, experiment, seed) if tuned
+        self._origin: dict[str, Any] = {}  # what its checkpoint's meta.json says it came from
 
     checkpoint_of = staticmethod(checkpoint_of)
     tuned: dict[str, Any] | None = None
@@ -70,13 +69,20 @@ class _Policy:
 
     @staticmethod
     def _load(path: str | Path, kind: str, device: str | torch.device
-              ) -> tuple[Any, Any, int | None]:
-        """(model, run config, training seed) of a checkpoint."""
+              ) -> tuple[Any, Any, dict[str, Any]]:
+        """(model, run config, meta.json) of a checkpoint."""
         meta = ckpt.read_meta(path)
         cfg = from_dict(meta["config"])
         model = load_model(path, expect_env=cfg.env, kind=kind).to(device)
+        return model, cfg, meta
+
+    def _adopt(self, meta: dict[str, Any]) -> Any:
+        """Remember where the model came from (its training seed, dataset, epoch, identity),
+        which :meth:`save_pretrained` writes again; returns the policy."""
         seed = meta.get("seed")
-        return model, cfg, seed if isinstance(seed, int) else None
+        self._seed = seed if isinstance(seed, int) else None
+        self._origin = {k: meta[k] for k in ("dataset_hash", "epoch", "identity") if k in meta}
+        return self
 
     _method = "SPICE"
     """The method's name in the study's tables (the model card's row)."""
@@ -94,43 +100,35 @@ class _Policy:
         raise NotImplementedError
 
     def save_pretrained(self, directory: str | Path) -> Path:
-        """Everything this policy needs, in a self-contained folder: ``model.safetensors``
-        (the weights and the frozen prior networks; no pickle), ``config.json`` (the model
-        kind and architecture, the run config it was trained with, the policy's options) and a
-        model card ``README.md`` (what it is, what it was trained on, its row of the run's
-        tuned table when it is the run's tuned policy), each with a SHA-256 sidecar; written
-        beside ``directory`` and renamed into place."""
-        import json
-
-        from safetensors.torch import save_file
-
-        from spice_ray.common.artifacts import publish_dir
-
-        model = self.agent.model
-        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        """Everything this policy needs, in a self-contained folder: a checkpoint in the one
+        format every model of the platform is saved in (``spice_ray.model.checkpoint``:
+        ``model.safetensors`` with the weights and the frozen prior networks, no pickle;
+        ``meta.json`` with the model kind and architecture, the run config it was trained
+        with, where it came from and the policy's options) and a model card ``README.md``
+        (what it is, what it was trained on, its row of the run's tuned table when it is the
+        run's tuned policy), each with a SHA-256 sidecar; written beside ``directory`` and
+        renamed into place."""
         options = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
                    for k, v in self._options().items()}
-
-        card = model_card(self.kind, type(self).__name__, from_dict(self._config),
-                          self._seed, self._source, self._method)
-
-        def write(staging: Path) -> None:
-            save_file(state, str(staging / PRETRAINED_WEIGHTS))
-            (staging / MODEL_CARD).write_text(card)
-            (staging / PRETRAINED_CONFIG).write_text(json.dumps(
-                {"format": 1, "kind": self.kind, "spec": model.spec(), "config": self._config,
-                 "options": options, "seed": self._seed}, indent=1, default=str))
-
-        return publish_dir(directory, write)
+        cfg = from_dict(self._config)
+        card = model_card(self.kind, type(self).__name__, cfg, self._seed, self._source,
+                          self._method)
+        extra = {k: v for k, v in self._origin.items() if k not in ("dataset_hash", "epoch")}
+        return ckpt.save_checkpoint(
+            directory, self.agent.model, cfg, self._origin.get("dataset_hash", ""),
+            self._origin.get("epoch", -1),
+            extra={**extra, "seed": self._seed, "options": options}, texts={MODEL_CARD: card})
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu", *,
                         revision: str | None = None, cache_dir: str | Path | None = None,
                         local_files_only: bool = False, **options: Any) -> Any:
-        """A policy from :meth:`save_pretrained`'s folder (both files checked against their
-        checksums), or from a Hugging Face Hub model id ``owner/name`` it was uploaded to
-        (resolved through ``huggingface_hub``'s cache, at ``revision``); ``options`` override
-        the saved ones (e.g. ``rule="greedy"``).
+        """A policy from :meth:`save_pretrained`'s folder, any checkpoint directory of a run
+        (the same format), or a Hugging Face Hub model id ``owner/name`` such a folder was
+        uploaded to (resolved through ``huggingface_hub``'s cache, at ``revision``); loaded
+        by the one loader every checkpoint goes through
+        (``spice_ray.model.registry.load_model``); ``options`` override the saved ones (e.g.
+        ``rule="greedy"``).
 
         Raises:
             ValueError: naming the file or field: a file is missing or corrupt; it holds
@@ -138,32 +136,22 @@ class _Policy:
                 would not fit in this machine's memory; its weights have other names or
                 shapes, or non-finite values; an option is unknown.
         """
-        from safetensors.torch import load_file
-
-        from spice_ray.common.artifacts import read_json, verify_dir
+        from spice_ray.runtime.resources import available_memory
 
         directory = pretrained_dir(directory, revision, cache_dir, local_files_only)
-        why = verify_dir(directory, (PRETRAINED_WEIGHTS, PRETRAINED_CONFIG))
-        if why:
-            raise ValueError(f"{why}; save the policy again")
-        model, cfg, saved = pretrained_model(directory, cls.kind, cls.__name__)
-        where = directory / PRETRAINED_WEIGHTS
         try:
-            model.load_state_dict(load_file(str(where)))
-        except (RuntimeError, ValueError, OSError) as exc:
-            raise ValueError(f"{where} does not hold this model's weights: "
-                             f"{excerpt(str(exc).splitlines()[0])}") from None
-        bad = ckpt.nonfinite_names(model.state_dict())
-        if bad:
-            raise ValueError(f"{where} holds non-finite values in {', '.join(bad[:3])}")
+            meta = ckpt.read_meta(directory)
+            model = load_model(directory, kind=cls.kind, memory=available_memory())
+        except ckpt.CheckpointError as exc:
+            raise ValueError(f"{exc}; save the policy again") from None
+        saved = saved_options(meta, directory / ckpt.META)
         try:
-            policy = cls._build(model.eval().to(device), cfg, device, **{**saved, **options})
+            policy = cls._build(model.to(device), from_dict(meta["config"]), device,
+                                **{**saved, **options})
         except TypeError as exc:
-            raise ValueError(f"{directory / PRETRAINED_CONFIG} or the call: an option is not "
+            raise ValueError(f"{directory / ckpt.META} or the call: an option is not "
                              f"one of {cls.__name__}'s ({exc})") from None
-        seed = read_json(directory / PRETRAINED_CONFIG).get("seed")
-        policy._seed = seed if isinstance(seed, int) else None
-        return policy
+        return policy._adopt(meta)
 
     def to(self, device: str | torch.device) -> Any:
         """The same policy on ``device`` ("cpu", "cuda"), with an empty context (call
@@ -171,6 +159,7 @@ class _Policy:
         moved = type(self)._build(self.agent.model.to(device), from_dict(self._config),
                                   device, **self._options())
         moved.tuned, moved._seed, moved._source = self.tuned, self._seed, self._source
+        moved._origin = self._origin
         return moved
 
     def reset(self, num_envs: int | None = None,
@@ -306,11 +295,9 @@ class SpicePolicy(_Policy):
     def from_checkpoint(cls, path: str | Path, rule: str = "ucb", beta: float | None = None,
                         beta_schedule: str | None = None, fusion: FusionConfig | None = None,
                         device: str | torch.device = "cpu") -> SpicePolicy:
-        model, cfg, seed = cls._load(path, "spice", device)
-        policy = cls._build(model, cfg, device, rule=rule, beta=beta,
-                            beta_schedule=beta_schedule, fusion=fusion)
-        policy._seed = seed
-        return policy
+        model, cfg, meta = cls._load(path, "spice", device)
+        return cls._build(model, cfg, device, rule=rule, beta=beta,
+                          beta_schedule=beta_schedule, fusion=fusion)._adopt(meta)
 
     @classmethod
     def _build(cls, model: Any, cfg: Any, device: str | torch.device, rule: str = "ucb",
@@ -354,7 +341,7 @@ class SpicePolicy(_Policy):
         device = options.pop("device", "cpu")
         if not tuned or options or variant:
             return cls.from_checkpoint(path, device=device, **options)
-        model, cfg, seed_ = cls._load(path, "spice", device)
+        model, cfg, meta = cls._load(path, "spice", device)
         choice = tuned_fusion(Path(run_dir), experiment, cfg)
         if choice is None:
             policy = cls._build(model, cfg, device)
@@ -363,8 +350,7 @@ class SpicePolicy(_Policy):
             policy = cls._build(model, cfg, device, rule=fusion.rule, fusion=fusion)
             policy.tuned = setting
             policy._source = (Path(run_dir), experiment, seed)
-        policy._seed = seed_
-        return policy
+        return policy._adopt(meta)
 
     def __repr__(self) -> str:
         f = self.fusion
@@ -395,10 +381,8 @@ class DptPolicy(_Policy):
     @classmethod
     def from_checkpoint(cls, path: str | Path, sample: bool = False,
                         device: str | torch.device = "cpu") -> DptPolicy:
-        model, cfg, seed = cls._load(path, "dpt", device)
-        policy = cls._build(model, cfg, device, sample=sample)
-        policy._seed = seed
-        return policy
+        model, cfg, meta = cls._load(path, "dpt", device)
+        return cls._build(model, cfg, device, sample=sample)._adopt(meta)
 
     @classmethod
     def _build(cls, model: Any, cfg: Any, device: str | torch.device, sample: bool = False

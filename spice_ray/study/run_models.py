@@ -1,23 +1,17 @@
 """Finding and checking a study's models before a policy runs them: the checkpoint index
-entry against the checkpoint's own ``meta.json``, a ``save_pretrained`` folder's config before
-any weight is read, the fusion setting the tuning stage chose on validation, and a saved
-policy's model card. Used by ``spice_ray.study.policy``; no model runs here."""
+entry against the checkpoint's own ``meta.json``, a saved policy's folder (local or from the
+Hugging Face Hub) and its options, the fusion setting the tuning stage chose on validation, and
+a saved policy's model card. Used by ``spice_ray.study.policy``; no model runs here (loading
+one is ``spice_ray.model.registry.load_model``'s, for a saved policy as for any checkpoint)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from spice_ray.common.errors import excerpt
-from spice_ray.config import FusionConfig, from_dict
+from spice_ray.config import FusionConfig
 from spice_ray.model import checkpoint as ckpt
-
-PRETRAINED_CONFIG = "config.json"
-"""The config file of a ``save_pretrained`` folder (``spice_ray.study.policy`` writes it)."""
-PRETRAINED_WEIGHTS = "model.safetensors"
-"""Its weights (safetensors: reading them runs no code)."""
 
 
 def checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
@@ -116,60 +110,33 @@ def pretrained_dir(source: str | Path, revision: str | None = None,
         return Path(snapshot_download(
             str(source), revision=revision, cache_dir=cache_dir,
             local_files_only=local_files_only,
-            allow_patterns=[f"{PRETRAINED_WEIGHTS}*", f"{PRETRAINED_CONFIG}*", MODEL_CARD]))
+            allow_patterns=[f"{ckpt.META}*", f"{ckpt.WEIGHTS}*", f"{MODEL_CARD}*"]))
     except Exception as exc:  # the library's own errors: offline, unknown repo, no revision
         raise ValueError(f"{source}: not in the Hub cache"
                          f"{f' {cache_dir}' if cache_dir else ''} and not downloadable "
                          f"({type(exc).__name__}: {excerpt(str(exc).splitlines()[0])})") from None
 
 
-def pretrained_model(directory: Path, kind: str, name: str
-                      ) -> tuple[Any, Any, dict[str, Any]]:
-    """The freshly built model, run config and saved options of a :meth:`save_pretrained`
-    folder's ``config.json``, checked before any weight is read: the kind, a run config that
-    validates, an architecture equal to the one that config builds (so a hand-edited
-    ``max_len`` or width is refused, not allocated), and weights that fit in memory."""
-    from spice_ray.common.artifacts import UnreadableFile, read_json
-    from spice_ray.config import ConfigError
-    from spice_ray.model.registry import build_model
-    from spice_ray.runtime.resources import available_memory, human_bytes
+def saved_options(meta: dict[str, Any], where: Path) -> dict[str, Any]:
+    """A saved policy's options (``save_pretrained`` records them in its ``meta.json``; a
+    training checkpoint has none), the fusion settings validated as a FusionConfig.
 
-    path = directory / PRETRAINED_CONFIG
-    try:
-        meta = read_json(path)
-    except UnreadableFile as exc:
-        raise ValueError(str(exc)) from None
-    if meta.get("kind") != kind:
-        raise ValueError(f"{directory} holds a {excerpt(meta.get('kind'))} model; "
-                         f"{name} needs {kind!r}")
-    try:
-        cfg = from_dict(meta["config"])
-    except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as exc:
-        raise ValueError(f"{path}: field config is not a run config "
-                         f"({excerpt(str(exc))})") from None
-    with torch.device("meta"):  # no memory: the architecture only
-        shape = build_model(kind, cfg)
-    expected = shape.spec()
-    if meta.get("spec") != expected:
-        got = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
-        fields = sorted(k for k in set(expected) | set(got) if got.get(k) != expected.get(k))
-        raise ValueError(f"{path}: field spec ({', '.join(fields) or 'its type'}) is not the "
-                         "architecture its run config builds: edited by hand?")
-    weights = 4 * sum(t.numel() for t in (*shape.parameters(), *shape.buffers()))  # fp32
-    if weights > available_memory():
-        raise ValueError(f"{path}: the model's weights need ~{human_bytes(weights)}, more "
-                         "than this machine's available memory")
+    Raises:
+        ValueError: naming the field.
+    """
+    from spice_ray.config import ConfigError
+
     saved = meta.get("options", {})
     if not isinstance(saved, dict):
-        raise ValueError(f"{path}: field options is not an object")
+        raise ValueError(f"{where}: field options is not an object")
     saved = dict(saved)
     if "fusion" in saved:
         try:
             saved["fusion"] = FusionConfig(**saved["fusion"])
         except (TypeError, ValueError, ConfigError) as exc:
-            raise ValueError(f"{path}: field options.fusion is invalid "
+            raise ValueError(f"{where}: field options.fusion is invalid "
                              f"({excerpt(str(exc))})") from None
-    return build_model(kind, cfg), cfg, saved
+    return saved
 
 
 def tuned_fusion(run_dir: Path, experiment: str, cfg: Any
