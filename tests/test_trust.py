@@ -556,7 +556,7 @@ def test_sweep_restore_guard(tmp_path) -> None:
 
 
 def test_publish_dir_is_all_or_nothing(tmp_path) -> None:
-    from spice_ray.common.artifacts import publish_dir, verify_dir
+    from spice_ray.common.artifacts import publish_dir, verify
 
     target = tmp_path / "out"
 
@@ -566,7 +566,7 @@ def test_publish_dir_is_all_or_nothing(tmp_path) -> None:
         (staging / "sub" / "b.txt").write_text("b")
 
     publish_dir(target, good)
-    assert verify_dir(target, ["a.txt", "sub/b.txt"]) is None
+    assert verify(target / "a.txt")[0] and verify(target / "sub" / "b.txt")[0]
 
     def bad(staging: Path) -> None:
         (staging / "a.txt").write_text("half")
@@ -577,7 +577,7 @@ def test_publish_dir_is_all_or_nothing(tmp_path) -> None:
     assert (target / "a.txt").read_text() == "a"  # the old directory as it was
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging left behind
     (target / "a.txt").write_text("edited")
-    assert "a.txt: size 6 bytes" in verify_dir(target, ["a.txt"])
+    assert "size 6 bytes" in verify(target / "a.txt")[1]
     # a sidecar copied in with its file is re-made: it names the published path
     import json
 
@@ -590,7 +590,7 @@ def test_publish_dir_is_all_or_nothing(tmp_path) -> None:
     (target / "a.txt").write_text("a")
     publish_dir(copy, lambda staging: shutil.copytree(target, staging, dirs_exist_ok=True))
     assert json.loads((copy / "sub" / "b.txt.sha256").read_text())["file"] == "copy/sub/b.txt"
-    assert not list(copy.rglob("*.sha256.sha256")) and verify_dir(copy, ["a.txt"]) is None
+    assert not list(copy.rglob("*.sha256.sha256")) and verify(copy / "a.txt")[0]
     # Ray's copied logs, which nothing later trusts, are published without sidecars
     publish_dir(target, good, sidecars=False)
     assert sorted(p.name for p in target.rglob("*")) == ["a.txt", "b.txt", "sub"]

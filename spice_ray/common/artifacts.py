@@ -21,7 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,16 +139,6 @@ def publish_dir(directory: str | Path, write: Callable[[Path], Any], *,
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
-
-
-def verify_dir(directory: str | Path, names: Iterable[str]) -> str | None:
-    """Why the files ``names`` of a :func:`publish_dir` directory cannot be trusted (the first
-    missing or corrupt one, named), or None when all match their checksums."""
-    for name in names:
-        record, why = verify(Path(directory) / name)
-        if record is None:
-            return f"{Path(directory) / name}: {why}"
-    return None
 
 
 def verify(path: str | Path) -> tuple[dict[str, Any] | None, str]:
