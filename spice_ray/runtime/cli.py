@@ -28,6 +28,7 @@ from spice_ray.config import (
     make_config,
     resolve_run_dir,
 )
+from spice_ray.runtime import reaper
 
 log = logging.getLogger("spice_ray")
 
@@ -340,6 +341,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
                        "cluster)")
             log.warning(message)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local only; never on a cluster
+        reaper.start()  # ends what this driver's Ray leaves if the driver is killed
         # The dashboard serves the State API, which Ray Train's placement-group cleaner polls
         # (without it, it warns every few seconds); it takes the next free port after 8265.
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=True,
