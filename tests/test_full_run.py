@@ -150,6 +150,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert len(marks) == 2 * len(per_task)
     # the DPT* diagnosis replays the study's episode protocol: the same return per task as
     # its table; with "stay" forced on the goal the agent never leaves it and loses nothing
+    from spice_ray.study.policy import DptPolicy
     from tools.dpt_star_episode import EXPERIMENT, STAY, episode_inputs, play
 
     model, env, data, horizon = episode_inputs(run_dir, seed=0)
@@ -160,6 +161,9 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     np.testing.assert_array_equal(as_acts["return"], star["value"].to_numpy())
     assert (stays["return"] >= as_acts["return"]).all()
     assert stays["on_goal"].sum() == stays["on_goal"][STAY]
+    final = DptPolicy.checkpoint_of(run_dir, EXPERIMENT, "dpt", 0)  # named by --checkpoint
+    named = play(episode_inputs(run_dir, checkpoint=final)[0], env, data, horizon, False)
+    np.testing.assert_array_equal(named["return"], as_acts["return"])
     # the fusion probe scores a method's chosen point as the tuning stage did
     from tools.fusion_probe import main as probe
 

@@ -1,6 +1,6 @@
 """Where a DPT* darkroom episode loses its return: the DPT paper's protocol, then one action fixed.
 
-    python tools/dpt_star_episode.py RUN [--seed 0]
+    python tools/dpt_star_episode.py RUN [--seed 0] [--checkpoint DIR]
 
 For the ``darkroom_dpt_star`` model of a study's run: the DPT paper's offline protocol (the
 eval task's own fixed context, one greedy episode of ``eval.online_horizon`` steps from (0, 0),
@@ -10,7 +10,8 @@ its own transitions not added), played twice on the same tasks:
      of one action, to tell "does not find the goal" from "finds it and walks off".
 Printed for each: the return over all tasks and over the tasks whose context shows the goal,
 how many of those the agent reaches, and its actions on the goal cell. A diagnosis, not a
-baseline: the correction reads the goal.
+baseline: the correction reads the goal. ``--checkpoint`` plays another checkpoint of that
+model (an ``epoch-*`` one of a training still under way: where a long training stands).
 """
 
 from __future__ import annotations
@@ -61,12 +62,18 @@ def play(model, env, data: dict[str, np.ndarray], horizon: int, stay_on_goal: bo
                                    minlength=darkroom.NUM_ACTIONS)}
 
 
-def episode_inputs(run: Path, seed: int = 0, split: str = "eval"):
+def episode_inputs(run: Path, seed: int = 0, split: str = "eval",
+                   checkpoint: Path | None = None):
     """(model, env config, tasks of ``split``, horizon) of the run's DPT* of training seed
-    ``seed``."""
+    ``seed`` (or of ``checkpoint``, a checkpoint under the run's ``checkpoints/``)."""
     cfg = load_config(Path(run) / "configs" / f"{EXPERIMENT}.yaml")
-    final = DptPolicy.checkpoint_of(run, EXPERIMENT, "dpt", seed)
-    dataset = Path(run) / "datasets" / final.parent.parent.name
+    if checkpoint is None:
+        final = DptPolicy.checkpoint_of(run, EXPERIMENT, "dpt", seed)
+        dataset = Path(run) / "datasets" / final.parent.parent.name
+    else:  # checkpoints/<dataset>/<kind>-<id>-seed<k>/...
+        final = Path(checkpoint).resolve()
+        parts = final.relative_to((Path(run) / "checkpoints").resolve()).parts
+        dataset = Path(run) / "datasets" / parts[0]
     data = load_split(dataset, split, limit=cfg.eval.num_tasks)
     return load_model(final, cfg.env, "dpt"), cfg.env, data, cfg.eval.online_horizon
 
@@ -78,10 +85,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="training seed of the model")
     p.add_argument("--split", choices=("train", "validation", "eval"), default="eval",
                    help="whose tasks: held-out goals (eval, validation) or the training goals")
+    p.add_argument("--checkpoint", type=Path, help="another checkpoint of the run's model")
     args = p.parse_args()
-    model, env, data, horizon = episode_inputs(args.run, args.seed, args.split)
+    model, env, data, horizon = episode_inputs(args.run, args.seed, args.split, args.checkpoint)
     seen = np.asarray(data["rewards"]).sum(1) > 0
-    print(f"{EXPERIMENT} DPT seed {args.seed} of {args.run} ({len(seen)} {args.split} tasks; the "
+    print(f"{EXPERIMENT} DPT {args.checkpoint or f'seed {args.seed}'} of {args.run} "
+          f"({len(seen)} {args.split} tasks; the "
           f"context shows the goal in {seen.sum()}):")
     for label, force in (("as it acts", False), ("stay forced on the goal", True)):
         out = play(model, env, data, horizon, force)
