@@ -143,7 +143,7 @@ class _Policy:
             meta = ckpt.read_meta(directory)
             model = load_model(directory, kind=cls.kind, memory=available_memory())
         except ckpt.CheckpointError as exc:
-            raise ValueError(f"{exc}; save the policy again") from None
+            raise ValueError(str(exc)) from None
         saved = saved_options(meta, directory / ckpt.META)
         try:
             policy = cls._build(model.to(device), from_dict(meta["config"]), device,
