@@ -41,9 +41,7 @@ def cli(argv: list[str] | None = None) -> None:
     # with train.choose, SPICE trains once per loss-weight grid point (the study's candidates)
     model = ModelRef(args.model)
     refs = (candidates(model, cfg) if args.model == "spice" else []) or [model]
-    specs = [ModelSpec(m.config(cfg), m.kind, seed,
-                       f"{m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}")
-             for m in refs for seed in seeds]
+    specs = [ModelSpec(m.config(cfg), m.kind, seed, m.label(seed)) for m in refs for seed in seeds]
     finals, _ = run_main(pretrain_many, specs, ds_dir, console=console, label=args.model)
     for final in finals:
         metrics = read_meta(final)["metrics"]

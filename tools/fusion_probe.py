@@ -20,7 +20,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -32,7 +31,7 @@ from spice_ray.model.registry import load_model
 from spice_ray.results.schema import NO_SEED
 from spice_ray.study.experiments import EXPERIMENTS
 from spice_ray.study.run_models import checked_entry
-from spice_ray.study.tuning import agent_specs, bases, grid_point, read_tuning
+from spice_ray.study.tuning import agent_specs, bases, final_scores, grid_point, read_tuning
 
 
 def parse_point(text: str, fields: set[str]) -> dict[str, float | str]:
@@ -56,12 +55,6 @@ def parse_point(text: str, fields: set[str]) -> dict[str, float | str]:
         except ValueError:
             raise ValueError(f"--point {text!r}: {key}={value!r} is not a number") from None
     return out
-
-
-def final_regret(rows: pd.DataFrame) -> tuple[float, float]:
-    """(mean, SEM) over tasks of the final cumulative regret, seeds averaged per task."""
-    per_task = rows[rows["metric"] == "cumulative_regret"].groupby("task_id")["value"].mean()
-    return float(per_task.mean()), float(per_task.std(ddof=1) / np.sqrt(len(per_task)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 model = load_model(str(checked_entry(run, entry)), cfg.env).eval()
             frames.append(online_rows(cfg.env, cfg.eval, data, [spec], model, seed,
                                       final_only=True))
-        mean, sem = final_regret(pd.concat(frames, ignore_index=True))
-        print(f"{what:60s} {mean:8.2f} +- {sem:.2f}", flush=True)
+        [score] = final_scores(pd.concat(frames, ignore_index=True)).itertuples()
+        print(f"{what:60s} {score.mean:8.2f} +- {score.sem:.2f}", flush=True)
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from spice_ray.config import EnvConfig, ExperimentConfig
-from spice_ray.model.checkpoint import CheckpointError, load_state
+from spice_ray.model.checkpoint import META, CheckpointError, load_state
 from spice_ray.model.dpt import DptModel
 from spice_ray.model.spice import SpiceModel
 from spice_ray.model.trunk import TrunkModel
@@ -99,7 +99,7 @@ def load_model(source: ModelSource, expect_env: EnvConfig | None = None,
     if not isinstance(source, Mapping):
         directory = Path(source)
         meta, state = load_state(directory, expect_env, kind)
-        spec = planned_spec(meta, directory / "meta.json", memory)
+        spec = planned_spec(meta, directory / META, memory)
     else:
         spec, state = source["spec"], source["state_dict"]
         if kind is not None and spec.get("kind") != kind:

@@ -88,7 +88,8 @@ def describe_plan(plan: StudyPlan) -> str:
                      f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
         gpu = tc.use_gpu and torch.cuda.is_available()
         fits = not check_models([cfg])  # never build a model to time it that cannot fit
-        too_big |= set() if fits else {name}
+        if not fits:
+            too_big.add(name)
         step_of: dict[str, float] = {}
         gpus_per_model = 1 if tc.together else max(1, tc.num_workers)
         for kind in sorted({m.kind for m in models}):

@@ -38,6 +38,10 @@ class ModelRef:
     importance weight that is identically 1): nothing is trained for it, and it is evaluated
     with that variant's checkpoints."""
 
+    def label(self, seed: int) -> str:
+        """How the console and the logs name its training of ``seed``: ``spice [adv] seed 1``."""
+        return f"{self.kind}{f' [{self.variant}]' if self.variant else ''} seed {seed}"
+
     def config(self, cfg: ExperimentConfig) -> ExperimentConfig:
         """``cfg`` with this variant's train settings."""
         return cfg.replace(train=dataclasses.replace(cfg.train, **self.train)) if self.train \

@@ -94,15 +94,16 @@ def figure_tables(run_dir: Path, configs: dict[str, ExperimentConfig]) -> list[T
             if t.figures and table_path(run_dir, t.name).exists()]
 
 
-def draw_figures(run_dir: Path, configs: dict[str, ExperimentConfig],
+def draw_figures(run_dir: Path, tables: list[Table],
                  progress: Callable[[str], None] | None = None) -> dict[str, list[Path]]:
-    """The PNGs each table declares, under ``<run_dir>/figures``; a table's figures are kept
-    when their sidecars say they were drawn from the same table (its checksum sidecar) by the
-    same plotting code (``figure_files.is_drawn``); ``progress`` is called with each table's
-    name once its figures are drawn or kept."""
+    """The PNGs each of ``tables`` declares (:func:`figure_tables`), under
+    ``<run_dir>/figures``; a table's figures are kept when their sidecars say they were drawn
+    from the same table (its checksum sidecar) by the same plotting code
+    (``figure_files.is_drawn``); ``progress`` is called with each table's name once its
+    figures are drawn or kept."""
     code = file_sha256(Path(plots.__file__))
     out: dict[str, list[Path]] = {}
-    for table in figure_tables(run_dir, configs):
+    for table in tables:
         paths = [run_dir / "figures" / (f"{table.name}.png" if i == 0
                                         else f"{table.name}_{kind}.png")
                  for i, kind in enumerate(table.figures)]

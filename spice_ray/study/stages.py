@@ -162,9 +162,7 @@ def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = 
     for i, (name, cfg) in enumerate(plan.configs.items(), 1):
         models = trained_models(EXPERIMENTS[name], cfg)
         keys = [(m, seed) for m in models if not m.same_as for seed in cfg.seeds]
-        specs = [ModelSpec(m.config(cfg), m.kind, seed,
-                           f"{m.kind}{f' [{m.variant}]' if m.variant else ''} seed {seed}")
-                 for m, seed in keys]
+        specs = [ModelSpec(m.config(cfg), m.kind, seed, m.label(seed)) for m, seed in keys]
         log.info("[pretrain %d/%d] %s: %s", i, len(plan.configs), name,
                  ", ".join(s.name for s in specs))
         paths, timing = pretrain_many(specs, datasets[name], console=console,
@@ -389,7 +387,7 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     bar = console.bar("figures", len(drawn), "table")
     try:
         with extra_formats(plan.figure_formats):
-            figures = draw_figures(run_dir, every, lambda name: bar.update(1, status=name))
+            figures = draw_figures(run_dir, drawn, lambda name: bar.update(1, status=name))
             across = aggregate.study_aggregate(run_dir, aggregated(every))
     except BaseException as exc:
         bar.abort(exc)

@@ -74,20 +74,26 @@ def attention_flops(cfg: ExperimentConfig, batch_size: int) -> float:
     return cfg.model.n_layer * batch_size * 6.0 * cfg.model.n_embd * L * (L + 1)
 
 
-def step_flops(cfg: ExperimentConfig, kind: str, batch_size: int | None = None) -> float:
-    """Matmul FLOPs of one optimiser step's forward + backward of a ``kind`` model for
-    ``cfg`` at ``batch_size`` (default ``train.batch_size``): the linear layers and value heads
-    as ``torch.utils.flop_counter`` counts them on one task (the eager heads: the same math,
-    countable), times the batch, plus :func:`attention_flops`. Counted on the CPU: the math is
-    the same on any device."""
+def counted_flops(cfg: ExperimentConfig, kind: str, num_tasks: int) -> float:
+    """Matmul FLOPs of a forward + backward of a ``kind`` model for ``cfg`` on a batch of
+    ``num_tasks`` generated tasks, as ``torch.utils.flop_counter`` counts them (the eager
+    heads: the same math as the fused ones, countable; causal attention not included)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch_size = cfg.train.batch_size if batch_size is None else batch_size
     counted = cfg.replace(model=dataclasses.replace(cfg.model, head_kernel="eager"))
-    batch = generate_tasks(counted.env, counted.data, "train", np.arange(1))
+    batch = generate_tasks(counted.env, counted.data, "train", np.arange(num_tasks))
     model = build_model(kind, counted, torch.Generator().manual_seed(0))
     counter = FlopCounterMode(display=False)
     with counter:
         loss, _ = compute_loss(model, batch, kind, counted, torch.device("cpu"))
         loss.backward()
-    return float(counter.get_total_flops()) * batch_size + attention_flops(cfg, batch_size)
+    return float(counter.get_total_flops())
+
+
+def step_flops(cfg: ExperimentConfig, kind: str, batch_size: int | None = None) -> float:
+    """Matmul FLOPs of one optimiser step's forward + backward of a ``kind`` model for
+    ``cfg`` at ``batch_size`` (default ``train.batch_size``): :func:`counted_flops` of one
+    task times the batch (every FLOP of a step is per task), plus :func:`attention_flops`.
+    Counted on the CPU: the math is the same on any device."""
+    batch_size = cfg.train.batch_size if batch_size is None else batch_size
+    return counted_flops(cfg, kind, 1) * batch_size + attention_flops(cfg, batch_size)
