@@ -275,6 +275,40 @@ def test_gpu_actors_on_a_cpu_machine_are_refused() -> None:
     assert check_requests(stage_requests(many, ("datasets",)), LAPTOP) == []
 
 
+def test_train_workers_can_share_one_gpu(monkeypatch) -> None:
+    """train.worker_gpus < 1: eight together workers on a one-GPU, 16-CPU machine fit, and
+    each is given that share of the GPU's memory; whole-GPU workers do not fit there, and
+    data-parallel workers may not share a GPU."""
+    from spice_ray.config.sections import TrainConfig
+    from spice_ray.runtime.resources import check_models, model_estimate
+    from spice_ray.train.ray_train import worker_resources
+
+    one_gpu = capacity_from_nodes([{"CPU": 16.0, "GPU": 1.0, "memory": 1e11}], "the machine")
+    shared = make_config("small", "darkroom", overrides=[
+        "train.use_gpu=true", "train.num_workers=8", "train.worker_cpus=1",
+        "train.worker_gpus=0.125"])
+    assert check_requests(stage_requests(shared, ("pretrain",)), one_gpu) == []
+    monkeypatch.setenv("SPICE_RAY_CLUSTER_LABELS", "trainer")  # as cluster.yaml declares
+    assert worker_resources(shared.train, use_gpu=True) == {"CPU": 1.0, "GPU": 0.125,
+                                                            "trainer": 0.001}
+    assert worker_resources(shared.train, use_gpu=False) == {"CPU": 1.0, "trainer": 0.001}
+    whole = make_config("small", "darkroom", overrides=[
+        "train.use_gpu=true", "train.num_workers=8", "train.worker_cpus=1"])
+    [msg] = check_requests(stage_requests(whole, ("pretrain",)), one_gpu)
+    assert msg == ("train.num_workers=8 x train.worker_cpus=1, train.worker_gpus=1 "
+                   "(train.use_gpu): 8 Train workers ask for 8 GPU at once, but the machine has "
+                   "1 GPU; at most 1 fit")
+    need = model_estimate(shared, "spice").worker_bytes
+    assert check_models([whole], gpu_memory=4 * need) == []
+    [line] = check_models([shared], gpu_memory=4 * need)
+    assert "train.worker_gpus=0.125 gives a worker" in line
+    with pytest.raises(ConfigError, match=r"train.worker_gpus.*a float in \(0, 1\]"):
+        TrainConfig(worker_gpus=0.0)
+    with pytest.raises(ConfigError, match="data-parallel workers cannot share a GPU"):
+        TrainConfig(worker_gpus=0.5, together=False, num_workers=2)
+    TrainConfig(worker_gpus=0.5, together=False, num_workers=1)  # one worker: nothing shared
+
+
 def test_renamed_config_keys_still_load_with_one_warning(tmp_path) -> None:
     """data.num_actors / data.actor_cpus were named for actors that are Ray Data tasks: the old
     names still load (configs and checkpoints written before), warn once, and may not be given

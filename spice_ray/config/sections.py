@@ -316,7 +316,12 @@ class TrainConfig:
     worker with the same threads (``train.together=false train.num_workers=1
     train.threads=<the together worker's>``; with ``num_workers=1``: the same job)."""
     use_gpu: bool = False
-    """One GPU per Train worker, bf16 autocast."""
+    """Train on GPUs (``worker_gpus`` of one per Train worker), bf16 autocast."""
+    worker_gpus: float = 1.0
+    """GPUs per Train worker with ``use_gpu`` (0 < x <= 1). A fraction lets several
+    ``together`` workers share one GPU, each training its own models: a small model's step
+    is bound by kernel launches and host work and leaves a GPU mostly idle. Data-parallel
+    workers (``together=false``, several workers) need a whole GPU each."""
     worker_cpus: float = 0.5
     """CPUs per Train worker (> 0); fractional on small machines so Ray Data can stream."""
     checkpoint_every: int = 10
@@ -355,6 +360,11 @@ class TrainConfig:
         _check(self.num_workers >= 0, "train.num_workers", self.num_workers, "an integer >= 0")
         _check(self.threads >= 0, "train.threads", self.threads, "an integer >= 0")
         _check(self.max_failures >= 0, "train.max_failures", self.max_failures, ">= 0")
+        _check(0 < self.worker_gpus <= 1, "train.worker_gpus", self.worker_gpus,
+               "a float in (0, 1]")
+        _check(self.worker_gpus == 1 or self.together or self.num_workers <= 1,
+               "train.worker_gpus", self.worker_gpus, "1 when train.together=false and "
+               "train.num_workers > 1 (data-parallel workers cannot share a GPU)")
 
 
 def to_plain(obj: Any) -> Any:

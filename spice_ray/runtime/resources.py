@@ -195,10 +195,11 @@ def stage_requests(cfg: ExperimentConfig,
                            reserve_cpus=RAY_DATA_CPUS))
     if "pretrain" in stages and t.num_workers > 0:
         gpu = t.use_gpu if use_gpu is None else use_gpu
-        bundle = {"CPU": t.worker_cpus, **({"GPU": 1.0} if gpu else {}),
+        bundle = {"CPU": t.worker_cpus, **({"GPU": t.worker_gpus} if gpu else {}),
                   **labels.get("trainer", {})}
         out.append(Request(f"train.num_workers={t.num_workers} x train.worker_cpus="
-                           f"{t.worker_cpus:g}" + (" (+1 GPU each, train.use_gpu)" if gpu else ""),
+                           f"{t.worker_cpus:g}" + (f", train.worker_gpus={t.worker_gpus:g} "
+                                                   "(train.use_gpu)" if gpu else ""),
                            "Train worker", bundle, t.num_workers, gang=True,
                            reserve_cpus=RAY_DATA_CPUS))
     if "evaluate" in stages:
@@ -355,7 +356,8 @@ def check_models(cfgs: Iterable[ExperimentConfig], free_memory: int | None = Non
                  gpu_memory: int | None = None) -> list[str]:
     """Refuse, before any work, models whose training cannot fit in a worker: all
     ``train.num_workers`` CPU workers of a job in this machine's available memory (or one
-    worker in one GPU's memory with ``train.use_gpu``, where the GPU size is known). One line
+    worker in its ``train.worker_gpus`` share of one GPU's memory with ``train.use_gpu``,
+    where the GPU size is known). One line
     per config, naming the fields and both numbers."""
     from spice_ray.model.registry import MODELS
 
@@ -370,7 +372,7 @@ def check_models(cfgs: Iterable[ExperimentConfig], free_memory: int | None = Non
     errors, seen = [], set()
     for cfg in cfgs:
         key = (cfg.model, cfg.env, cfg.train.batch_size, cfg.train.num_workers,
-               cfg.train.use_gpu)
+               cfg.train.use_gpu, cfg.train.worker_gpus)
         if key in seen:
             continue
         seen.add(key)
@@ -384,8 +386,12 @@ def check_models(cfgs: Iterable[ExperimentConfig], free_memory: int | None = Non
                 f"AdamW ~{human_bytes(size.state_bytes)}; activations of {size.batch} "
                 f"sequences ~{human_bytes(size.activation_bytes)})")
         if cfg.train.use_gpu:
-            if gpu_memory is not None and size.worker_bytes > gpu_memory:
-                errors.append(f"{fields}: {what}, but a GPU has {human_bytes(gpu_memory)}")
+            share = cfg.train.worker_gpus  # workers sharing a GPU split its memory
+            if gpu_memory is not None and size.worker_bytes > gpu_memory * share:
+                errors.append(f"{fields}: {what}, but a GPU has {human_bytes(gpu_memory)}"
+                              + (f" and train.worker_gpus={share:g} gives a worker "
+                                 f"{human_bytes(int(gpu_memory * share))}" if share < 1
+                                 else ""))
         elif size.worker_bytes * max(1, cfg.train.num_workers) > free_memory:
             workers = (f", x train.num_workers={cfg.train.num_workers}"
                        if cfg.train.num_workers > 1 else "")

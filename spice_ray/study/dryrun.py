@@ -85,13 +85,14 @@ def describe_plan(plan: StudyPlan) -> str:
                      f"T={cfg.env.horizon} each; "
                      + ("all in one job, " if tc.together and tc.num_workers else "")
                      + f"{count(tc.num_workers, 'worker')} "
-                     f"({'1 GPU' if tc.use_gpu else f'{tc.worker_cpus} CPU'} each)")
+                     + (f"({tc.worker_gpus:g} GPU each)" if tc.use_gpu
+                        else f"({tc.worker_cpus} CPU each)"))
         gpu = tc.use_gpu and torch.cuda.is_available()
         fits = not check_models([cfg])  # never build a model to time it that cannot fit
         if not fits:
             too_big.add(name)
         step_of: dict[str, float] = {}
-        gpus_per_model = 1 if tc.together else max(1, tc.num_workers)
+        gpus_per_model = tc.worker_gpus * (1 if tc.together else max(1, tc.num_workers))
         for kind in sorted({m.kind for m in models}):
             size = model_estimate(cfg, kind)
             if not fits:  # the error below names it

@@ -65,8 +65,8 @@ class TrainJob:
         by (seed, epoch)), so a longer training resumes from a shorter one's checkpoints (the
         scaling ladder's rungs) and ``settle_final`` still tells them apart by epoch."""
         c = self.config
-        skip = {"num_workers", "threads", "use_gpu", "worker_cpus", "together", "max_failures",
-                "checkpoint_every", "choose"}
+        skip = {"num_workers", "threads", "use_gpu", "worker_cpus", "worker_gpus", "together",
+                "max_failures", "checkpoint_every", "choose"}
         if not c["train"].get("cosine_schedule", False):
             skip.add("epochs")
         if not c["model"].get("var_head", False):

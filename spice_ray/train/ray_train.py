@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from spice_ray.common.console import SILENT, Bar, Console
 from spice_ray.common.placement import TRAINER, placement_resources
-from spice_ray.config import ExperimentConfig
+from spice_ray.config import ExperimentConfig, TrainConfig
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.tokens import make_tokens
@@ -216,6 +216,14 @@ def threads_per_worker(cfg: ExperimentConfig, workers: int | None = None) -> int
     return max(1, min(math.floor(cpus / n), 8))
 
 
+def worker_resources(tc: TrainConfig, use_gpu: bool) -> dict[str, float]:
+    """One Train worker's resources: ``train.worker_cpus`` CPUs, ``train.worker_gpus`` of a
+    GPU when training on GPUs, and the ``trainer`` label of ``cluster.yaml``'s GPU nodes when
+    the cluster has them."""
+    return ({"CPU": tc.worker_cpus} | ({"GPU": tc.worker_gpus} if use_gpu else {})
+            | placement_resources(TRAINER))
+
+
 @dataclasses.dataclass
 class TrainResult:
     """The published final checkpoint and what rank 0 returned (metrics, probe outputs)."""
@@ -285,8 +293,7 @@ def train_with_ray(job: TrainJob, run_dir: Path, bar: Bar | None = None) -> Trai
     tc = cfg.train
     use_gpu = gpus_available(tc.use_gpu)
     queue = Queue(actor_options={"num_cpus": 0}) if bar is not None else None
-    resources = ({"CPU": tc.worker_cpus} | ({"GPU": 1.0} if use_gpu else {})
-                 | placement_resources(TRAINER))  # GPU nodes of cluster.yaml, when present
+    resources = worker_resources(tc, use_gpu)
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"job": dataclasses.asdict(job), "threads": threads_per_worker(cfg),

@@ -25,7 +25,6 @@ import torch
 
 from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import SILENT, Bar, Console, count
-from spice_ray.common.placement import TRAINER, placement_resources
 from spice_ray.config import ExperimentConfig
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
@@ -53,6 +52,7 @@ from spice_ray.train.ray_train import (
     threads_per_worker,
     train_dataset,
     val_shard_batches,
+    worker_resources,
 )
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = N
         TrainingDiverged: naming every model whose training diverged (after the others ran).
     """
     import ray.train
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Queue
 
     cfg = models[0][1].cfg
@@ -158,8 +158,7 @@ def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = N
     workers = min(len(models), max(1, tc.num_workers))
     use_gpu = gpus_available(tc.use_gpu)
     queue = Queue(actor_options={"num_cpus": 0}) if bar is not None else None
-    resources = ({"CPU": tc.worker_cpus} | ({"GPU": 1.0} if use_gpu else {})
-                 | placement_resources(TRAINER))
+    resources = worker_resources(tc, use_gpu)
     first_dir = models[0][2]
     trainer = TorchTrainer(
         train_models_worker,
@@ -170,6 +169,9 @@ def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = N
                            "fault_epoch": fault_epoch_from_env(), "progress": queue},
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
+        # the workers never communicate, and NCCL refuses two ranks on one GPU
+        # (train.worker_gpus < 1): the process group Ray Train sets up is gloo's
+        torch_config=TorchConfig(backend="gloo"),
         datasets={split: train_dataset(models[0][1].dataset_dir, split)
                   for split in ("train", "validation")},
         dataset_config=data_config(),
