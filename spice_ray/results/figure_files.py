@@ -39,6 +39,12 @@ def extra_formats(formats: tuple[str, ...]) -> Iterator[None]:
         _EXTRA_FORMATS.reset(token)
 
 
+def current_formats() -> tuple[str, ...]:
+    """The vector formats the enclosing :func:`extra_formats` asks for (() outside one): what
+    a figure drawn in another process must be told."""
+    return _EXTRA_FORMATS.get()
+
+
 def copies(path: Path) -> list[Path]:
     """The vector copies of PNG ``path`` that the current :func:`extra_formats` asks for."""
     return [path.with_suffix(f".{f}") for f in _EXTRA_FORMATS.get()]

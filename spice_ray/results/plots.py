@@ -24,9 +24,11 @@ from spice_ray.results.analysis import (  # noqa: E402
     width_of,
     width_source_of,
 )
+from spice_ray.results.figure_files import extra_formats, mark_drawn  # noqa: E402
 from spice_ray.results.figure_files import save as _save  # noqa: E402
 from spice_ray.results.labels import setting_label  # noqa: E402
 from spice_ray.results.summary import summarise  # noqa: E402
+from spice_ray.results.tables import load  # noqa: E402
 
 METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
                 "SPICE (learned mean, exact sd)", "Bayes posterior-UCB", "Count-UCB", "DPT",
@@ -373,3 +375,17 @@ PLOTS = {
     "visits": plot_visits,
 }
 """Plot kinds by name (``Table.figures`` of ``spice_ray.study.experiments``)."""
+
+
+def draw_table(run_dir: Path, name: str, kinds: tuple[str, ...], paths: list[Path],
+               title: str, stamp: str, formats: tuple[str, ...] = ()) -> str:
+    """Draw result table ``name``'s figures (:data:`PLOTS` ``kinds``) to ``paths``, with
+    vector copies in ``formats``, and mark them drawn from ``stamp`` (``figure_files``);
+    returns ``name``. One table's figures are one job of the figures stage: it reads the table
+    from ``run_dir`` itself, so it runs in any process that sees the run directory."""
+    with extra_formats(formats):
+        df = load(run_dir, name)
+        for kind, path in zip(kinds, paths, strict=True):
+            PLOTS[kind](df, path, title)
+        mark_drawn(paths, stamp)
+    return name

@@ -9,7 +9,7 @@ and checkpoints, so a partial re-run never rewrites the report from part of the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from spice_ray.config import ConfigError, ExperimentConfig, config_hash, load_co
 from spice_ray.data import store
 from spice_ray.results import plots
 from spice_ray.results.choices import choices_table
-from spice_ray.results.figure_files import is_drawn, mark_drawn
+from spice_ray.results.figure_files import current_formats, is_drawn
 from spice_ray.results.report import write_report
 from spice_ray.results.tables import list_experiments, load, table_path
 from spice_ray.study.experiments import EXPERIMENTS, VARIANT, Table, experiment_named
@@ -95,14 +95,19 @@ def figure_tables(run_dir: Path, configs: dict[str, ExperimentConfig]) -> list[T
 
 
 def draw_figures(run_dir: Path, tables: list[Table],
-                 progress: Callable[[str], None] | None = None) -> dict[str, list[Path]]:
+                 progress: Callable[[str], None] | None = None,
+                 map_jobs: MapJobs | None = None) -> dict[str, list[Path]]:
     """The PNGs each of ``tables`` declares (:func:`figure_tables`), under
     ``<run_dir>/figures``; a table's figures are kept when their sidecars say they were drawn
     from the same table (its checksum sidecar) by the same plotting code
-    (``figure_files.is_drawn``); ``progress`` is called with each table's name once its
-    figures are drawn or kept."""
+    (``figure_files.is_drawn``). The tables to draw are independent jobs
+    (:func:`spice_ray.results.plots.draw_table`) run by ``map_jobs`` (the figures stage: Ray
+    tasks side by side; default: one after another here); ``progress`` is called with each
+    table's name once its figures are kept or drawn."""
     code = file_sha256(Path(plots.__file__))
+    formats = current_formats()
     out: dict[str, list[Path]] = {}
+    jobs = []
     for table in tables:
         paths = [run_dir / "figures" / (f"{table.name}.png" if i == 0
                                         else f"{table.name}_{kind}.png")
@@ -110,15 +115,24 @@ def draw_figures(run_dir: Path, tables: list[Table],
         sidecar = table_path(run_dir, table.name).with_name(f"{table.name}.parquet.sha256")
         stamp = config_hash({"table": sidecar.read_text(), "code": code,
                              "title": table.title, "kinds": table.figures})
-        if not is_drawn(paths, stamp):
-            df = load(run_dir, table.name)
-            for kind, path in zip(table.figures, paths, strict=True):
-                plots.PLOTS[kind](df, path, table.title)
-            mark_drawn(paths, stamp)
         out[table.name] = paths
-        if progress is not None:
+        if not is_drawn(paths, stamp):
+            jobs.append((run_dir, table.name, tuple(table.figures), paths, table.title, stamp,
+                         formats))
+        elif progress is not None:
             progress(table.name)
+    for name in (map_jobs or _one_by_one)(plots.draw_table, jobs):
+        if progress is not None:
+            progress(name)
     return out
+
+
+MapJobs = Callable[[Callable[..., str], list[tuple[Any, ...]]], Iterable[str]]
+"""Runs ``fn(*job)`` for every job and yields each result (``runtime.tasks.map_unordered``)."""
+
+
+def _one_by_one(fn: Callable[..., str], jobs: list[tuple[Any, ...]]) -> Iterator[str]:
+    return (fn(*job) for job in jobs)
 
 
 def write_study_report(run_dir: Path, configs: dict[str, ExperimentConfig], finals: Finals,

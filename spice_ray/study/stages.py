@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from spice_ray.results.figure_files import extra_formats
 from spice_ray.results.schema import NO_SEED
 from spice_ray.results.tables import table_path, write
 from spice_ray.runtime import tracking
+from spice_ray.runtime.tasks import map_unordered
 from spice_ray.study import tuning
 from spice_ray.study.experiments import (
     DEFAULT_EXPERIMENTS,
@@ -149,6 +151,14 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
 
 
 # ---- stage 2: pretraining ----------------------------------------------------------------
+
+
+def draw_side_by_side(fn: Callable[..., str], jobs: list[tuple[Any, ...]]) -> Iterator[str]:
+    """The figures stage's tables drawn side by side as Ray tasks, one CPU each, when there are
+    at least 16 (the smoke study's 30 tables: 13.3 s against 16.9 s one after another, the
+    same PNG bytes; its bandit's 7: 4.8 against 2.4 s, the workers' start-up unpaid), else
+    one after another in the driver."""
+    return map_unordered(fn, jobs, num_cpus=1.0, min_jobs=16)
 
 
 def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = SILENT
@@ -387,7 +397,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     bar = console.bar("figures", len(drawn), "table")
     try:
         with extra_formats(plan.figure_formats):
-            figures = draw_figures(run_dir, drawn, lambda name: bar.update(1, status=name))
+            figures = draw_figures(run_dir, drawn, lambda name: bar.update(1, status=name),
+                                   draw_side_by_side)
             across = aggregate.study_aggregate(run_dir, aggregated(every))
     except BaseException as exc:
         bar.abort(exc)
