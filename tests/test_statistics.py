@@ -234,7 +234,7 @@ def test_cluster_bootstrap_counts_clusters_not_tasks() -> None:
     """Ten goals of ten tasks each, every task of a goal scoring the same: the tasks carry ten
     draws' worth of information, not a hundred, and the interval says so (about sqrt(10)
     times wider than resampling tasks alone)."""
-    from spice_ray.results.summary import bootstrap_ci, cluster_bootstrap_ci
+    from spice_ray.results.summary import RESAMPLES, bootstrap_ci, cluster_bootstrap_ci
 
     groups = np.repeat(np.arange(10), 10)
     values = groups.astype(float)
@@ -243,6 +243,15 @@ def test_cluster_bootstrap_counts_clusters_not_tasks() -> None:
     assert clo < 4.5 < chi and (chi - clo) > 2.5 * (hi - lo)
     assert cluster_bootstrap_ci(values, groups) == (clo, chi)  # seeded
     assert np.isnan(cluster_bootstrap_ci(values, np.zeros(100))[0])  # one cluster: no interval
+    # the same draws as resampling each picked cluster with rng.choice (how it was written)
+    rng = np.random.default_rng(3)
+    values, groups = rng.normal(size=57), rng.integers(0, 19, 57)
+    members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
+    draw = np.random.default_rng(0)
+    means = [values[np.concatenate([draw.choice(members[g], len(members[g])) for g in
+                                    draw.integers(0, len(members), len(members))])].mean()
+             for _ in range(RESAMPLES)]
+    assert cluster_bootstrap_ci(values, groups) == tuple(np.quantile(means, [0.025, 0.975]))
 
 
 def test_several_x_in_a_group_are_refused_unless_pooled_and_the_iqm_is_inside_its_ci() -> None:
