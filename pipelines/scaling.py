@@ -29,6 +29,7 @@ from spice_ray.study.ladder import (
     MULTIPLES,
     plan_ladder,
     rung_rows,
+    seed_datasets,
     seed_rung,
     write_ladder,
 )
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             if seeded:
                 print(f"  resumes {len(seeded)} model(s) from {below[rung.family].name}",
                       flush=True)
+            if seed_datasets(below[rung.family], rung, args.preset):
+                print(f"  reads the datasets of {below[rung.family].name} (copied)", flush=True)
         cmd = [sys.executable, str(FULL_RUN), "--preset", args.preset, "--experiments",
                rung.family, "--out", str(rung.run_dir)]
         cmd += [a for o in rung.overrides for a in ("--set", o)]

@@ -75,6 +75,9 @@ def test_smoke_ladder_trains_each_model_once_and_tabulates_every_rung(tmp_path) 
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumes 1 model(s) from rung-1x" in proc.stdout
+    # rung 2 reads rung 1's datasets, copied and checked, instead of generating them again
+    assert "reads the datasets of rung-1x (copied)" in proc.stdout
+    assert proc.stdout.count("shards written") == 1 and "shards current" in proc.stdout
     finals = sorted(out.glob("darkroom_dpt_star/rung-*/checkpoints/*/*/final"))
     assert [ckpt.read_meta(f)["epoch"] for f in finals] == [0, 1]
     assert finals[0].parent.name == finals[1].parent.name  # one identity across rungs

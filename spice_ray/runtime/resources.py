@@ -337,8 +337,15 @@ def model_estimate(cfg: ExperimentConfig, kind: str) -> ModelSize:
 
     from spice_ray.model.registry import build_model, model_class
 
-    with torch.device("meta"):
-        model = build_model(kind, cfg)
+    # shapes only: on the meta device no value is drawn, and torch's meta normal_ costs ~1 s
+    # the first time in a process (a lazy import), a second of every command's start-up
+    normal = torch.nn.init.normal_
+    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
+    try:
+        with torch.device("meta"):
+            model = build_model(kind, cfg)
+    finally:
+        torch.nn.init.normal_ = normal
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad) + sum(
         b.numel() for b in model.buffers())

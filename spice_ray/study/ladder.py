@@ -37,6 +37,7 @@ import pandas as pd
 
 from spice_ray.common.artifacts import atomic_path, atomic_write_text, publish_dir, write_checked
 from spice_ray.config import ConfigError
+from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.results.analysis import (
     FLAT,
@@ -130,6 +131,26 @@ def seed_rung(below: Path, run_dir: Path) -> list[Path]:
             target.parent.mkdir(parents=True, exist_ok=True)
             publish_dir(target, lambda tmp, src=final: shutil.copytree(src, tmp,
                                                                       dirs_exist_ok=True))
+            written.append(target)
+    return written
+
+
+def seed_datasets(below: Path, rung: Rung, preset: str) -> list[Path]:
+    """Copy the datasets of the rung ``below`` that ``rung`` reads (every rung trains on the
+    preset's one training set) into its run directory, so its dataset stage finds every shard
+    current (each verified against its checksum there) instead of generating them again.
+    Returns the dataset directories written."""
+    plan = plan_study(preset, rung.run_dir, None, list(rung.overrides), (rung.family,))
+    written = []
+    for cfg in plan.configs.values():
+        target = store.dataset_dir(rung.run_dir / "datasets", cfg)
+        source = below / "datasets" / target.name
+        if source.is_dir() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # the shards keep their own sidecars, which the dataset stage checks
+            publish_dir(target, lambda tmp, src=source: shutil.copytree(src, tmp,
+                                                                       dirs_exist_ok=True),
+                        sidecars=False)
             written.append(target)
     return written
 
