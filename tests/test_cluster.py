@@ -321,19 +321,19 @@ def test_local_multinode_cluster_places_work_by_label_and_runs_the_study(tmp_pat
         with local_multinode_cluster(num_workers=1, head_cpus=2, worker_cpus=2,
                                      include_dashboard=True) as cluster:
             t_up = time.perf_counter() - t0
-            out = subprocess.run(
+            # both probes at once (two drivers on the cluster): No node advertises "head"
+            # here, so the second must end in a clear timeout, not a hang
+            probes = [subprocess.Popen(
                 [sys.executable, "-m", "tools.cluster", "node-usage", "--address", "auto",
-                 "--tasks", "3", "--timeout", "60"],
-                env=cluster.env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
-            assert out.returncode == 0, f"{out.stderr[-3000:]}\n{cluster.logs()}"
-            report = json.loads(out.stdout.strip().splitlines()[-1])
-            # No node advertises "head" here: a clear timeout, not a hang.
-            missing = subprocess.run(
-                [sys.executable, "-m", "tools.cluster", "node-usage", "--address", "auto",
-                 "--labels", HEAD, "--tasks", "1", "--timeout", "3"],
-                env=cluster.env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
-            assert missing.returncode != 0
-            assert "tasks requiring ['head'] did not finish in 3.0 s" in missing.stderr
+                 *args], env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, cwd=ROOT) for args in (["--tasks", "3", "--timeout", "60"],
+                                                  ["--labels", HEAD, "--tasks", "1",
+                                                   "--timeout", "3"])]
+            (out, err), (_, missing_err) = (p.communicate(timeout=120) for p in probes)
+            assert probes[0].returncode == 0, f"{err[-3000:]}\n{cluster.logs()}"
+            report = json.loads(out.strip().splitlines()[-1])
+            assert probes[1].returncode != 0
+            assert "tasks requiring ['head'] did not finish in 3.0 s" in missing_err
             study = subprocess.run(
                 [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "smoke",
                  "--address", "auto", "--out", str(tmp_path / "run"), "--experiments",
