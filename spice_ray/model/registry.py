@@ -42,6 +42,19 @@ def build_model(kind: str, cfg: ExperimentConfig, generator: torch.Generator | N
                              cfg.env.horizon + 1, generator=generator)
 
 
+def model_shape(kind: str, cfg: ExperimentConfig) -> TrunkModel:
+    """A ``kind`` model for ``cfg`` on the meta device: its architecture, parameter shapes and
+    spec, with no memory and no value drawn (torch's meta ``normal_`` costs ~1 s the first
+    time in a process, a lazy import, which every command and actor that checks a model paid)."""
+    normal = torch.nn.init.normal_
+    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
+    try:
+        with torch.device("meta"):
+            return build_model(kind, cfg)
+    finally:
+        torch.nn.init.normal_ = normal
+
+
 def model_payload(model: TrunkModel) -> dict[str, Any]:
     """An in-memory checkpoint: the architecture spec and CPU weights (buffers included)."""
     return {"spec": model.spec(),
@@ -65,8 +78,7 @@ def planned_spec(meta: dict[str, Any], where: Path, memory: int | None = None
     except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as exc:
         raise CheckpointError(f"{where}: field config is not a run config "
                               f"({excerpt(str(exc))})") from None
-    with torch.device("meta"):  # no memory: the architecture only
-        shape = build_model(str(meta.get("kind")), cfg)
+    shape = model_shape(str(meta.get("kind")), cfg)  # no memory: the architecture only
     expected = shape.spec()
     if meta.get("spec") != expected:
         got = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
@@ -97,23 +109,36 @@ def load_model(source: ModelSource, expect_env: EnvConfig | None = None,
             ``expect_env`` or ``memory``, or its files are not what its meta.json says.
     """
     if not isinstance(source, Mapping):
-        directory = Path(source)
-        meta, state = load_state(directory, expect_env, kind)
-        spec = planned_spec(meta, directory / META, memory)
-    else:
-        spec, state = source["spec"], source["state_dict"]
-        if kind is not None and spec.get("kind") != kind:
-            raise CheckpointError(f"model payload is of kind {spec.get('kind')!r}, not {kind!r}")
-        if expect_env is not None and (spec["num_actions"], spec["state_dim"]) != (
-                expect_env.num_actions, expect_env.state_dim):
-            raise CheckpointError(f"model has {spec['num_actions']} actions and state dim "
-                                  f"{spec['state_dim']}; env {expect_env.name} needs "
-                                  f"{expect_env.num_actions} and {expect_env.state_dim}")
+        return load_checkpoint(source, expect_env, kind, memory)[0]
+    spec, state = source["spec"], source["state_dict"]
+    if kind is not None and spec.get("kind") != kind:
+        raise CheckpointError(f"model payload is of kind {spec.get('kind')!r}, not {kind!r}")
+    if expect_env is not None and (spec["num_actions"], spec["state_dim"]) != (
+            expect_env.num_actions, expect_env.state_dim):
+        raise CheckpointError(f"model has {spec['num_actions']} actions and state dim "
+                              f"{spec['state_dim']}; env {expect_env.name} needs "
+                              f"{expect_env.num_actions} and {expect_env.state_dim}")
+    return _with_weights(spec, state, "the payload")
+
+
+def load_checkpoint(directory: str | Path, expect_env: EnvConfig | None = None,
+                    kind: str | None = None, memory: int | None = None
+                    ) -> tuple[TrunkModel, dict[str, Any]]:
+    """:func:`load_model` of a checkpoint directory, with the ``meta.json`` it was checked
+    against (its run config, seed, origin): read once, so what a caller reads is what was
+    verified."""
+    directory = Path(directory)
+    meta, state = load_state(directory, expect_env, kind)
+    spec = planned_spec(meta, directory / META, memory)
+    return _with_weights(spec, state, str(directory)), meta
+
+
+def _with_weights(spec: dict[str, Any], state: dict[str, Any], where: str) -> TrunkModel:
+    """The model ``spec`` describes, holding ``state``, in eval mode."""
     model = model_class(spec.get("kind", "")).from_spec(spec)
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
-        where = "the payload" if isinstance(source, Mapping) else str(source)
         raise CheckpointError(f"{where} does not hold this model's weights: "
                               f"{str(exc).splitlines()[0][:200]}") from None
     return model.eval()

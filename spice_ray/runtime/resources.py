@@ -333,19 +333,10 @@ class ModelSize:
 
 def model_estimate(cfg: ExperimentConfig, kind: str) -> ModelSize:
     """Parameters and memory per Train worker of a ``kind`` model for ``cfg``."""
-    import torch
 
-    from spice_ray.model.registry import build_model, model_class
+    from spice_ray.model.registry import model_class, model_shape
 
-    # shapes only: on the meta device no value is drawn, and torch's meta normal_ costs ~1 s
-    # the first time in a process (a lazy import), a second of every command's start-up
-    normal = torch.nn.init.normal_
-    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
-    try:
-        with torch.device("meta"):
-            model = build_model(kind, cfg)
-    finally:
-        torch.nn.init.normal_ = normal
+    model = model_shape(kind, cfg)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad) + sum(
         b.numel() for b in model.buffers())

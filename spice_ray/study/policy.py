@@ -30,7 +30,7 @@ from spice_ray.common.errors import excerpt
 from spice_ray.config import FusionConfig, from_dict
 from spice_ray.fusion import RandomSource
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.model.registry import load_model
+from spice_ray.model.registry import load_checkpoint
 from spice_ray.study.run_models import (
     MODEL_CARD,
     checkpoint_of,
@@ -71,10 +71,8 @@ class _Policy:
     def _load(path: str | Path, kind: str, device: str | torch.device
               ) -> tuple[Any, Any, dict[str, Any]]:
         """(model, run config, meta.json) of a checkpoint."""
-        meta = ckpt.read_meta(path)
-        cfg = from_dict(meta["config"])
-        model = load_model(path, expect_env=cfg.env, kind=kind).to(device)
-        return model, cfg, meta
+        model, meta = load_checkpoint(path, kind=kind)  # its own run config's env, checked
+        return model.to(device), from_dict(meta["config"]), meta
 
     def _adopt(self, meta: dict[str, Any]) -> Any:
         """Remember where the model came from (its training seed, dataset, epoch, identity),
@@ -127,7 +125,7 @@ class _Policy:
         (the same format), or a Hugging Face Hub model id ``owner/name`` such a folder was
         uploaded to (resolved through ``huggingface_hub``'s cache, at ``revision``); loaded
         by the one loader every checkpoint goes through
-        (``spice_ray.model.registry.load_model``); ``options`` override the saved ones (e.g.
+        (``spice_ray.model.registry.load_checkpoint``); ``options`` override the saved ones (e.g.
         ``rule="greedy"``).
 
         Raises:
@@ -140,8 +138,7 @@ class _Policy:
 
         directory = pretrained_dir(directory, revision, cache_dir, local_files_only)
         try:
-            meta = ckpt.read_meta(directory)
-            model = load_model(directory, kind=cls.kind, memory=available_memory())
+            model, meta = load_checkpoint(directory, kind=cls.kind, memory=available_memory())
         except ckpt.CheckpointError as exc:
             raise ValueError(str(exc)) from None
         saved = saved_options(meta, directory / ckpt.META)
