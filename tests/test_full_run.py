@@ -306,7 +306,8 @@ def test_dry_run_prints_the_plan(tmp_path) -> None:
     # every stage timed, and the whole study
     assert re.search(r"darkroom +5 methods, 192 grid points .*: ~\d", proc.stdout)
     assert re.search(r"darkroom +100 tasks, H=100, 2 actors x 0.5 CPU: ~\d", proc.stdout)
-    assert re.search(r"stage 5 figures: 9 PNG files, ~\d+ s", proc.stdout), proc.stdout
+    assert re.search(r"stage 5 figures: 9 PNG files of \d+ tables, ~\d+ s", proc.stdout), \
+        proc.stdout
     assert re.search(r"whole study: ~31 h|whole study: ~\d+ h .*tuning ~\d+ min", proc.stdout)
 
 

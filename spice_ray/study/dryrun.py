@@ -17,16 +17,22 @@ from spice_ray.study import tuning
 from spice_ray.study.experiments import EXPERIMENTS, Experiment, ModelRef
 from spice_ray.study.loss_weights import trained_models
 from spice_ray.study.records import busy_seconds
-from spice_ray.study.reporting import tables_of
+from spice_ray.study.reporting import SIDE_BY_SIDE_TABLES, tables_of
 from spice_ray.train.loop import steps_per_epoch
 from spice_ray.train.rates import step_flops, step_seconds
 
-TASKS_PER_SECOND = 4000
-"""Tasks Ray Data generates and writes per second on the 2-core machine."""
+TASKS_PER_SECOND = 10_000
+DATASET_START_SECONDS = 0.8
+"""Tasks Ray Data generates and writes per second on the 2-core machine, after a start per
+dataset (its plan, read and write tasks, manifest): fitted to the smoke study's datasets stage
+(9 small datasets, 7.7 s) and the small study's (101,100 tasks, 16.9 s)."""
 FIGURE_SECONDS = (0.4, 3.9e-5)
 """Seconds to draw one PNG on the 2-core machine: a fixed part, and a part per eval task and
 online step of its experiment (the summaries it draws grow with them); fitted to the smoke
 study's figure stage (48 in about 20 s) and the small study's (48 in 2 min 02 s)."""
+TASK_START_SECONDS = 3.0
+"""A Ray task worker's start and imports, which the figures stage pays once per CPU when it
+draws the tables side by side."""
 GPU_FLOPS = (1e12, 10e12)
 """The range of FLOP/s a training step sustains on one GPU, for presets planned without one:
 on an H100 the small models sustain 0.2-6.6 TFLOP/s (docs/cluster.md; a step there is bound
@@ -63,11 +69,12 @@ def describe_plan(plan: StudyPlan) -> str:
     for name, cfg in plan.configs.items():
         n, size, _ = dataset_estimate(cfg)
         total_bytes += size
-        data_seconds += n / TASKS_PER_SECOND
+        seconds = DATASET_START_SECONDS + n / TASKS_PER_SECOND
+        data_seconds += seconds
         lines.append(f"  {name:{w}s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, "
                      f"{cfg.data.concurrent_tasks} tasks at once x {cfg.data.task_cpus} CPU, "
-                     f"~{n / TASKS_PER_SECOND:.0f} s at the 2-core rate of {TASKS_PER_SECOND} "
-                     "tasks/s")
+                     f"~{seconds:.0f} s at the 2-core rate ({TASKS_PER_SECOND} tasks/s after "
+                     f"~{DATASET_START_SECONDS} s of start)")
     lines.append("stage 2 pretraining (Ray Train; times from steps timed now, 1 thread):")
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     if load > 0.5 * cpus:  # the steps are timed on a machine others are using
@@ -118,8 +125,10 @@ def describe_plan(plan: StudyPlan) -> str:
             if tc.together and tc.num_workers > 1:
                 lines.append(f"  {'':{w}s} side by side on {tc.num_workers} workers: "
                              f"~{fmt_seconds(wall)}")
-    lines.append(f"  all models: ~{fmt_seconds(train_seconds)} of steps, plus each job's "
-                 "start (~20-40 s on 2 cores)"
+    jobs = any(c.train.num_workers > 0 for c in plan.configs.values())
+    lines.append(f"  all models: ~{fmt_seconds(train_seconds)} of steps, "
+                 + ("plus each job's start (~20-40 s on 2 cores)" if jobs
+                    else "in the driver (train.num_workers=0: no Ray Train job to start)")
                  + (f"; train.use_gpu asks for GPUs, none in this process: CPU rates shown, "
                     f"and on GPUs {gpu_hours(total_flops)}" if total_flops else ""))
     lines.append("stage 3 tuning on validation tasks (Ray actors; times from online rollouts "
@@ -156,19 +165,27 @@ def describe_plan(plan: StudyPlan) -> str:
                      f"{count(cfg.eval.num_actors, 'actor')} x {cfg.eval.actor_cpus} CPU"
                      + (f" + {cfg.eval.actor_gpus} GPU" if cfg.eval.actor_gpus else "")
                      + f": ~{fmt_seconds(seconds)}")
-    n_figures, figure_seconds = 0, 0.0
+    n_tables = n_figures = 0
+    figure_seconds = 0.0
     for name, cfg in plan.configs.items():
-        figures = sum(len(t.figures) for t in tables_of({name: cfg}))
+        tables = [t for t in tables_of({name: cfg}) if t.figures]
+        figures = sum(len(t.figures) for t in tables)
         steps = cfg.eval.num_tasks * cfg.eval.online_horizon * cfg.eval.episodes
-        n_figures += figures
+        n_tables, n_figures = n_tables + len(tables), n_figures + figures
         figure_seconds += figures * (FIGURE_SECONDS[0] + FIGURE_SECONDS[1] * steps)
+    side = n_tables >= SIDE_BY_SIDE_TABLES
+    if side:  # shared out over the CPUs, plus the task workers' start (smoke: 13.3 s vs 16.9)
+        figure_seconds = figure_seconds / max(1, os.cpu_count() or 1) + TASK_START_SECONDS
     total = data_seconds + train_seconds + tune_seconds + eval_seconds + figure_seconds
-    lines += [f"stage 5 figures: {n_figures} PNG files, ~{fmt_seconds(figure_seconds)} at the "
-              "2-core rate; stage 6 report.md", "",
+    lines += [f"stage 5 figures: {n_figures} PNG files of {n_tables} tables, "
+              f"~{fmt_seconds(figure_seconds)} at the 2-core rate"
+              + (f", drawn side by side on {count(os.cpu_count() or 1, 'CPU')}" if side else "")
+              + "; stage 6 report.md", "",
               f"datasets on disk: ~{human_bytes(total_bytes)}",
               f"whole study: ~{fmt_seconds(total)} "
-              f"(datasets ~{fmt_seconds(data_seconds)}, pretraining ~{fmt_seconds(train_seconds)} "
-              f"plus each job's start, tuning ~{fmt_seconds(tune_seconds)}, evaluation "
+              f"(datasets ~{fmt_seconds(data_seconds)}, pretraining ~{fmt_seconds(train_seconds)}"
+              + (" plus each job's start" if jobs else "")
+              + f", tuning ~{fmt_seconds(tune_seconds)}, evaluation "
               f"~{fmt_seconds(eval_seconds)}, figures ~{fmt_seconds(figure_seconds)}); a stage "
               "whose outputs are current is skipped"]
     return "\n".join(lines)

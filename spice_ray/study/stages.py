@@ -61,6 +61,7 @@ from spice_ray.study.records import (
     write_timing,
 )
 from spice_ray.study.reporting import (
+    SIDE_BY_SIDE_TABLES,
     aggregated,
     draw_figures,
     figure_tables,
@@ -155,10 +156,9 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
 
 def draw_side_by_side(fn: Callable[..., str], jobs: list[tuple[Any, ...]]) -> Iterator[str]:
     """The figures stage's tables drawn side by side as Ray tasks, one CPU each, when there are
-    at least 16 (the smoke study's 30 tables: 13.3 s against 16.9 s one after another, the
-    same PNG bytes; its bandit's 7: 4.8 against 2.4 s, the workers' start-up unpaid), else
-    one after another in the driver."""
-    return map_unordered(fn, jobs, num_cpus=1.0, min_jobs=16)
+    at least :data:`SIDE_BY_SIDE_TABLES` (the same PNG bytes), else one after another in the
+    driver."""
+    return map_unordered(fn, jobs, num_cpus=1.0, min_jobs=SIDE_BY_SIDE_TABLES)
 
 
 def pretrain_all(plan: StudyPlan, datasets: dict[str, Path], console: Console = SILENT
