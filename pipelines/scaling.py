@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             if seeded:
                 print(f"  resumes {len(seeded)} model(s) from {below[rung.family].name}",
                       flush=True)
-            if seed_datasets(below[rung.family], rung, args.preset):
+            if seed_datasets(below[rung.family], rung):
                 print(f"  reads the datasets of {below[rung.family].name} (copied)", flush=True)
         cmd = [sys.executable, str(FULL_RUN), "--preset", args.preset, "--experiments",
                rung.family, "--out", str(rung.run_dir)]

@@ -47,7 +47,10 @@ def model_shape(kind: str, cfg: ExperimentConfig) -> TrunkModel:
     spec, with no memory and no value drawn (torch's meta ``normal_`` costs ~1 s the first
     time in a process, a lazy import, which every command and actor that checks a model paid)."""
     normal = torch.nn.init.normal_
-    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
+    # only meta tensors skip the draw: a model built at the same time elsewhere in the process
+    # is still initialised
+    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: (
+        tensor if tensor.is_meta else normal(tensor, *args, **kwargs))
     try:
         with torch.device("meta"):
             return build_model(kind, cfg)

@@ -175,11 +175,11 @@ def describe_plan(plan: StudyPlan) -> str:
         figure_seconds += figures * (FIGURE_SECONDS[0] + FIGURE_SECONDS[1] * steps)
     side = n_tables >= SIDE_BY_SIDE_TABLES
     if side:  # shared out over the CPUs, plus the task workers' start (smoke: 13.3 s vs 16.9)
-        figure_seconds = figure_seconds / max(1, os.cpu_count() or 1) + TASK_START_SECONDS
+        figure_seconds = figure_seconds / cpus + TASK_START_SECONDS
     total = data_seconds + train_seconds + tune_seconds + eval_seconds + figure_seconds
     lines += [f"stage 5 figures: {n_figures} PNG files of {n_tables} tables, "
               f"~{fmt_seconds(figure_seconds)} at the 2-core rate"
-              + (f", drawn side by side on {count(os.cpu_count() or 1, 'CPU')}" if side else "")
+              + (f", drawn side by side on {count(cpus, 'CPU')}" if side else "")
               + "; stage 6 report.md", "",
               f"datasets on disk: ~{human_bytes(total_bytes)}",
               f"whole study: ~{fmt_seconds(total)} "

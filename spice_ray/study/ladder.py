@@ -77,6 +77,8 @@ class Rung:
     steps: int
     run_dir: Path
     overrides: tuple[str, ...]
+    datasets: tuple[Path, ...] = ()
+    """The dataset directories its study reads (under ``<run_dir>/datasets``)."""
 
 
 def plan_ladder(out: str | Path, families: Sequence[str], multiples: Sequence[int],
@@ -111,8 +113,10 @@ def plan_ladder(out: str | Path, families: Sequence[str], multiples: Sequence[in
                     f"train.epochs={m}", "train.checkpoint_every=1",
                     f"seeds=[{','.join(str(s) for s in seeds)}]")
             run_dir = out / family / f"rung-{m}x"
-            plan_study(preset, run_dir, None, list(sets), (family,))  # validates
-            rungs.append(Rung(family, m, steps * m, run_dir, sets))
+            plan = plan_study(preset, run_dir, None, list(sets), (family,))  # validates
+            datasets = tuple(store.dataset_dir(run_dir / "datasets", c)
+                             for c in plan.configs.values())
+            rungs.append(Rung(family, m, steps * m, run_dir, sets, datasets))
     return rungs
 
 
@@ -135,15 +139,13 @@ def seed_rung(below: Path, run_dir: Path) -> list[Path]:
     return written
 
 
-def seed_datasets(below: Path, rung: Rung, preset: str) -> list[Path]:
+def seed_datasets(below: Path, rung: Rung) -> list[Path]:
     """Copy the datasets of the rung ``below`` that ``rung`` reads (every rung trains on the
     preset's one training set) into its run directory, so its dataset stage finds every shard
     current (each verified against its checksum there) instead of generating them again.
     Returns the dataset directories written."""
-    plan = plan_study(preset, rung.run_dir, None, list(rung.overrides), (rung.family,))
     written = []
-    for cfg in plan.configs.values():
-        target = store.dataset_dir(rung.run_dir / "datasets", cfg)
+    for target in rung.datasets:
         source = below / "datasets" / target.name
         if source.is_dir() and not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
