@@ -28,7 +28,7 @@ import torch
 from spice_ray.config import make_config
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.model.registry import build_model
-from spice_ray.train.loop import check_step_finite, compute_loss, make_optimizer
+from spice_ray.train.loop import compute_loss, make_optimizer, optimiser_step
 
 
 def _worker(experiment: str, kind: str, device_name: str, seconds: float, rank: int,
@@ -46,11 +46,7 @@ def _worker(experiment: str, kind: str, device_name: str, seconds: float, rank: 
 
     def step() -> None:
         loss, comp = compute_loss(model, batch, kind, cfg, device)
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
-        check_step_finite(loss, norm, "benchmark", comp, sync=False)  # one host sync, as fit
-        optimiser.step()
+        optimiser_step(loss, optimiser, params, cfg.train.grad_clip, "benchmark", comp)
 
     for _ in range(5):
         step()

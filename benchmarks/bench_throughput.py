@@ -46,7 +46,7 @@ from spice_ray.model import spice as spice_module
 from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import make_tokens
 from spice_ray.train import rates
-from spice_ray.train.loop import check_step_finite, make_optimizer
+from spice_ray.train.loop import make_optimizer, optimiser_step
 from spice_ray.train.losses import loss_for
 
 
@@ -129,11 +129,8 @@ class Trainer:
 
     def step(self) -> None:
         loss, comp = self.loss()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip)
-        check_step_finite(loss, norm, "benchmark", comp, sync=False)
-        self.optimizer.step()
+        optimiser_step(loss, self.optimizer, self.params, self.cfg.train.grad_clip, "benchmark",
+                       comp)
 
 
 def step_flops(experiment: str, kind: str, batch: int = 0) -> float:

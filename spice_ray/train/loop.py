@@ -173,6 +173,24 @@ def make_optimizer(params: Iterable[nn.Parameter], tc: TrainConfig) -> torch.opt
     return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, fused=True)
 
 
+def optimiser_step(loss: Tensor, optimizer: torch.optim.Optimizer, params: Sequence[Tensor],
+                   grad_clip: float, where: str, components: Mapping[str, Tensor] | None = None,
+                   sync: bool = False) -> Tensor:
+    """One update from ``loss``, as :func:`fit` makes it and the benchmarks and the dry run's
+    step timer measure it: zero the gradients, backward, clip their norm to ``grad_clip`` (0:
+    the norm is only measured), :func:`check_step_finite` (one host sync; ``sync``: all-reduced
+    across data-parallel ranks), then the optimiser's step. Returns the gradient norm."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    check_step_finite(loss, norm, where, components, sync=sync)
+    optimizer.step()
+    return norm
+
+
 def _lr_lambda(total_steps: int, cosine: bool):
     def f(step: int) -> float:
         if not cosine:
@@ -235,16 +253,8 @@ def fit(job: TrainJob, ctx: LoopContext, fault_epoch: int = -1,
         parts, seen = [], 0
         for step, batch in enumerate(ctx.train_batches(epoch, per_worker)):
             loss, comp = compute_loss(model, batch, job.kind, cfg, ctx.device)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if tc.grad_clip > 0:
-                norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-            else:
-                norm = torch.nn.utils.get_total_norm([p.grad for p in params
-                                                      if p.grad is not None])
-            check_step_finite(loss, norm, f"{where} step {step + 1}", comp,
-                              sync=ctx.world_size > 1)
-            optimizer.step()
+            norm = optimiser_step(loss, optimizer, params, tc.grad_clip,
+                                  f"{where} step {step + 1}", comp, sync=ctx.world_size > 1)
             scheduler.step()
             parts.append(comp)
             seen += len(batch["label"])

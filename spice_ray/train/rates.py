@@ -17,7 +17,7 @@ import torch
 from spice_ray.config import ExperimentConfig
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.model.registry import build_model
-from spice_ray.train.loop import compute_loss, make_optimizer
+from spice_ray.train.loop import compute_loss, make_optimizer, optimiser_step
 
 _MEASURED: dict[str, float] = {}
 """Step times already measured in this process, by what they depend on."""
@@ -46,14 +46,13 @@ def _measure(cfg: ExperimentConfig, kind: str, steps: int, device: str) -> float
     torch.set_num_threads(1)  # as in a Train worker
     try:
         model = build_model(kind, cfg, torch.Generator().manual_seed(0)).to(device)
-        optimiser = make_optimizer(model.parameters(), cfg.train)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimiser = make_optimizer(params, cfg.train)
         times = []
         for _ in range(steps + 1):
             t0 = time.perf_counter()
-            loss, _ = compute_loss(model, batch, kind, cfg, torch.device(device))
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
+            loss, comp = compute_loss(model, batch, kind, cfg, torch.device(device))
+            optimiser_step(loss, optimiser, params, cfg.train.grad_clip, "step timing", comp)
             if device != "cpu":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
