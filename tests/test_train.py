@@ -199,12 +199,14 @@ def test_ray_dataset_streams_in_file_order(ray_local, tmp_path) -> None:
     """The cause of the flaky same-seed test: ``materialize()`` runs in the driver, outside
     Ray Train's ``DataConfig(preserve_order=True)``, and put the shards in the order their read
     tasks finished, so training batches (cut from that stream) changed from run to run."""
+    from spice_ray.data.store import ray_dataset
     from spice_ray.train.ray_train import train_dataset
 
     cfg = make_config("smoke", "bandit", overrides=["data.shard_size=16"])
     ds_dir = generate_dataset(cfg, tmp_path / "ds").dataset_dir  # 6 train shards
-    for _ in range(4):  # on the old code, a 6-shard split came out of order in most reads
-        ds = train_dataset(str(ds_dir), "train")
+    streamed = ray_dataset(ds_dir, "train")  # what a split too large to hold in memory does
+    for ds in (train_dataset(str(ds_dir), "train"), train_dataset(str(ds_dir), "train"),
+               streamed, streamed):  # the old code's order changed in most reads
         firsts = [int(b["task_id"][0])
                   for b in ds.iter_batches(batch_size=16, batch_format="numpy")]
         assert firsts == [0, 16, 32, 48, 64, 80]

@@ -319,7 +319,7 @@ def dataset_bytes(ds_dir: str | Path) -> int:
     return sum(rec["bytes"] for s in man.raw["splits"].values() for rec in s["shards"])
 
 
-def ray_dataset(ds_dir: str | Path, split: str, verify: bool = True):
+def ray_dataset(ds_dir: str | Path, split: str, verify: bool = True, in_memory: bool = False):
     """A Ray Data dataset over a split's shards (checksums verified first), for Ray Train's
     ``get_dataset_shard(...).iter_torch_batches``; tensor columns arrive as [B, *shape].
 
@@ -328,10 +328,18 @@ def ray_dataset(ds_dir: str | Path, split: str, verify: bool = True):
     ``DataConfig``) does not put blocks in the order their read tasks happened to finish.
     Training batches are cut from this stream, so without it the same seed gave different
     weights from run to run.
+
+    ``in_memory``: the shards are read here, one Arrow table each, and handed to Ray's object
+    store as they are (``ray.data.from_arrow``): the same blocks, rows and column types as
+    ``materialize()`` of the streaming read, without running a Ray Data execution (2-3 s per
+    split on 2 cores, paid by every Ray Train job; 0.02 s this way for a smoke split).
     """
     import ray.data
 
     files = split_files(ds_dir, split, verify=verify)
-    ds = ray.data.read_parquet([str(f) for f in files], file_extensions=["parquet"])
+    if in_memory:
+        ds = ray.data.from_arrow([pq.read_table(f) for f in files])
+    else:
+        ds = ray.data.read_parquet([str(f) for f in files], file_extensions=["parquet"])
     ds.context.execution_options.preserve_order = True
     return ds
