@@ -31,6 +31,10 @@ FIGURE_SECONDS = (0.4, 3.9e-5)
 online step of its experiment (the summaries it draws grow with them); fitted to the smoke
 study's figure stage (48 in about 20 s) and the small study's (48 in 2 min 02 s)."""
 TASK_START_SECONDS = 3.0
+JOB_START_SECONDS = 13.0
+"""A Ray Train job's own cost on 2 cores beside its steps: its worker group's start, each
+worker's imports and first optimiser (torch's compiler stack is imported then), and its end
+(a smoke job: 15.2 s, 2.3 s of it training, 2026-11-26)."""
 """A Ray task worker's start and imports, which the figures stage pays once per CPU when it
 draws the tables side by side."""
 GPU_FLOPS = (1e12, 10e12)
@@ -125,9 +129,12 @@ def describe_plan(plan: StudyPlan) -> str:
             if tc.together and tc.num_workers > 1:
                 lines.append(f"  {'':{w}s} side by side on {tc.num_workers} workers: "
                              f"~{fmt_seconds(wall)}")
-    jobs = any(c.train.num_workers > 0 for c in plan.configs.values())
-    lines.append(f"  all models: ~{fmt_seconds(train_seconds)} of steps, "
-                 + ("plus each job's start (~20-40 s on 2 cores)" if jobs
+    jobs = sum(c.train.num_workers > 0 and name not in too_big
+               for name, c in plan.configs.items())  # one job per experiment (together)
+    train_seconds += jobs * JOB_START_SECONDS
+    lines.append(f"  all models: ~{fmt_seconds(train_seconds)} "
+                 + (f"with {count(jobs, 'job')}' start (~{JOB_START_SECONDS:.0f} s each on 2 "
+                    "cores: Ray Train's worker group, the workers' imports)" if jobs
                     else "in the driver (train.num_workers=0: no Ray Train job to start)")
                  + (f"; train.use_gpu asks for GPUs, none in this process: CPU rates shown, "
                     f"and on GPUs {gpu_hours(total_flops)}" if total_flops else ""))
@@ -184,8 +191,7 @@ def describe_plan(plan: StudyPlan) -> str:
               f"datasets on disk: ~{human_bytes(total_bytes)}",
               f"whole study: ~{fmt_seconds(total)} "
               f"(datasets ~{fmt_seconds(data_seconds)}, pretraining ~{fmt_seconds(train_seconds)}"
-              + (" plus each job's start" if jobs else "")
-              + f", tuning ~{fmt_seconds(tune_seconds)}, evaluation "
+              f", tuning ~{fmt_seconds(tune_seconds)}, evaluation "
               f"~{fmt_seconds(eval_seconds)}, figures ~{fmt_seconds(figure_seconds)}); a stage "
               "whose outputs are current is skipped"]
     return "\n".join(lines)
