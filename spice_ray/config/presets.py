@@ -12,6 +12,9 @@ from typing import Any
 
 # Presets only set what differs from the paper-scale defaults (each environment's own).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # smoke: two evaluation actors, so the tuning grid's points run side by side on 2 cores
+    # (the study's tune stage 16 s instead of 36 s; every table as with one actor, the latent
+    # bandit's exact-posterior pseudo-counts up to 1e-10: numpy's matmul over 8 tasks, not 16)
     "smoke": {
         "bandit": {
             "env": {"horizon": 24},
@@ -21,7 +24,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "train": {"epochs": 2, "batch_size": 16, "lr": 1e-3, "checkpoint_every": 1,
                       "num_workers": 0},
             "eval": {"num_tasks": 16, "online_horizon": 24, "offline_points": 20,
-                     "num_actors": 1},
+                     "num_actors": 2},
         },
         "darkroom": {
             "env": {"horizon": 20},
@@ -31,7 +34,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "train": {"epochs": 2, "batch_size": 16, "lr": 1e-3, "checkpoint_every": 1,
                       "num_workers": 0},
             "eval": {"num_tasks": 16, "online_horizon": 20, "offline_points": 20,
-                     "num_actors": 1},
+                     "num_actors": 2},
         },
     },
     "small": {

@@ -34,7 +34,7 @@ from spice_ray.evaluate.calibration import PRIOR_FIT_LENGTHS, calibration_rows
 from spice_ray.evaluate.episode import episode_rows
 from spice_ray.evaluate.offline import offline_context_lengths, offline_rows
 from spice_ray.evaluate.online import online_rows
-from spice_ray.evaluate.rows import check_rows, concat_rows
+from spice_ray.evaluate.rows import check_rows, concat_rows, merge_task_shards
 from spice_ray.model.registry import ModelSource, load_model
 from spice_ray.model.trunk import TrunkModel
 
@@ -165,6 +165,16 @@ class EvalActor:
         return evaluate_tasks(env, eval_cfg, data, specs, self._model(model_source, env),
                               protocols, seed)
 
+    def evaluate_each(self, model_source: ModelSource | None, env: EnvConfig,
+                      eval_cfg: EvalConfig, data: Mapping[str, np.ndarray],
+                      specs: Sequence[AgentSpec], protocols: Sequence[str], seed: int,
+                      fail_once_marker: str | None = None) -> list[pd.DataFrame]:
+        """:meth:`evaluate` of each spec alone, in order: one frame per spec."""
+        self._maybe_fail(fail_once_marker)
+        model = self._model(model_source, env)
+        return [evaluate_tasks(env, eval_cfg, data, [spec], model, protocols, seed)
+                for spec in specs]
+
     def pid(self) -> int:
         """The actor's process id (for tests)."""
         return os.getpid()
@@ -241,8 +251,11 @@ def evaluate_parallel(
     fail_once_marker: str | None = None,
     on_tasks: Callable[[int], None] | None = None,
     pool: EvalPool | None = None,
+    split: str = "tasks",
 ) -> pd.DataFrame:
-    """Split the tasks over M actors, gather their rows, rerun shards whose actor died.
+    """Split the tasks (or the agents) over M actors, gather their rows, rerun shards whose
+    actor died. Either way the rows come back in the order one actor doing everything would
+    give (:func:`merge_task_shards`), so a table does not depend on M.
 
     Needs a running Ray (``ray.init``). Each actor reserves ``eval_cfg.actor_cpus`` CPUs and
     ``eval_cfg.actor_gpus`` GPUs.
@@ -261,6 +274,10 @@ def evaluate_parallel(
         fail_once_marker: fault injection, see :meth:`EvalActor._maybe_fail`.
         on_tasks: called with a shard's task count when its rows arrive (progress).
         pool: actors to reuse (kept alive after the call); default: actors for this call only.
+        split: "tasks" (each actor a share of the tasks, every agent) or "specs" (each actor
+            every task for every M-th agent: for many cheap agents on few tasks, a tuning
+            grid, where an actor's per-step cost hardly depends on its tasks; the "online"
+            and "final" protocols only, whose agents' rows do not depend on each other).
 
     Returns:
         The rows of all shards, checked by :func:`check_rows`.
@@ -275,11 +292,22 @@ def evaluate_parallel(
     if pool is None:
         with EvalPool() as own:
             return evaluate_parallel(model_source, env, eval_cfg, data, specs, protocols, seed,
-                                     num_actors, max_retries, fail_once_marker, on_tasks, own)
+                                     num_actors, max_retries, fail_once_marker, on_tasks, own,
+                                     split)
+    if split not in ("tasks", "specs"):
+        raise ValueError(f"split={split!r} is invalid: tasks or specs")
+    if split == "specs" and not set(protocols) <= {"online", "final"}:
+        raise ValueError(f"split='specs' takes the online and final protocols, not {protocols}")
     task_ids = np.asarray(data["task_id"])
     n = len(task_ids)
-    m = max(1, min(num_actors or eval_cfg.num_actors, n))
-    shards = [idx for idx in np.array_split(np.arange(n), m) if len(idx)]
+    by_spec = split == "specs"
+    m = max(1, min(num_actors or eval_cfg.num_actors, len(specs) if by_spec else n))
+    if by_spec:  # every M-th agent, all tasks: SPICE's grid points share the actors evenly
+        shards = [np.arange(n)] * m
+        agents = [list(range(j, len(specs), m)) for j in range(m)]
+    else:
+        shards = [idx for idx in np.array_split(np.arange(n), m) if len(idx)]
+        agents = [list(range(len(specs)))] * len(shards)
     shard_data = [{k: np.asarray(v)[idx] for k, v in data.items()} for idx in shards]
     if isinstance(model_source, Mapping):
         source: Any = ray.put(dict(model_source))
@@ -290,11 +318,13 @@ def evaluate_parallel(
     actors = pool.actors(eval_cfg, len(shards))
 
     def submit(i: int, actor: Any) -> Any:
-        return actor.evaluate.remote(source, env, eval_cfg, shard_data[i], list(specs),
-                                     list(protocols), seed, fail_once_marker)
+        method = actor.evaluate_each if by_spec else actor.evaluate
+        return method.remote(source, env, eval_cfg, shard_data[i],
+                             [specs[j] for j in agents[i]], list(protocols), seed,
+                             fail_once_marker)
 
     pending: dict[Any, tuple[int, Any]] = {submit(i, a): (i, a) for i, a in enumerate(actors)}
-    results: dict[int, pd.DataFrame] = {}
+    results: dict[int, Any] = {}
     retries = [0] * len(shards)
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
@@ -313,7 +343,12 @@ def evaluate_parallel(
             pending[submit(i, actor)] = (i, actor)
             continue
         if on_tasks is not None:
-            on_tasks(len(shards[i]))
-    df = concat_rows(results[i] for i in range(len(shards)))
+            on_tasks(len(shards[i]) if not by_spec else round(n * len(agents[i]) / len(specs)))
+    if by_spec:  # one frame per agent: back in the agents' order
+        frames = {j: f for i in range(len(shards)) for j, f in zip(agents[i], results[i],
+                                                                    strict=True)}
+        df = concat_rows(frames[j] for j in range(len(specs)))
+    else:
+        df = merge_task_shards(results[i] for i in range(len(shards)))
     check_rows(df, task_ids)
     return df

@@ -58,6 +58,23 @@ def concat_rows(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[list(ROW_COLUMNS)]
 
 
+def merge_task_shards(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
+    """The rows of task shards (each the rows of the same agents and metrics on its own tasks,
+    the shards in task order) in the order one shard of all the tasks gives: block by block
+    (a block: one (env, method, rule, config, seed, metric), in the first shard's order), each
+    block's tasks in shard order. So a table does not depend on how many actors made it."""
+    frames = [f for f in frames if len(f)]
+    if len(frames) < 2:
+        return concat_rows(frames)
+    block = [c for c in ROW_KEY if c not in ("task_id", "x")]
+    order = {key: i for i, key in enumerate(dict.fromkeys(
+        frames[0][block].itertuples(index=False, name=None)))}
+    df = concat_rows(frames)
+    ids = np.fromiter((order.get(key, len(order)) for key in
+                       df[block].itertuples(index=False, name=None)), np.int64, len(df))
+    return df.iloc[np.argsort(ids, kind="stable")].reset_index(drop=True)
+
+
 def duplicate_keys(df: pd.DataFrame) -> pd.DataFrame:
     """Rows whose key (:data:`ROW_KEY`) occurs more than once."""
     return df[df.duplicated(list(ROW_KEY), keep=False)]

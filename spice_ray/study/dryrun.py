@@ -151,8 +151,10 @@ def describe_plan(plan: StudyPlan) -> str:
             for s in tuning.bases(ev.agents(cfg), cfg):
                 grid = len(tuning.candidates(s, cfg.eval))
                 methods, points = methods + 1, points + grid
+                # the grid's points shared out over the actors, each on every task
                 seconds += grid * seeds * rates.rollout_seconds(
-                    cfg, s, ev.model.kind if ev.model else None, rates.actor_tasks(cfg, n_val))
+                    cfg, s, ev.model.kind if ev.model else None, n_val) / max(
+                    1, cfg.eval.num_actors)
         if name in too_big:
             lines.append(f"  {name:{w}s} its models do not fit: not timed")
             continue

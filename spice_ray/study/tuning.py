@@ -29,8 +29,9 @@ row of the tuned table has a validation score. Every grid's values are declared 
 
 The grid is exhaustive (SPICE: at most 80 points on a darkroom; a model-free method 120, each a
 few milliseconds per task) and runs on the study's evaluation actors (:class:`EvalPool`) in a
-few batched calls: a Ray Tune trial per point would pay a trial's start-up each time for
-nothing a search could add to an exhaustive grid.
+few batched calls, its points shared out over the actors (each on every validation task:
+``split="specs"``, the same rows as one process): a Ray Tune trial per point would pay a
+trial's start-up each time for nothing a search could add to an exhaustive grid.
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def _run(cands: list[Candidate], source: str | None, cfg: ExperimentConfig, data
     for c in cands:
         by_eval.setdefault(c.eval_cfg, []).append(c.spec)
     frames = [evaluate_parallel(source, cfg.env, ev_cfg, data, specs, (protocol,), seed=seed,
-                                pool=pool)
+                                pool=pool, split="specs")
               for ev_cfg, specs in by_eval.items()]
     return pd.concat(frames, ignore_index=True)
 
