@@ -31,6 +31,13 @@ FIGURE_SECONDS = (0.4, 3.9e-5)
 online step of its experiment (the summaries it draws grow with them); fitted to the smoke
 study's figure stage (48 in about 20 s) and the small study's (48 in 2 min 02 s)."""
 TASK_START_SECONDS = 3.0
+ACTOR_START_SECONDS = 3.5
+"""The evaluation actors' start (processes, imports), paid once: the tuning stage starts them
+and the evaluation stage reuses them (smoke study, 2026-11-26: its first tuned experiment)."""
+TUNE_EXPERIMENT_SECONDS = 1.0
+"""Per tuned experiment, beside its rollouts: the validation split read, the width fitted on its
+contexts, the checkpoints loaded in the actors (smoke study, 2026-11-26: 17 s of tuning against
+6 s of rollouts and one actor start, over 8 experiments)."""
 JOB_START_SECONDS = 13.0
 """A Ray Train job's own cost on 2 cores beside its steps: its worker group's start, each
 worker's imports and first optimiser (torch's compiler stack is imported then), and its end
@@ -161,10 +168,12 @@ def describe_plan(plan: StudyPlan) -> str:
         if not points:
             lines.append(f"  {name:{w}s} nothing to tune (a fixed protocol)")
             continue
+        seconds += TUNE_EXPERIMENT_SECONDS
         tune_seconds += seconds
         lines.append(f"  {name:{w}s} {count(methods, 'method')}, "
                      f"{count(points, 'grid point')} (x {count(len(cfg.seeds), 'seed')} where "
                      f"trained) on {n_val} validation tasks: ~{fmt_seconds(seconds)}")
+    tune_seconds += ACTOR_START_SECONDS if tune_seconds else 0.0
     lines.append("stage 4 evaluation (Ray actors; online rollouts as probed above):")
     eval_seconds = 0.0
     for name, cfg in plan.configs.items():
