@@ -155,8 +155,10 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
         read.append(split)
         return "hash"
 
-    def evaluate(source, env, eval_cfg, data, specs, protocols, seed=0, pool=None):
+    def evaluate(source, env, eval_cfg, data, specs, protocols, seed=0, pool=None,
+                 split="tasks"):
         assert protocols == ("final",)  # the score alone, not the curves
+        assert split == "specs"  # the grid's points shared out over the actors
         rows = []
         for spec in specs:
             cfg = json.loads(spec.config_json(eval_cfg))
