@@ -304,7 +304,7 @@ def test_dry_run_prints_the_plan(tmp_path) -> None:
     assert re.search(r"spice: .*no GPU here: [\d.]+ PFLOP, ~[\d.]+-[\d.]+ GPU-hours at "
                      r"1-10 TFLOP/s", proc.stdout), proc.stdout
     # every stage timed, and the whole study
-    assert re.search(r"darkroom +5 methods, 192 grid points .*: ~\d", proc.stdout)
+    assert re.search(r"darkroom +5 methods, 212 grid points .*: ~\d", proc.stdout)
     assert re.search(r"darkroom +100 tasks, H=100, 2 actors x 0.5 CPU: ~\d", proc.stdout)
     assert re.search(r"stage 5 figures: 9 PNG files of \d+ tables, ~\d+ s", proc.stdout), \
         proc.stdout

@@ -156,7 +156,11 @@ def describe_plan(plan: StudyPlan) -> str:
             ev = exp.evaluation(ev_name)
             seeds = len(cfg.seeds) if ev.model else 1
             for s in tuning.bases(ev.agents(cfg), cfg):
-                grid = len(tuning.candidates(s, cfg.eval))
+                # every width the tuning stage will weigh: the fit's constant one where its
+                # decay is not 0 (counted), the predictive head's where the model has one
+                planned = {"scale": 1.0, "decay": 1.0, "constant_scale": 1.0,
+                           "predictive": cfg.model.var_head}
+                grid = len(tuning.candidates(s, cfg.eval, planned))
                 methods, points = methods + 1, points + grid
                 # the grid's points shared out over the actors, each on every task
                 seconds += grid * seeds * rates.rollout_seconds(
