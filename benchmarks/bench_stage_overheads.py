@@ -13,8 +13,10 @@
    count). Baseline split="tasks": every actor runs every grid point on its share of the tasks.
    Current split="specs": every actor runs every task for every other grid point. SPICE's
    first ``--points`` grid points at a model of the ``small`` shape with random weights (the
-   cost of a rollout does not depend on what the weights learned); both orders run twice,
+   cost of a rollout does not depend on what the weights learned); both splits run twice,
    alternating, and the rows are compared equal.
+
+Exits 1 if the batches or the rows differ between the two ways.
 
 Numbers depend on the CPU and on what else runs: compare only within one run.
 """
@@ -103,6 +105,7 @@ def main() -> None:
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
+    differ = []
     print("1. a Ray Train job's datasets (train + validation splits), baseline: materialize()")
     with tempfile.TemporaryDirectory() as tmp:
         for preset in ("smoke", "small"):
@@ -111,12 +114,16 @@ def main() -> None:
                 print(f"  {preset:5s} {experiment:9s} materialize {old:6.2f} s, in memory "
                       f"{new:6.2f} s: {old / new:6.1f}x less, "
                       f"{'the same batches' if same else 'BATCHES DIFFER'}", flush=True)
+                differ += [] if same else [f"{preset} {experiment} batches"]
     print("2. a tuning grid on the small preset's evaluation actors, baseline: split='tasks'")
     for experiment in args.experiments:
         old, new, same, points, n = grid_split(experiment, args.points)
         print(f"  {experiment:9s} {points} SPICE points x {n} validation tasks: tasks "
               f"{old:6.1f} s, specs {new:6.1f} s: {old / new:.2f}x, "
               f"{'the same rows' if same else 'ROWS DIFFER'}", flush=True)
+        differ += [] if same else [f"{experiment} rows"]
+    if differ:
+        raise SystemExit(f"the two ways differ: {', '.join(differ)}")
 
 
 if __name__ == "__main__":

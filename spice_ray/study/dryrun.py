@@ -31,6 +31,8 @@ FIGURE_SECONDS = (0.4, 3.9e-5)
 online step of its experiment (the summaries it draws grow with them); fitted to the smoke
 study's figure stage (48 in about 20 s) and the small study's (48 in 2 min 02 s)."""
 TASK_START_SECONDS = 3.0
+"""A Ray task worker's start and imports, which the figures stage pays once per CPU when it
+draws the tables side by side."""
 ACTOR_START_SECONDS = 3.5
 """The evaluation actors' start (processes, imports), paid once: the tuning stage starts them
 and the evaluation stage reuses them (smoke study, 2026-11-26: its first tuned experiment)."""
@@ -42,8 +44,6 @@ JOB_START_SECONDS = 13.0
 """A Ray Train job's own cost on 2 cores beside its steps: its worker group's start, each
 worker's imports and first optimiser (torch's compiler stack is imported then), and its end
 (a smoke job: 15.2 s, 2.3 s of it training, 2026-11-26)."""
-"""A Ray task worker's start and imports, which the figures stage pays once per CPU when it
-draws the tables side by side."""
 GPU_FLOPS = (1e12, 10e12)
 """The range of FLOP/s a training step sustains on one GPU, for presets planned without one:
 on an H100 the small models sustain 0.2-6.6 TFLOP/s (docs/cluster.md; a step there is bound
@@ -140,8 +140,8 @@ def describe_plan(plan: StudyPlan) -> str:
                for name, c in plan.configs.items())  # one job per experiment (together)
     train_seconds += jobs * JOB_START_SECONDS
     lines.append(f"  all models: ~{fmt_seconds(train_seconds)} "
-                 + (f"with {count(jobs, 'job')}' start (~{JOB_START_SECONDS:.0f} s each on 2 "
-                    "cores: Ray Train's worker group, the workers' imports)" if jobs
+                 + (f"with the start of {count(jobs, 'job')} (~{JOB_START_SECONDS:.0f} s each "
+                    "on 2 cores: Ray Train's worker group, the workers' imports)" if jobs
                     else "in the driver (train.num_workers=0: no Ray Train job to start)")
                  + (f"; train.use_gpu asks for GPUs, none in this process: CPU rates shown, "
                     f"and on GPUs {gpu_hours(total_flops)}" if total_flops else ""))
