@@ -416,3 +416,20 @@ def test_latent_kernel_features_describe_states_only() -> None:
                           "actions": np.array([[0]]), "rewards": np.array([[1.0]]),
                           "label": np.array([0])}, DARK.env, dtype=torch.float64)
     torch.testing.assert_close(model(tokens).latent[:, 0], feats[:, 0])
+
+
+def test_task_shards_merge_into_one_process_order() -> None:
+    """Rows of two task shards (each: agent A then agent B, tasks in order) come back block by
+    block, as one shard of all the tasks gives them, not shard after shard."""
+    from spice_ray.evaluate.rows import merge_task_shards, tidy_rows
+
+    def shard(tasks: np.ndarray) -> pd.DataFrame:
+        frames = [tidy_rows("bandit", m, "ucb", "{}", 0, tasks, "cumulative_regret",
+                            np.arange(1, 4), np.outer(tasks, [1.0, 2.0, 3.0]) + k)
+                  for k, m in enumerate(("A", "B"))]
+        return pd.concat(frames, ignore_index=True)
+
+    whole = shard(np.arange(5))
+    merged = merge_task_shards([shard(np.arange(3)), shard(np.arange(3, 5))])
+    pd.testing.assert_frame_equal(merged, whole)
+    assert merge_task_shards([whole]).equals(whole)
