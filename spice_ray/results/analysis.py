@@ -117,9 +117,10 @@ def gap_closed(df: pd.DataFrame, metric: str = "cumulative_regret", resamples: i
              & df["method"].isin([LEARNED, FLAT, ORACLE])]
     if sub.empty:
         return pd.DataFrame()
-    cfg = sub["config"].map(json.loads)
-    sub = sub.assign(beta=cfg.map(lambda c: c.get("beta")),
-                     schedule=cfg.map(lambda c: c.get("beta_schedule", "fixed")))
+    parsed = {c: json.loads(c) for c in sub["config"].unique()}  # a few settings, many rows
+    sub = sub.assign(beta=sub["config"].map({c: p.get("beta") for c, p in parsed.items()}),
+                     schedule=sub["config"].map({c: p.get("beta_schedule", "fixed")
+                                                 for c, p in parsed.items()}))
     sub = sub[sub["schedule"] == "fixed"]
     final = int(sub["x"].max())
     out = []
