@@ -91,7 +91,8 @@ def _spice_betas(cfg: ExperimentConfig) -> list[AgentSpec]:
 
 
 def _main_beta(rows: pd.DataFrame, cfg: ExperimentConfig) -> pd.Series:
-    return rows["config"].map(lambda c: json.loads(c)["beta"] == cfg.fusion.beta)
+    main = {c: json.loads(c)["beta"] == cfg.fusion.beta for c in rows["config"].unique()}
+    return rows["config"].map(main).astype(bool)  # each distinct setting parsed once
 
 
 def _variants(uniform_behaviour: bool = False) -> tuple[ModelRef, ...]:
