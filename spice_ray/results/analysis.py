@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
+from spice_ray.results.schema import settings_columns
 from spice_ray.results.summary import (
     bootstrap_ci,
     cluster_bootstrap_ci,
@@ -117,10 +118,10 @@ def gap_closed(df: pd.DataFrame, metric: str = "cumulative_regret", resamples: i
              & df["method"].isin([LEARNED, FLAT, ORACLE])]
     if sub.empty:
         return pd.DataFrame()
-    parsed = {c: json.loads(c) for c in sub["config"].unique()}  # a few settings, many rows
-    sub = sub.assign(beta=sub["config"].map({c: p.get("beta") for c, p in parsed.items()}),
-                     schedule=sub["config"].map({c: p.get("beta_schedule", "fixed")
-                                                 for c, p in parsed.items()}))
+    settings = settings_columns(sub)  # each distinct config parsed once, not every row
+    schedule = (settings["beta_schedule"].fillna("fixed") if "beta_schedule" in settings
+                else "fixed")
+    sub = sub.assign(beta=settings.get("beta"), schedule=schedule)
     sub = sub[sub["schedule"] == "fixed"]
     final = int(sub["x"].max())
     out = []

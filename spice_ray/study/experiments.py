@@ -10,7 +10,6 @@ study (``spice_ray.study``) runs any experiment the same way; adding one is an e
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Mapping
 
 import pandas as pd
@@ -29,6 +28,7 @@ from spice_ray.results.analysis import (
     prior_fit,
     prior_gap,
 )
+from spice_ray.results.schema import settings_columns
 from spice_ray.study.experiment_spec import Evaluation, Experiment, ModelRef, Select, Table
 
 DARKROOM_BETAS = FIXED_BETAS["paper_table"]
@@ -91,8 +91,7 @@ def _spice_betas(cfg: ExperimentConfig) -> list[AgentSpec]:
 
 
 def _main_beta(rows: pd.DataFrame, cfg: ExperimentConfig) -> pd.Series:
-    main = {c: json.loads(c)["beta"] == cfg.fusion.beta for c in rows["config"].unique()}
-    return rows["config"].map(main).astype(bool)  # each distinct setting parsed once
+    return settings_columns(rows)["beta"] == cfg.fusion.beta
 
 
 def _variants(uniform_behaviour: bool = False) -> tuple[ModelRef, ...]:
