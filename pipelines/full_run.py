@@ -5,12 +5,12 @@
     python pipelines/full_run.py --preset paper --address auto   # on `ray up cluster.yaml`
     python pipelines/full_run.py --preset paper --dry-run        # print the plan only
 
-Stages: datasets (Ray Data) -> pretraining SPICE and DPT per seed, plus the darkroom weight
-ablation (Ray Train) -> tuning every method's settings on validation tasks (Ray actors;
-results/tuning.json) -> evaluation of every controller and baseline on the eval tasks (Ray
-actors) -> result tables (results/*.parquet) -> figures (figures/*.png) -> report.md. Each
-stage is skipped when its output is complete and matches the config, so an interrupted run
-resumes where it stopped and a re-run does no work.
+Stages: datasets (Ray Data; tiny ones in the driver) -> pretraining SPICE and DPT per seed,
+plus the darkroom weight ablation (Ray Train) -> tuning every method's settings on
+validation tasks (Ray actors; results/tuning.json) -> evaluation of every controller and
+baseline on the eval tasks (Ray actors) -> result tables (results/*.parquet) -> figures
+(figures/*.png) -> report.md. Each stage is skipped when its output is complete and matches
+the config, so an interrupted run resumes where it stopped and a re-run does no work.
 """
 
 from __future__ import annotations

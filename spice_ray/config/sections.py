@@ -139,6 +139,11 @@ class DataConfig:
     ``data.actor_cpus`` before)."""
     compression: Literal["zstd", "snappy", "none"] = "zstd"
     """Parquet compression codec."""
+    ray_data_min_tasks: int = 1_024
+    """A dataset of fewer tasks (its three splits together) is generated in the driver
+    process instead of by Ray Data tasks (>= 0; 0: always Ray Data): a Ray Data pipeline's
+    start-up (worker processes and their imports, seconds) costs more than generating a few
+    hundred tasks. The shards are the same bytes either way."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "data")
@@ -155,6 +160,8 @@ class DataConfig:
         _check(0.0 <= self.behaviour_omega <= 1.0, "data.behaviour_omega", self.behaviour_omega,
                "a float in [0, 1]")
         _check(self.task_cpus > 0, "data.task_cpus", self.task_cpus, "a float > 0")
+        _check(self.ray_data_min_tasks >= 0, "data.ray_data_min_tasks",
+               self.ray_data_min_tasks, "an integer >= 0")
         _check(self.compression in ("zstd", "snappy", "none"), "data.compression",
                self.compression, "one of zstd, snappy, none")
 

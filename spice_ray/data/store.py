@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 SPEC = "spec.json"
 # DataConfig fields that change how data is produced, not what it contains.
-EXECUTION_FIELDS = ("concurrent_tasks", "task_cpus", "batch_size")
+EXECUTION_FIELDS = ("concurrent_tasks", "task_cpus", "batch_size", "ray_data_min_tasks")
 
 
 class DatasetError(SpiceRayError, RuntimeError):

@@ -10,6 +10,7 @@ import torch
 
 from spice_ray.common.console import count, fmt_seconds
 from spice_ray.config import ExperimentConfig, TrainConfig
+from spice_ray.data.generate import generation_means, uses_ray_data
 from spice_ray.evaluate import rates
 from spice_ray.evaluate.online import applicable_specs
 from spice_ray.runtime.resources import check_models, dataset_estimate, human_bytes, model_estimate
@@ -76,16 +77,21 @@ def describe_plan(plan: StudyPlan) -> str:
     w = max(9, *(len(name) for name in plan.configs))  # the experiments' column
     total_bytes = 0
     data_seconds = 0.0
-    lines.append("stage 1 datasets (Ray Data tasks):")
+    lines.append("stage 1 datasets "
+                 f"({generation_means([c.data for c in plan.configs.values()])}):")
     for name, cfg in plan.configs.items():
         n, size, _ = dataset_estimate(cfg)
         total_bytes += size
-        seconds = DATASET_START_SECONDS + n / TASKS_PER_SECOND
+        if uses_ray_data(cfg.data):
+            seconds = DATASET_START_SECONDS + n / TASKS_PER_SECOND
+            how = (f"{cfg.data.concurrent_tasks} Ray Data tasks at once x {cfg.data.task_cpus} "
+                   f"CPU, ~{seconds:.0f} s at the 2-core rate ({TASKS_PER_SECOND} tasks/s after "
+                   f"~{DATASET_START_SECONDS} s of start)")
+        else:
+            seconds = n / TASKS_PER_SECOND
+            how = f"in the driver, ~{seconds:.1f} s ({TASKS_PER_SECOND} tasks/s, no start)"
         data_seconds += seconds
-        lines.append(f"  {name:{w}s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, "
-                     f"{cfg.data.concurrent_tasks} tasks at once x {cfg.data.task_cpus} CPU, "
-                     f"~{seconds:.0f} s at the 2-core rate ({TASKS_PER_SECOND} tasks/s after "
-                     f"~{DATASET_START_SECONDS} s of start)")
+        lines.append(f"  {name:{w}s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, {how}")
     lines.append("stage 2 pretraining (Ray Train; times from steps timed now, 1 thread):")
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     if load > 0.5 * cpus:  # the steps are timed on a machine others are using

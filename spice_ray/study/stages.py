@@ -34,7 +34,7 @@ from spice_ray.config import (
     without_later_defaults,
 )
 from spice_ray.data import store
-from spice_ray.data.generate import generate_stage
+from spice_ray.data.generate import generate_stage, generation_means
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.results import aggregate
@@ -352,7 +352,8 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     first = next(iter(plan.configs.values()))
     first.write(run_dir)  # config.yaml: the first experiment's resolved config
     t0 = time.perf_counter()
-    console.stage(1, 6, "datasets", f"{len(plan.configs)} (Ray Data)")
+    means = generation_means([cfg.data for cfg in plan.configs.values()])
+    console.stage(1, 6, "datasets", f"{len(plan.configs)} ({means})")
     datasets = {}
     for name, cfg in plan.configs.items():
         enter_stage("1/6 datasets", name)
