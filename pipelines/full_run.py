@@ -73,7 +73,7 @@ def cli(argv: list[str] | None = None) -> None:
         return
     console = Console()
     lock = start_run(args.address, list(plan.configs.values()), plan.run_dir, console=console,
-                     verbose=args.verbose)
+                     verbose=args.verbose, dashboard=args.dashboard)
     console.line(f"spice-ray study: preset {args.preset}, {', '.join(plan.configs)} -> "
                  f"{plan.run_dir} (logs: {plan.run_dir / 'logs'})")
     report = run_main(run_study, plan, console)

@@ -24,7 +24,7 @@ def cli(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)  # a bad config stops here, before Ray starts
     console = Console()
     lock = start_run(args.address, [cfg], cfg.out_dir, stages=("datasets",), console=console,
-                     verbose=args.verbose)
+                     verbose=args.verbose, dashboard=args.dashboard)
     report = run_main(generate_stage, cfg, console=console, label="dataset")
     lock.release()
     print(f"dataset: {report.dataset_dir}")

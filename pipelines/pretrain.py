@@ -35,7 +35,7 @@ def cli(argv: list[str] | None = None) -> None:
     cfg = config_from_args(args)
     console = Console()
     lock = start_run(args.address, [cfg], cfg.out_dir, stages=("datasets", "pretrain"),
-                     console=console, verbose=args.verbose)
+                     console=console, verbose=args.verbose, dashboard=args.dashboard)
     ds_dir = run_main(generate_stage, cfg, console=console, label="dataset").dataset_dir
     seeds = [args.seed] if args.seed is not None else list(cfg.seeds)
     # with train.choose, SPICE trains once per loss-weight grid point (the study's candidates)

@@ -52,6 +52,10 @@ def add_config_args(parser: argparse.ArgumentParser, env: bool = True) -> None:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also print our INFO lines and Ray's own logs on the console "
                              "(they always go to <run>/logs/)")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="start Ray's dashboard (http://localhost:8265) with the local Ray; "
+                             "default: only when a Ray Train job will run "
+                             "(train.num_workers > 0), whose clean-up polls its State API")
 
 
 def out_path(text: str) -> Path:
@@ -83,7 +87,8 @@ def fail(message: str, status: int = 2) -> NoReturn:
 def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: str | Path,
               stages: Sequence[str] = ("datasets", "pretrain", "evaluate"),
               extra_requests: Callable[[], Sequence[Any]] | None = None,
-              console: Console | None = None, verbose: bool = False) -> RunLock:
+              console: Console | None = None, verbose: bool = False,
+              dashboard: bool = False) -> RunLock:
     """Everything a pipeline does before its first unit of work, each failing at once with one
     line and status 2: the run directory is writable, no other run holds it (its lock is taken
     and returned: keep it until the end), the datasets fit on disk and in memory, Ray starts
@@ -95,6 +100,8 @@ def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: st
             :class:`spice_ray.runtime.resources.Request` (e.g. a sweep trial's placement group).
         console: where warnings print (default: stdout).
         verbose: also print INFO lines and Ray's logs on the console.
+        dashboard: start a local Ray's dashboard even when no config trains with Ray Train
+            (``train.num_workers > 0``, which needs it).
     """
     import ray
 
@@ -121,7 +128,8 @@ def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: st
             fail(str(exc))
         started = not ray.is_initialized()
         try:
-            init_ray(address, verbose=verbose, console=console)
+            init_ray(address, verbose=verbose, console=console,
+                     dashboard=dashboard or any(c.train.num_workers > 0 for c in cfgs))
         except ClusterUnreachable as exc:
             lock.release()
             fail(str(exc))
@@ -315,7 +323,7 @@ def _unreachable(address: str, why: str, t0: float) -> None:
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: bool = False,
-             console: Console | None = None):
+             console: Console | None = None, dashboard: bool = True):
     """Start an embedded local Ray (default) or join a cluster (``address``, e.g. "auto").
 
     Worker output reaches the console only with ``verbose`` (``log_to_driver``); otherwise it
@@ -344,8 +352,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
         reaper.start()  # ends what this driver's Ray leaves if the driver is killed
         # The dashboard serves the State API, which Ray Train's placement-group cleaner polls
         # (without it, it warns every few seconds); it takes the next free port after 8265.
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=True,
-                 log_to_driver=verbose, logging_level="INFO" if verbose else "WARNING")
+        # Its ten module processes cost ~4 CPU-seconds per start (2-core machine), so a run
+        # that starts no Ray Train job leaves it out unless asked (``dashboard``).
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(),
+                 include_dashboard=dashboard, log_to_driver=verbose,
+                 logging_level="INFO" if verbose else "WARNING")
     _route_ray_loggers(console if verbose else None)
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False

@@ -78,7 +78,8 @@ def start_sweep(args: argparse.Namespace, cfgs: Sequence[ExperimentConfig],
     return start_run(args.address, cfgs, first.out_dir, stages=("datasets", "pretrain"),
                      extra_requests=lambda: [sweep_request(c, trial_bundles(c, train_in_trial))
                                              for c in cfgs],
-                     console=console, verbose=getattr(args, "verbose", False))
+                     console=console, verbose=getattr(args, "verbose", False),
+                     dashboard=getattr(args, "dashboard", False))
 
 
 def format_result(result: SweepResult, top: int = 5) -> str:
