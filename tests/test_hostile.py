@@ -279,7 +279,7 @@ def test_unreachable_address_is_refused_in_bounded_time() -> None:
     within the timeout, naming the address and the time waited."""
     import socket
 
-    from spice_ray.runtime.cli import ClusterUnreachable, check_reachable
+    from spice_ray.runtime.reach import ClusterUnreachable, check_reachable
 
     port = _free_port()
     start = time.perf_counter()
