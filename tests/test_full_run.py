@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -272,49 +273,57 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
                        "bandit_robustness.parquet", "calibration.parquet"]
 
 
-def test_bad_set_fails_before_any_work(tmp_path) -> None:
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``pipelines/full_run.py argv`` in this process (no interpreter start-up): exit status,
+    stdout, stderr. Only for command lines that stop before the study starts."""
+    cli = runpy.run_path(str(ROOT / "pipelines" / "full_run.py"), run_name="under_test")["cli"]
+    capsys.readouterr()
+    try:
+        cli(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bad_set_fails_before_any_work(tmp_path, capsys) -> None:
     out = tmp_path / "never"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "smoke",
-         "--out", str(out), "--set", "fusion.tau=-1"],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "fusion.tau=-1" in proc.stderr and "a float > 0" in proc.stderr
+    code, _, err = _cli(["--preset", "smoke", "--out", str(out), "--set", "fusion.tau=-1"],
+                        capsys)
+    assert code == 2
+    assert "fusion.tau=-1" in err and "a float > 0" in err
     assert not out.exists()
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "smoke",
-         "--out", str(out), "--set", "data.num_taks=3"],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "unknown key 'data.num_taks'" in proc.stderr
+    code, _, err = _cli(["--preset", "smoke", "--out", str(out), "--set", "data.num_taks=3"],
+                        capsys)
+    assert code == 2 and "unknown key 'data.num_taks'" in err
     assert not out.exists()
 
 
-def test_dry_run_prints_the_plan(tmp_path) -> None:
+def test_dry_run_prints_the_plan(tmp_path, capsys) -> None:
     # eager value heads: the step timing would first compile the fused heads for the paper's
     # shapes (17 s on a fresh machine's empty compiler cache, as CI's always is)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "paper",
-         "--experiments", "darkroom", "--out", str(tmp_path / "p"), "--dry-run", "--set",
-         "model.head_kernel=eager"],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "101100 tasks" in proc.stdout and "stage 2 pretraining" in proc.stdout
-    assert "3 seeds" in proc.stdout and not (tmp_path / "p").exists()
+    code, stdout, stderr = _cli(["--preset", "paper", "--experiments", "darkroom", "--out",
+                                 str(tmp_path / "p"), "--dry-run", "--set",
+                                 "model.head_kernel=eager"], capsys)
+    assert code == 0, stderr
+    assert "101100 tasks" in stdout and "stage 2 pretraining" in stdout
+    assert "3 seeds" in stdout and not (tmp_path / "p").exists()
     # times from optimiser steps timed in the dry run itself, per model and in all
-    per_model = re.findall(r"(\d+) ms/step on CPU: ~([\dhmins ]+) of steps", proc.stdout)
-    assert per_model and all(int(ms) > 0 for ms, _ in per_model), proc.stdout
-    assert "all models: ~" in proc.stdout and "CPU rates shown" in proc.stdout
+    per_model = re.findall(r"(\d+) ms/step on CPU: ~([\dhmins ]+) of steps", stdout)
+    assert per_model and all(int(ms) > 0 for ms, _ in per_model), stdout
+    assert "all models: ~" in stdout and "CPU rates shown" in stdout
     # the paper's 4 workers each train whole models (train.together), side by side
-    assert "side by side on 4 workers: ~" in proc.stdout, proc.stdout
+    assert "side by side on 4 workers: ~" in stdout, stdout
     # its GPUs planned without one, from the steps' FLOP count
     assert re.search(r"spice: .*no GPU here: [\d.]+ PFLOP, ~[\d.]+-[\d.]+ GPU-hours at "
-                     r"1-10 TFLOP/s", proc.stdout), proc.stdout
+                     r"1-10 TFLOP/s", stdout), stdout
     # every stage timed, and the whole study
-    assert re.search(r"darkroom +5 methods, 212 grid points .*: ~\d", proc.stdout)
-    assert re.search(r"darkroom +100 tasks, H=100, 2 actors x 0.5 CPU: ~\d", proc.stdout)
-    assert re.search(r"stage 5 figures: 9 PNG files of \d+ tables, ~\d+ s", proc.stdout), \
-        proc.stdout
-    assert re.search(r"whole study: ~31 h|whole study: ~\d+ h .*tuning ~\d+ min", proc.stdout)
+    assert re.search(r"darkroom +5 methods, 212 grid points .*: ~\d", stdout)
+    assert re.search(r"darkroom +100 tasks, H=100, 2 actors x 0.5 CPU: ~\d", stdout)
+    assert re.search(r"stage 5 figures: 9 PNG files of \d+ tables, ~\d+ s", stdout), \
+        stdout
+    assert re.search(r"whole study: ~31 h|whole study: ~\d+ h .*tuning ~\d+ min", stdout)
 
 
 def _fixture_table(run_dir: Path) -> pd.DataFrame:
