@@ -7,6 +7,13 @@ the real pipeline (train split only; validation/eval set to 1 task) and prints t
 disk per task against the raw array bytes, and the speed-up over a naive single-process
 generator that draws one step at a time with a per-task numpy Generator (timed on a subsample).
 Targets (issue 2): 100k bandit tasks in < 120 s wall on 2 cores; disk <= 1.5x raw bytes.
+
+    python benchmarks/bench_generate.py --smoke-stage
+
+instead times the ``smoke`` study's datasets stage (its nine datasets of 128 tasks) both ways
+in one fresh Ray session: baseline Ray Data (``data.ray_data_min_tasks=0``, first, so that its
+first pipeline pays the workers' start as a study's does), current the driver (the default
+below 1,024 tasks); prints both walls and the ratio, and exits 1 if any file differs.
 """
 
 from __future__ import annotations
@@ -92,16 +99,45 @@ BENCHMARKS = (  # environment, its step-by-step baseline, the wall-time target (
 )
 
 
+def smoke_stage(root: str) -> bool:
+    """The smoke study's datasets, by Ray Data and then by the driver; True if every file of
+    every dataset is the same bytes both ways."""
+    from pathlib import Path
+
+    from spice_ray.study import plan_study
+
+    walls, dirs = {}, {}
+    for how, sets in (("Ray Data", ["data.ray_data_min_tasks=0"]), ("driver", [])):
+        configs = plan_study("smoke", Path(root) / "plan", overrides=sets).configs
+        t0 = time.perf_counter()
+        dirs[how] = [generate_dataset(cfg, Path(root) / how / name).dataset_dir
+                     for name, cfg in configs.items()]
+        walls[how] = time.perf_counter() - t0
+        print(f"{how:9} {len(configs)} datasets: {walls[how]:6.2f} s")
+    print(f"driver / Ray Data wall: {walls['driver'] / walls['Ray Data']:.3f}")
+    same = True
+    for a, b in zip(dirs["Ray Data"], dirs["driver"], strict=True):
+        files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+        same &= files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()) and all(
+            (a / f).read_bytes() == (b / f).read_bytes() for f in files)
+    print("every shard, sidecar and manifest the same bytes: " + ("yes" if same else "NO"))
+    return same
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", type=int, default=100_000)
     p.add_argument("--naive-tasks", type=int, default=500)
     p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--smoke-stage", action="store_true",
+                   help="time the smoke study's datasets stage, Ray Data vs the driver")
     args = p.parse_args()
     init_ray()
     root = tempfile.mkdtemp(prefix="bench_generate_")
     try:
+        if args.smoke_stage:
+            raise SystemExit(0 if smoke_stage(root) else 1)
         print(f"{'env':9} {'tasks':>7} {'wall s':>7} {'tasks/s':>8} {'B/task':>7} "
               f"{'disk/raw':>8} {'naive t/s':>9} {'speed-up':>8}")
         for env, naive, target in BENCHMARKS:
