@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import runpy
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +26,18 @@ def ray_local():
     ctx.execution_no_progress_timeout_s = 120  # a stall becomes an error, not a hang
     yield ray
     ray.shutdown()
+
+
+def full_run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``pipelines/full_run.py argv`` in the test process (no interpreter start-up): its exit
+    status, stdout and stderr. Only for command lines that stop before the study starts."""
+    path = Path(__file__).resolve().parents[1] / "pipelines" / "full_run.py"
+    cli = runpy.run_path(str(path), run_name="full_run_under_test")["cli"]
+    capsys.readouterr()
+    try:
+        cli(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err

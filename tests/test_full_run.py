@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import full_run_cli
 
 from spice_ray.results import load, summarise, write
 from spice_ray.results.__main__ import main as results_main
@@ -273,29 +273,15 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
                        "bandit_robustness.parquet", "calibration.parquet"]
 
 
-def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``pipelines/full_run.py argv`` in this process (no interpreter start-up): exit status,
-    stdout, stderr. Only for command lines that stop before the study starts."""
-    cli = runpy.run_path(str(ROOT / "pipelines" / "full_run.py"), run_name="under_test")["cli"]
-    capsys.readouterr()
-    try:
-        cli(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_bad_set_fails_before_any_work(tmp_path, capsys) -> None:
     out = tmp_path / "never"
-    code, _, err = _cli(["--preset", "smoke", "--out", str(out), "--set", "fusion.tau=-1"],
-                        capsys)
+    code, _, err = full_run_cli(["--preset", "smoke", "--out", str(out), "--set",
+                                 "fusion.tau=-1"], capsys)
     assert code == 2
     assert "fusion.tau=-1" in err and "a float > 0" in err
     assert not out.exists()
-    code, _, err = _cli(["--preset", "smoke", "--out", str(out), "--set", "data.num_taks=3"],
-                        capsys)
+    code, _, err = full_run_cli(["--preset", "smoke", "--out", str(out), "--set",
+                                 "data.num_taks=3"], capsys)
     assert code == 2 and "unknown key 'data.num_taks'" in err
     assert not out.exists()
 
@@ -303,9 +289,9 @@ def test_bad_set_fails_before_any_work(tmp_path, capsys) -> None:
 def test_dry_run_prints_the_plan(tmp_path, capsys) -> None:
     # eager value heads: the step timing would first compile the fused heads for the paper's
     # shapes (17 s on a fresh machine's empty compiler cache, as CI's always is)
-    code, stdout, stderr = _cli(["--preset", "paper", "--experiments", "darkroom", "--out",
-                                 str(tmp_path / "p"), "--dry-run", "--set",
-                                 "model.head_kernel=eager"], capsys)
+    code, stdout, stderr = full_run_cli(["--preset", "paper", "--experiments", "darkroom",
+                                         "--out", str(tmp_path / "p"), "--dry-run", "--set",
+                                         "model.head_kernel=eager"], capsys)
     assert code == 0, stderr
     assert "101100 tasks" in stdout and "stage 2 pretraining" in stdout
     assert "3 seeds" in stdout and not (tmp_path / "p").exists()
@@ -351,7 +337,7 @@ def test_summaries_average_seeds_per_task_first(tmp_path) -> None:
     assert s.loc["B", "mean"] == pytest.approx(4.75)
 
 
-def test_results_cli(tmp_path, capsys) -> None:
+def test_resultsfull_run_cli(tmp_path, capsys) -> None:
     _fixture_table(tmp_path)
     assert results_main([str(tmp_path)]) == 0
     assert "bandit_online" in capsys.readouterr().out

@@ -8,12 +8,12 @@ import io
 import json
 import logging
 import re
-import runpy
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import full_run_cli
 
 from spice_ray.common.errors import excerpt
 from spice_ray.config import ConfigError, load_yaml, make_config, parse_set
@@ -36,12 +36,9 @@ data: {label: *f}
 def full_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, float]:
     """``pipelines/full_run.py --dry-run argv`` in this process: exit status, stderr, seconds.
     Only for command lines that stop before the study starts."""
-    cli = runpy.run_path(FULL_RUN, run_name="full_run_under_test")["cli"]
-    capsys.readouterr()
     start = time.perf_counter()
-    with pytest.raises(SystemExit) as exc:
-        cli(["--dry-run", *argv])
-    return int(exc.value.code), capsys.readouterr().err, time.perf_counter() - start
+    code, _, err = full_run_cli(["--dry-run", *argv], capsys)
+    return code, err, time.perf_counter() - start
 
 
 def assert_one_short_line(err: str) -> None:

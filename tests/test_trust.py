@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import runpy
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import full_run_cli
 
 from spice_ray.common import artifacts, runlock
 from spice_ray.config import ConfigError, make_config, resolve_run_dir
@@ -39,13 +39,10 @@ FULL_RUN = str(ROOT / "pipelines" / "full_run.py")
 
 
 def full_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """``pipelines/full_run.py argv`` in this process (no interpreter start-up): its exit
-    status and stderr. Only for command lines that stop before the study starts."""
-    cli = runpy.run_path(FULL_RUN, run_name="full_run_under_test")["cli"]
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        cli(argv)
-    return int(exc.value.code), capsys.readouterr().err
+    """``pipelines/full_run.py argv`` in this process (``conftest.full_run_cli``): its exit
+    status and stderr."""
+    code, _, err = full_run_cli(argv, capsys)
+    return code, err
 
 
 def _table(run_dir: Path) -> pd.DataFrame:
