@@ -2,13 +2,16 @@
 
     python benchmarks/bench_stage_overheads.py [--experiments bandit darkroom] [--points 12]
 
-1. A Ray Train job's datasets. Baseline "materialize": ``store.ray_dataset(...).materialize()``
-   in the driver, a Ray Data execution per split, what every job ran before it started its
-   workers. Current "in memory": ``store.ray_dataset(..., in_memory=True)`` (the shards read
-   with pyarrow and handed to the object store as they are). Timed on the train and validation
-   splits of a ``smoke`` and a ``small`` dataset generated for this run; both give the same
-   batches (``tests/test_train.py`` checks the order, and the ratio is printed beside a
-   comparison of every batch).
+1. A Ray Train job's data. Baseline "Ray Data": the splits handed to the TorchTrainer as Ray
+   Data datasets (read into the object store in the driver, ``ray.data.from_arrow``, not split
+   over workers, in file order) and each worker streaming the train split with
+   ``get_dataset_shard("train").iter_torch_batches`` every epoch, as training did before.
+   Current "Parquet": no datasets on the trainer; the worker reads the shards in file order
+   with ``store.iter_batches`` (what ``spice_ray.train.ray_train.shard_batches`` does). Each way
+   is a whole one-worker job (0.5 CPU) that only streams its chunks for ``--epochs`` epochs and
+   digests them, so the difference is the ingestion's cost per job, start-up included; the
+   digests must be equal (the same chunks, so the same weights). Best of ``--repeats``
+   alternating jobs, on a ``smoke`` and a ``small`` dataset generated for this run.
 2. A tuning grid on the evaluation actors (``small``: 2 actors x 0.5 CPU, its validation task
    count). Baseline split="tasks": every actor runs every grid point on its share of the tasks.
    Current split="specs": every actor runs every task for every other grid point. SPICE's
@@ -16,7 +19,7 @@
    cost of a rollout does not depend on what the weights learned); both splits run twice,
    alternating, and the rows are compared equal.
 
-Exits 1 if the batches or the rows differ between the two ways.
+Exits 1 if the chunks or the rows differ between the two ways.
 
 Numbers depend on the CPU and on what else runs: compare only within one run.
 """
@@ -33,28 +36,81 @@ import pandas as pd
 import torch
 
 
-def dataset_handoff(preset: str, experiment: str, root: Path) -> tuple[float, float, bool]:
-    """(seconds materialize, seconds in memory, same batches) over train + validation."""
-    from spice_ray.config import make_config
+def _stream_job(config: dict) -> dict:
+    """A Train worker that streams the train split's chunks (one of the two ways) for some
+    epochs and reports their digest (bytes and dtypes of every column)."""
+    import hashlib
+
+    import ray.train
+
     from spice_ray.data import store
+
+    digest = hashlib.sha256()
+    for _ in range(config["epochs"]):
+        chunks = (ray.train.get_dataset_shard("train").iter_torch_batches(
+            batch_size=config["chunk"]) if config["ray_data"] else
+            store.iter_batches(config["ds"], "train", config["chunk"], verify=False))
+        for chunk in chunks:
+            for key in sorted(chunk):
+                col = torch.as_tensor(chunk[key])
+                digest.update(f"{key}{col.dtype}{tuple(col.shape)}".encode())
+                digest.update(col.contiguous().numpy().tobytes())
+    return {"digest": digest.hexdigest()}
+
+
+def ingestion_job(ds_dir: Path, chunk: int, epochs: int, ray_data: bool, storage: Path
+                  ) -> tuple[float, str]:
+    """(seconds, digest) of one job streaming the chunks one way (see the module's 1.)."""
+    import pyarrow.parquet as pq
+    import ray.data
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from spice_ray.data import store
+
+    t0 = time.perf_counter()
+    extra = {}
+    if ray_data:
+        datasets = {}
+        for split in ("train", "validation"):
+            files = store.split_files(ds_dir, split, verify=True)
+            datasets[split] = ray.data.from_arrow([pq.read_table(f) for f in files])
+            datasets[split].context.execution_options.preserve_order = True
+        extra = {"datasets": datasets, "dataset_config": ray.train.DataConfig(
+            datasets_to_split=[],
+            execution_options=ray.data.ExecutionOptions(preserve_order=True))}
+    else:
+        for split in ("train", "validation"):
+            store.split_files(ds_dir, split, verify=True)
+    trainer = TorchTrainer(
+        _stream_job, train_loop_config={"ds": str(ds_dir), "chunk": chunk, "epochs": epochs,
+                                        "ray_data": ray_data},
+        scaling_config=ray.train.ScalingConfig(num_workers=1,
+                                               resources_per_worker={"CPU": 0.5}),
+        run_config=ray.train.RunConfig(storage_path=str(storage)), **extra)
+    result = trainer.fit()
+    return time.perf_counter() - t0, result.return_value["digest"]
+
+
+def dataset_handoff(preset: str, experiment: str, root: Path, epochs: int, repeats: int
+                    ) -> tuple[float, float, bool]:
+    """(best seconds Ray Data, best seconds Parquet, same chunks) of jobs that stream a
+    generated dataset's train split ``epochs`` times."""
+    from spice_ray.config import make_config
     from spice_ray.data.generate import generate_dataset
 
     cfg = make_config(preset, experiment)
     ds_dir = generate_dataset(cfg, root / f"{preset}-{experiment}").dataset_dir
-    seconds = {"materialize": 0.0, "memory": 0.0}
-    same = True
-    for split in ("train", "validation"):
-        t0 = time.perf_counter()
-        old = store.ray_dataset(ds_dir, split).materialize()
-        seconds["materialize"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        new = store.ray_dataset(ds_dir, split, in_memory=True)
-        seconds["memory"] += time.perf_counter() - t0
-        size = cfg.data.shard_size
-        for a, b in zip(old.iter_torch_batches(batch_size=size),
-                        new.iter_torch_batches(batch_size=size), strict=True):
-            same &= all(torch.equal(a[k], b[k]) for k in a)
-    return seconds["materialize"], seconds["memory"], same
+    chunk = max(cfg.data.shard_size, cfg.train.batch_size)
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    digests = set()
+    for i in range(repeats):
+        for ray_data in (True, False):
+            sec, digest = ingestion_job(ds_dir, chunk, epochs, ray_data,
+                                        root / f"train-{preset}-{experiment}-{i}-{ray_data}")
+            seconds[ray_data].append(sec)
+            digests.add(digest)
+    return min(seconds[True]), min(seconds[False]), len(digests) == 1
 
 
 def grid_split(experiment: str, points: int) -> tuple[float, float, bool, int, int]:
@@ -97,6 +153,8 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiments", nargs="+", default=["bandit", "darkroom"])
     p.add_argument("--points", type=int, default=12, help="SPICE grid points timed")
+    p.add_argument("--epochs", type=int, default=3, help="epochs streamed by each job of 1.")
+    p.add_argument("--repeats", type=int, default=2, help="jobs each way in 1. (best kept)")
     args = p.parse_args()
     import ray
 
@@ -106,15 +164,17 @@ def main() -> None:
 
     DataContext.get_current().enable_progress_bars = False
     differ = []
-    print("1. a Ray Train job's datasets (train + validation splits), baseline: materialize()")
+    print(f"1. a Ray Train job's data ({args.epochs} epochs, best of {args.repeats} jobs each "
+          "way), baseline: Ray Data datasets on the trainer")
     with tempfile.TemporaryDirectory() as tmp:
         for preset in ("smoke", "small"):
             for experiment in args.experiments:
-                old, new, same = dataset_handoff(preset, experiment, Path(tmp))
-                print(f"  {preset:5s} {experiment:9s} materialize {old:6.2f} s, in memory "
-                      f"{new:6.2f} s: {old / new:6.1f}x less, "
-                      f"{'the same batches' if same else 'BATCHES DIFFER'}", flush=True)
-                differ += [] if same else [f"{preset} {experiment} batches"]
+                old, new, same = dataset_handoff(preset, experiment, Path(tmp), args.epochs,
+                                                 args.repeats)
+                print(f"  {preset:5s} {experiment:9s} Ray Data {old:6.2f} s, Parquet "
+                      f"{new:6.2f} s a job: {old / new:.2f}x, "
+                      f"{'the same chunks' if same else 'CHUNKS DIFFER'}", flush=True)
+                differ += [] if same else [f"{preset} {experiment} chunks"]
     print("2. a tuning grid on the small preset's evaluation actors, baseline: split='tasks'")
     for experiment in args.experiments:
         old, new, same, points, n = grid_split(experiment, args.points)

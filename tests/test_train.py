@@ -177,7 +177,7 @@ def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path)
     assert res.worker_return["metrics"]["epoch"] == cfg.train.epochs - 1
     # the workers' scratch (staged checkpoints) is gone, and nothing was left in /tmp. (Same
     # seed, same weights on Ray Train: two jobs equal bit for bit in the train.together test,
-    # and the stream order that once broke it across workers is test_ray_dataset_streams...)
+    # and the stream the workers cut batches from is test_workers_stream_the_split_in_file...)
     assert not (run_dir / "scratch").exists()
     assert set(Path(tempfile.gettempdir()).glob("spice_ckpt_*")) <= leftovers
     if board:
@@ -194,22 +194,27 @@ def test_ray_train_two_workers_checkpoint_matches_memory(smoke_bandit, tmp_path)
         assert len(acc.Scalars("epoch/val_loss")) == cfg.train.epochs
 
 
-@pytest.mark.ray
-def test_ray_dataset_streams_in_file_order(ray_local, tmp_path) -> None:
-    """The cause of the flaky same-seed test: ``materialize()`` runs in the driver, outside
-    Ray Train's ``DataConfig(preserve_order=True)``, and put the shards in the order their read
-    tasks finished, so training batches (cut from that stream) changed from run to run."""
-    from spice_ray.data.store import ray_dataset
-    from spice_ray.train.ray_train import train_dataset
+def test_workers_stream_the_split_in_file_order_and_the_driver_verifies_it(tmp_path) -> None:
+    """What a Train worker reads (``shard_batches``' chunks): the train split in file order, cut
+    into consecutive chunks across shard boundaries, every time (the batches, and so the
+    weights, are cut from this stream); a shard that fails its checksum is refused in the
+    driver before any job starts, naming the file."""
+    from spice_ray.data.store import DatasetError, iter_batches
+    from spice_ray.train.ray_train import verify_dataset
 
     cfg = make_config("smoke", "bandit", overrides=["data.shard_size=16"])
-    ds_dir = generate_dataset(cfg, tmp_path / "ds").dataset_dir  # 6 train shards
-    streamed = ray_dataset(ds_dir, "train")  # what a split too large to hold in memory does
-    for ds in (train_dataset(str(ds_dir), "train"), train_dataset(str(ds_dir), "train"),
-               streamed, streamed):  # the old code's order changed in most reads
-        firsts = [int(b["task_id"][0])
-                  for b in ds.iter_batches(batch_size=16, batch_format="numpy")]
-        assert firsts == [0, 16, 32, 48, 64, 80]
+    ds_dir = generate_dataset(cfg, tmp_path / "ds").dataset_dir  # 6 train shards of 16
+    for chunk, firsts, sizes in ((16, [0, 16, 32, 48, 64, 80], [16] * 6),
+                                 (40, [0, 40, 80], [40, 40, 16])):
+        for _ in range(2):
+            chunks = list(iter_batches(ds_dir, "train", chunk, verify=False))
+            assert [int(c["task_id"][0]) for c in chunks] == firsts
+            assert [len(c["task_id"]) for c in chunks] == sizes
+    verify_dataset(ds_dir)
+    shard = sorted((Path(ds_dir) / "validation").rglob("*.parquet"))[0]
+    shard.write_bytes(shard.read_bytes()[:-8])
+    with pytest.raises(DatasetError, match=f"{shard.name}.*checksum"):
+        verify_dataset(ds_dir)
 
 
 def test_out_of_order_training_stream_is_refused() -> None:

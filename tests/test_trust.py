@@ -251,8 +251,7 @@ def test_train_workers_beyond_the_cluster_are_refused() -> None:
     cfg = make_config("smoke", "bandit", overrides=["train.num_workers=64"])
     msgs = check_requests(stage_requests(cfg, ("pretrain",)), LAPTOP)
     assert msgs == ["train.num_workers=64 x train.worker_cpus=0.5: 64 Train workers ask for "
-                    "32 CPU at once, but the cluster has 2 CPU, 1 of them kept free for Ray "
-                    "Data's own tasks; at most 2 fit"]
+                    "32 CPU at once, but the cluster has 2 CPU; at most 4 fit"]
     ok = make_config("smoke", "bandit", overrides=["train.num_workers=2"])
     assert check_requests(stage_requests(ok, ("pretrain",)), LAPTOP) == []
 

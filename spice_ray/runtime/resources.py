@@ -10,9 +10,9 @@ Two rules per request:
 
 * one unit (a Train worker, an actor, a placement-group bundle) must fit on a single node;
 * gang-scheduled units (all Train workers of a fit, a trial's placement group)
-  must fit in the cluster together, with :data:`RAY_DATA_CPUS` CPUs left for Ray Data's own
-  read and write tasks when the stage streams data (otherwise Ray Data stalls, "backpressured:
-  ResourceBudget").
+  must fit in the cluster together, a trial's with :data:`RAY_DATA_CPUS` CPUs left for Ray
+  Data's own read and write tasks (otherwise Ray Data stalls, "backpressured:
+  ResourceBudget"); Train workers read their Parquet shards without Ray Data.
 
 :func:`check_sizes` refuses a run whose datasets would not fit on the run directory's disk, or
 whose bookkeeping would not fit in memory, naming both numbers.
@@ -200,8 +200,9 @@ def stage_requests(cfg: ExperimentConfig,
         out.append(Request(f"train.num_workers={t.num_workers} x train.worker_cpus="
                            f"{t.worker_cpus:g}" + (f", train.worker_gpus={t.worker_gpus:g} "
                                                    "(train.use_gpu)" if gpu else ""),
-                           "Train worker", bundle, t.num_workers, gang=True,
-                           reserve_cpus=RAY_DATA_CPUS))
+                           "Train worker", bundle, t.num_workers, gang=True))
+        # no CPU kept back: a Train job streams nothing through Ray Data (its workers read
+        # the Parquet shards themselves), and the datasets stage has ended before it starts
     if "evaluate" in stages:
         bundle = {"CPU": e.actor_cpus, **({"GPU": e.actor_gpus} if e.actor_gpus > 0 else {}),
                   **(labels.get("trainer", {}) if e.actor_gpus > 0 else {})}

@@ -1,7 +1,7 @@
 """Several models of one dataset in one Ray Train job (``train.together``).
 
 Each worker of the job trains whole models, one after another (model i on worker i mod n), so
-the job's fixed start-up -- worker group, dataset read into the object store, compile warm-up --
+the job's fixed start-up -- worker group, the workers' imports, compile warm-up --
 is paid once for all of them instead of once per model, and with n workers n models train side
 by side. A model's batches, threads and checkpoints are those it would have alone on a
 one-worker job with the same threads, so its weights are the same bit for bit (tested). On 2
@@ -42,7 +42,6 @@ from spice_ray.train.loop import (
 )
 from spice_ray.train.progress import ProgressReporter, QueueDrain, TrainBar
 from spice_ray.train.ray_train import (
-    data_config,
     fit_trainer,
     plan_job,
     pretrain,
@@ -50,8 +49,8 @@ from spice_ray.train.ray_train import (
     shard_batches,
     start_tracking,
     threads_per_worker,
-    train_dataset,
     val_shard_batches,
+    verify_dataset,
     worker_resources,
 )
 
@@ -78,7 +77,7 @@ class SeedContext(LocalContext):
         return shard_batches(self.job, self._train_rows, epoch, batch_size, 0, 1)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
-        return val_shard_batches(batch_size)
+        return val_shard_batches(self.job, batch_size)
 
 
 DIVERGED = "diverged.txt"
@@ -157,6 +156,7 @@ def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = N
     tc = cfg.train
     workers = min(len(models), max(1, tc.num_workers))
     use_gpu = gpus_available(tc.use_gpu)
+    verify_dataset(models[0][1].dataset_dir)
     queue = Queue(actor_options={"num_cpus": 0}) if bar is not None else None
     resources = worker_resources(tc, use_gpu)
     first_dir = models[0][2]
@@ -172,9 +172,6 @@ def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = N
         # the workers never communicate, and NCCL refuses two ranks on one GPU
         # (train.worker_gpus < 1): the process group Ray Train sets up is gloo's
         torch_config=TorchConfig(backend="gloo"),
-        datasets={split: train_dataset(models[0][1].dataset_dir, split)
-                  for split in ("train", "validation")},
-        dataset_config=data_config(),
         run_config=ray.train.RunConfig(
             name=TOGETHER_DIR, storage_path=str(first_dir.resolve()),
             failure_config=ray.train.FailureConfig(max_failures=tc.max_failures)),
