@@ -27,7 +27,8 @@ from spice_ray.results.choices import fitted_decay, fitted_noise, fitted_scale
 from spice_ray.results.tables import load
 from spice_ray.study import StudyPlan, evaluate_experiment
 from spice_ray.study.run_models import checked_entry
-from spice_ray.study.tuning import tune_experiment, write_tuned_table
+from spice_ray.study.tuned import write_tuned_table
+from spice_ray.study.tuning import tune_experiment
 
 
 def _gaps(run: Path, experiment: str) -> str:

@@ -69,11 +69,8 @@ from spice_ray.study.reporting import (
     tables_of,
     write_study_report,
 )
-from spice_ray.study.tuning import (
-    agent_specs,
-    tune_all,
-    write_tuned_table,
-)
+from spice_ray.study.tuned import write_tuned_table
+from spice_ray.study.tuning import agent_specs, tune_all
 from spice_ray.train.together import ModelSpec, pretrain_many
 
 log = logging.getLogger(__name__)
@@ -365,7 +362,11 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     n_models = sum(len([m for m in trained_models(EXPERIMENTS[n], c) if not m.same_as])
                    * len(c.seeds)
                    for n, c in plan.configs.items())
-    console.stage(2, 6, "pretrain", f"{count(n_models, 'model')} (Ray Train)")
+    in_driver = [c.train.num_workers == 0 for c in plan.configs.values()]
+    runner = ("in the driver: train.num_workers=0" if all(in_driver) else
+              "Ray Train" + ("; in the driver where train.num_workers=0" if any(in_driver)
+                             else ""))
+    console.stage(2, 6, "pretrain", f"{count(n_models, 'model')} ({runner})")
     finals = pretrain_all(plan, datasets, console)
     write_checkpoint_index(run_dir, finals)
     plan.timings["pretrain"] = time.perf_counter() - t1
@@ -386,8 +387,12 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
                                 fitted_scale(tuned.get(name)), fitted_noise(tuned.get(name)),
                                 fitted_decay(tuned.get(name)))
             if name in tuned:
-                write_tuned_table(name, plan.configs[name], run_dir, datasets[name], finals,
-                                  pool, tuned[name])
+                started = time.perf_counter()
+                if write_tuned_table(name, plan.configs[name], run_dir, datasets[name], finals,
+                                     pool, tuned[name], console):
+                    plan.units.append({"stage": "evaluate", "experiment": name,
+                                       "what": "tuned table",
+                                       "seconds": time.perf_counter() - started})
     plan.timings["evaluate"] = time.perf_counter() - t3
 
     enter_stage("5/6 figures")

@@ -5,7 +5,7 @@ on the validation split over one grid -- the same grid for SPICE and for every r
 has the hyperparameter -- and the setting with the lowest mean final cumulative regret (over
 validation tasks and training seeds) is chosen. The choices, the grid and every validation
 score go to ``results/tuning.json``; then each method runs once, at its choice, on the eval
-tasks: the ``<experiment>_tuned`` table, the study's headline.
+tasks: the ``<experiment>_tuned`` table, the study's headline (``spice_ray.study.tuned``).
 
 The grid (:func:`candidates`):
 
@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.agents import AgentSpec
-from spice_ray.common.artifacts import MISSING, NO_SIDECAR, is_current, verify, write_checked_text
+from spice_ray.common.artifacts import MISSING, NO_SIDECAR, verify, write_checked_text
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
 from spice_ray.config.grids import GRIDS
@@ -59,7 +59,6 @@ from spice_ray.model import checkpoint as ckpt
 from spice_ray.results.choices import best_index, fitted_noise, paper_choice, record_problem
 from spice_ray.results.choices import headline as choices_headline
 from spice_ray.results.schema import NO_SEED
-from spice_ray.results.tables import table_path, write
 from spice_ray.study.experiments import EXPERIMENTS, Experiment
 from spice_ray.study.records import Finals
 
@@ -234,8 +233,9 @@ def agent_specs(exp: Experiment, cfg: ExperimentConfig, dataset: Path
     return out
 
 
-def _run(cands: list[Candidate], source: str | None, cfg: ExperimentConfig, data: dict, seed: int,
-         pool: EvalPool, protocol: str = "online") -> pd.DataFrame:
+def run_candidates(cands: list[Candidate], source: str | None, cfg: ExperimentConfig,
+                   data: dict, seed: int, pool: EvalPool, protocol: str = "online"
+                   ) -> pd.DataFrame:
     """Online rows of every candidate (``protocol="final"``: the final cumulative regret
     alone, what a validation score reads), one actor pass per distinct eval config."""
     by_eval: dict[EvalConfig, list[AgentSpec]] = {}
@@ -289,7 +289,7 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
         sources = sources_of(ev_name)
         grids = [candidates(s, cfg.eval, widths.get(s.label), noise) for s in group]
         flat = [c for grid in grids for c in grid]
-        rows = pd.concat([_run(flat, sources.get(seed), cfg, data, seed, pool, "final")
+        rows = pd.concat([run_candidates(flat, sources.get(seed), cfg, data, seed, pool, "final")
                           for seed in seeds], ignore_index=True)
         scores = final_scores(rows)
         for grid in grids:
@@ -349,22 +349,6 @@ def grid_point(base: AgentSpec, eval_cfg: EvalConfig, record: dict[str, Any],
                  if dict(c.setting) == setting), None)
 
 
-def evaluate_tuned(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals, pool: EvalPool,
-                   record: dict[str, Any]) -> pd.DataFrame:
-    """Every tuned method once, at its choice, on the eval tasks (rows for the
-    ``<name>_tuned`` table)."""
-    exp = EXPERIMENTS[name]
-    data = store.load_split(dataset, "eval", limit=cfg.eval.num_tasks)
-    frames = []
-    for ev_name, cands in chosen_specs(record, exp, cfg, dataset).items():
-        ev = exp.evaluation(ev_name)
-        for seed in cfg.seeds if ev.model else (NO_SEED,):
-            source = str(finals[(name, ev.model.kind, ev.model.variant, seed)]) \
-                if ev.model else None
-            frames.append(_run(cands, source, cfg, data, seed, pool))
-    return pd.concat(frames, ignore_index=True).assign(variant="")
-
-
 def task_groups(dataset: Path, cfg: ExperimentConfig) -> dict[int, int] | None:
     """Eval task id -> its goal (as one integer) where tasks share goals (the darkrooms: about
     five tasks per held-out goal), None elsewhere."""
@@ -418,27 +402,6 @@ def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict
                      + (", current, skipped" if skipped else
                         f" ({time.perf_counter() - t0:.0f} s)"))
     return tuning
-
-
-def write_tuned_table(name: str, cfg: ExperimentConfig, run_dir: Path, dataset: Path,
-                      finals: Finals, pool: EvalPool, record: dict[str, Any]) -> str | None:
-    """Evaluate experiment ``name``'s tuned methods on the eval tasks and write its
-    ``<name>_tuned`` table (skipped when current); returns the table's name."""
-    table = EXPERIMENTS[name].tuned_table()
-    if table is None:
-        return None
-    chosen = {label: m["chosen"] for label, m in record["methods"].items()}
-    chosen |= {f"{label} (paper)": paper for label, m in record["methods"].items()
-               if (paper := paper_choice(m)) is not None}
-    inputs = config_hash({"tuning": record["inputs"], "chosen": chosen,
-                          "data": store.split_id(dataset, "eval"),
-                          "tasks": cfg.eval.num_tasks})
-    if is_current(table_path(run_dir, table.name), inputs)[0]:
-        return table.name
-    df = evaluate_tuned(name, cfg, dataset, finals, pool, record)
-    df = df[df["metric"].isin(table.metrics)]
-    write(run_dir, table.name, df, inputs=inputs, description=table.description)
-    return table.name
 
 
 def headline(run_dir: Path, experiments: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
