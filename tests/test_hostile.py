@@ -59,7 +59,7 @@ def test_alias_bomb_is_refused_at_once(tmp_path, capsys) -> None:
     with pytest.raises(ConfigError, match=r"bomb\.yaml is refused: more than 10000 values "
                                           r"with aliases expanded \(line 5\)"):
         load_yaml(path)
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 2.0  # expanded, it would take minutes
     code, err, seconds = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"),
                                    "--config", str(path)], capsys)
     assert code == 2 and f"config file {path} is refused" in err and seconds < 10
@@ -282,7 +282,9 @@ def test_unreachable_address_is_refused_in_bounded_time() -> None:
     start = time.perf_counter()
     with pytest.raises(ClusterUnreachable, match=rf"127\.0\.0\.1:{port} \(.*waited \d"):
         check_reachable(f"127.0.0.1:{port}", timeout_s=2.0)
-    assert time.perf_counter() - start < 2.5
+    # the timeout is kept (Ray alone retries for minutes); the slack is for a loaded 2-core
+    # machine, where the suite runs two tests at a time
+    assert time.perf_counter() - start < 4.0
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
@@ -290,7 +292,7 @@ def test_unreachable_address_is_refused_in_bounded_time() -> None:
         start = time.perf_counter()
         with pytest.raises(ClusterUnreachable, match="no gRPC server answers there"):
             check_reachable(address, timeout_s=1.0)
-        assert time.perf_counter() - start < 2.0
+        assert time.perf_counter() - start < 3.0
     check_reachable("auto")  # left to Ray's own discovery, which fails fast
 
 
