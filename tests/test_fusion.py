@@ -336,30 +336,6 @@ def test_mdp_beta_schedule_is_c_sqrt_log_sat_with_the_environments_s_and_a() -> 
         assert env.num_states == states and agent.num_states == states
 
 
-def test_ties_are_drawn_only_when_there_are_ties_and_every_draw_stays_the_same() -> None:
-    """``argmax_drawn`` skips the keyed tie draw on a step without ties (most steps) and moves
-    the counter on, so its actions and every later draw equal those of always drawing; a row
-    of NaN scores (no maximum) and a torch.Generator take the drawing path."""
-    from spice_ray.fusion import argmax_drawn, argmax_ties, tie_draws
-
-    steps = [torch.tensor([[0.1, 0.5, 0.2], [0.3, 0.0, 0.1]]),  # no tie: skipped
-             torch.tensor([[0.5, 0.5, 0.5], [0.2, 0.7, 0.7]]),  # ties: drawn
-             torch.tensor([[0.9, 0.1, 0.0], [float("nan"), 0.0, 0.0]]),  # a NaN row: drawn
-             torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])] * 3
-    lazy, eager = (StepDraws(TaskStreams.from_seed(0, "eval", np.arange(2)), "a")
-                   for _ in range(2))
-    got = [argmax_drawn(s, lazy).tolist() for s in steps]
-    want = [argmax_ties(s, tie_draws(eager, s)).tolist() for s in steps]
-    assert got == want and lazy.tie_requests == eager.tie_requests == len(steps)
-    assert got[0] == [1, 0] and {tuple(a) for a in got[1::4]} != {tuple(got[1])}  # it varies
-    np.testing.assert_array_equal(lazy.ties(), eager.ties())
-    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
-    assert argmax_drawn(steps[0], g1).tolist() == [1, 0]
-    tie_draws(g2, steps[0])
-    assert torch.equal(torch.rand(3, generator=g1), torch.rand(3, generator=g2))
-    assert argmax_drawn(steps[1], None).tolist() == [0, 1]  # no source: the lowest index
-
-
 def test_action_rules() -> None:
     mean = torch.tensor([[0.5, 0.4, 0.1], [0.2, 0.2, 0.0]], dtype=torch.float64)
     var = torch.tensor([[0.01, 0.04, 1.0], [0.01, 0.01, 0.01]], dtype=torch.float64)

@@ -9,13 +9,7 @@ from torch import Tensor
 
 from spice_ray.agents.base import AgentSpec, Build, Method, OfflineContexts, register_method
 from spice_ray.agents.runner import ContextRunner
-from spice_ray.fusion import (
-    STATS_DTYPE,
-    RandomSource,
-    argmax_drawn,
-    argmax_ties,
-    sample_categorical,
-)
+from spice_ray.fusion import STATS_DTYPE, RandomSource, argmax_ties, sample_categorical, tie_draws
 from spice_ray.model.trunk import TrunkModel
 
 
@@ -55,7 +49,7 @@ class PolicyAgent:
         """Sampled or greedy actions, long [B] on the CPU."""
         logits = self.runner.view(states).head.logits.to("cpu", STATS_DTYPE)
         if not self.sample:
-            return argmax_drawn(logits, self._draws)
+            return argmax_ties(logits, tie_draws(self._draws, logits))
         if self._draws is None:
             raise ValueError("a sampling policy agent needs a torch.Generator or StepDraws in "
                              "reset()")

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from spice_ray.agents.base import Method, register_method, to_numpy
 from spice_ray.envs.darkroom import all_cells
-from spice_ray.fusion import RandomSource, argmax_drawn
+from spice_ray.fusion import RandomSource, argmax_ties, tie_draws
 
 STAY = 4
 """The grid's "stay" action (moves +x, -x, +y, -y, stay)."""
@@ -52,7 +52,7 @@ class LinUCB:
         theta = np.einsum("bij,bj->bi", inv, self.sums @ phi)  # (B, d)
         width = np.sqrt(np.maximum(np.einsum("ai,bij,aj->ba", phi, inv, phi), 0.0))
         scores = torch.from_numpy(theta @ phi.T + self.c * width)  # (B, A)
-        return argmax_drawn(scores, self._draws)
+        return argmax_ties(scores, tie_draws(self._draws, scores))
 
 
 class NearestUnvisited:

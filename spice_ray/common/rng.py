@@ -161,11 +161,6 @@ class StepDraws:
         self.tie_requests += 1
         return self.streams.uniform(name)
 
-    def skip_ties(self) -> None:
-        """Pass over the next tie uniforms without drawing them (nothing was tied): the draws
-        after it are those that follow a :meth:`ties` call."""
-        self.tie_requests += 1
-
     def normal(self, shape: tuple[int, ...] = ()) -> np.ndarray:
         """Standard normals float64 [B, *shape] for the next request."""
         return self.streams.normal(self._next(), shape)

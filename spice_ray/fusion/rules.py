@@ -61,23 +61,6 @@ def tie_draws(source: RandomSource | None, scores: Tensor) -> Tensor | None:
     return torch.as_tensor(source.ties())
 
 
-def argmax_drawn(scores: Tensor, source: RandomSource | None) -> Tensor:
-    """``argmax_ties(scores, tie_draws(source, scores))``, drawing the uniforms only when some
-    row has a tie: a ``StepDraws`` source then just moves its tie counter on (its draws are
-    keyed by that counter, so every later draw is the same), a ``torch.Generator`` always
-    draws (its state must advance). The same actions either way; most steps have no tie, and
-    the keyed draw (a hashed stream name and four mixes per task) is most of a step's rule.
-    scores [..., A] -> long [...]."""
-    if source is None:
-        return argmax_lowest(scores)
-    if not isinstance(source, torch.Generator):
-        tied = scores == scores.max(dim=-1, keepdim=True).values
-        if bool((tied.sum(dim=-1) == 1).all()):  # one maximum per row (a NaN row has none)
-            source.skip_ties()
-            return torch.argmax(scores, dim=-1)
-    return argmax_ties(scores, tie_draws(source, scores))
-
-
 def beta_at(
     step: int | Tensor, beta: float = 1.0, schedule: BetaSchedule = "fixed", pairs: int = 1
 ) -> float | Tensor:
@@ -205,10 +188,11 @@ def _thompson(posterior: Posterior, beta: float | Tensor, generator: RandomSourc
     return thompson_action(posterior.mean, posterior.var, generator)
 
 
-register_rule("greedy", lambda post, beta, draws: argmax_drawn(post.mean, draws))
+register_rule("greedy", lambda post, beta, draws: greedy_action(post.mean,
+                                                                tie_draws(draws, post.mean)))
 """argmax of the posterior mean (the offline rule)."""
-register_rule("ucb", lambda post, beta, draws: argmax_drawn(ucb_scores(post.mean, post.var,
-                                                                       beta), draws))
+register_rule("ucb", lambda post, beta, draws: ucb_action(post.mean, post.var, beta,
+                                                          tie_draws(draws, post.mean)))
 """argmax m + beta sqrt(v) (the online rule)."""
 register_rule("thompson", _thompson)
 """argmax of one posterior sample."""
