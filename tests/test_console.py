@@ -115,7 +115,31 @@ def test_live_bar_shows_no_eta_until_a_rate_exists(monkeypatch) -> None:
     assert str(bar._tqdm).endswith("| 1/310 [01:00, epoch 1/1]")
     clock.t = 100.0
     bar.update(40)  # 40 steps in 40 s since the first: 269 left at 1 s each
-    assert str(bar._tqdm).endswith("| 41/310 [01:40, epoch 1/1, ETA 4 min 29 s]")
+    assert str(bar._tqdm).endswith("| 41/310 [01:40, ETA 4 min 29 s, epoch 1/1]")
+    bar.close()
+
+
+def test_a_live_bar_at_120_columns_keeps_its_eta_and_cuts_the_loss_parts(monkeypatch) -> None:
+    """SPICE's five loss parts made a training bar longer than a 120-column terminal, and tqdm
+    cuts a line at the terminal's width from its end, where the ETA was."""
+    import tqdm.std
+
+    clock = Clock()
+    monkeypatch.setattr(tqdm.std, "time", clock)
+    console = Console(io.StringIO(), live=True, clock=clock)
+    bar = console.bar("7/9 bandit_latent: 3 models in one job", total=3600, unit="step")
+    bar._tqdm.dynamic_ncols = lambda fp: (120, 40)  # a terminal 120 columns wide
+    status = ("spice seed 2 epoch 3/5, " + describe_loss(
+        {"loss": 1.05, "policy": 0.081, "td": 0.118, "shrink": 0.036, "anchor": 38.451,
+         "var": -0.573}))
+    clock.t = 10.0
+    bar.update(1, status=status)
+    clock.t = 310.0
+    bar.update(2961, status=status)
+    line = str(bar._tqdm)
+    assert len(line) == 120 and "anchor" not in line  # cut in the loss parts ...
+    assert line.endswith("| 2962/3600 [05:10, ETA 1 min 05 s, spice seed 2 epoch 3/5, loss "
+                         "1.050 (po")  # ... and only there
     bar.close()
 
 

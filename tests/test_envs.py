@@ -172,6 +172,14 @@ def test_gymnasium_spaces_are_bounded_checked_and_grids_render() -> None:
                   skip_render_check=False)
     space = gymnasium.make("spice_ray/darkroom-v0", preset="smoke").observation_space
     assert (space.low.tolist(), space.high.tolist()) == ([0.0, 0.0], [9.0, 9.0])
+    # the episode's length is stated (it was None): the task's horizon, whatever sets it
+    assert gymnasium.make("spice_ray/darkroom-v0", preset="smoke").spec.max_episode_steps \
+        == make_config("smoke", "darkroom").env.horizon == 20
+    short = gymnasium.make("spice_ray/bandit-v0", preset="smoke", horizon=7)
+    assert short.spec.max_episode_steps == 7
+    short.reset(seed=0)
+    ends = [short.step(0)[2:4] for _ in range(7)]  # (terminated, truncated) per step
+    assert ends == [(False, False)] * 6 + [(False, True)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no checker warning on make (a zero-width box was one)
         space = gymnasium.make("spice_ray/bandit-v0", preset="smoke").observation_space

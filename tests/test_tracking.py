@@ -121,6 +121,42 @@ def test_mlflow_study_artifacts(tmp_path) -> None:
     assert run.data.params["fusion.beta"] == str(cfg.fusion.beta)
 
 
+@_needs("mlflow")
+def test_mlflow_info_lines_go_to_the_runs_log_not_the_console(tmp_path, capfd) -> None:
+    """MLflow and Alembic print INFO lines to stderr ("Creating initial MLflow database
+    tables...") through handlers of their own: in a run they belong in logs/driver.log."""
+    import io
+    import logging
+
+    from spice_ray.common.console import Console
+    from spice_ray.runtime import cli
+    from spice_ray.runtime.tracking import LIBRARY_LOGGERS, start
+
+    loggers = [logging.getLogger(n) for n in ("", "spice_ray", *LIBRARY_LOGGERS)]
+    saved = [(lg, list(lg.handlers), lg.propagate, lg.level) for lg in loggers]
+    saved_dir = list(cli._LOG_DIR)
+    try:
+        cli.setup_logging(tmp_path, Console(io.StringIO(), live=False))
+        cfg = make_config("smoke", "bandit", overrides=[f"out_dir={tmp_path}", "track=mlflow"])
+        run = start(cfg, "study", "study", params={"a": 1})
+        run.log({"x": 1.0}, 0)
+        run.finish()
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+    finally:
+        for lg, handlers, propagate, level in saved:
+            for h in lg.handlers:
+                if h not in handlers:
+                    h.close()
+            lg.handlers, lg.propagate, lg.level = handlers, propagate, level
+        cli._LOG_DIR[:] = saved_dir
+    printed = capfd.readouterr()
+    assert "mlflow" not in printed.err.lower() and "alembic" not in printed.err.lower()
+    assert "mlflow" not in printed.out.lower()
+    log = (tmp_path / "logs" / "driver.log").read_text()
+    assert "INFO mlflow.store.db.utils: Creating initial MLflow database tables" in log
+
+
 @pytest.mark.ray
 @_needs("wandb")
 def test_wandb_offline_run_is_written(ray_local, tmp_path, monkeypatch) -> None:

@@ -67,8 +67,8 @@ class Bar:
         if self._first is None and new > self.done:
             self._first = (self.console.clock(), new)
         advanced, self.done = new - self.done, new
-        if self._tqdm is not None:
-            self._tqdm.set_postfix_str(self._postfix(), refresh=False)
+        if self._tqdm is not None:  # the ETA first: tqdm cuts a line at the terminal's width
+            self._tqdm.set_postfix_str(self._postfix(eta_first=True), refresh=False)
             self._tqdm.update(advanced)
             return
         now = self.console.clock()
@@ -78,11 +78,13 @@ class Bar:
             self.console.line(f"  {self.desc}: {self.done}/{self.total} {self.unit}"
                               + (f", {postfix}" if postfix else ""))
 
-    def _postfix(self) -> str:
-        """``status, ETA ...`` (either part left out while it has nothing to say)."""
+    def _postfix(self, eta_first: bool = False) -> str:
+        """``status, ETA ...`` (either part left out while it has nothing to say); with
+        ``eta_first`` ``ETA ..., status``, so a live bar that a narrow terminal cuts short loses
+        the end of the status (the loss parts), never the ETA."""
         eta = self.eta()
-        parts = (self.status, f"ETA {fmt_seconds(eta)}" if eta is not None else "")
-        return ", ".join(part for part in parts if part)
+        parts = [self.status, f"ETA {fmt_seconds(eta)}" if eta is not None else ""]
+        return ", ".join(part for part in (parts[::-1] if eta_first else parts) if part)
 
     def eta(self) -> float | None:
         """Seconds left at the rate since the first progress; None until that rate exists

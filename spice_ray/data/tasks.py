@@ -28,7 +28,8 @@ def gym_env(name: str, task: int = 0, split: str = "eval", preset: str | None = 
             horizon: int | None = None, render_mode: str | None = None,
             run_dir: str | None = None, experiment: str | None = None) -> Any:
     """Task ``task`` of ``split`` of environment ``name`` at ``preset`` scale (default
-    "small") as a ``gymnasium.Env`` (:class:`spice_ray.envs.gym.TaskEnv`): the same task as
+    "small") as a ``gymnasium.Env`` (:class:`spice_ray.envs.gym.TaskEnv` in a ``TimeLimit`` at
+    its horizon, so ``spec.max_episode_steps`` says the episode's length): the same task as
     row ``task`` of the study's dataset of that preset (keyed by ``data.seed``, split and task
     id). With ``run_dir`` instead of ``preset``, the environment and data config of that run's
     experiment (``experiment``, needed only when several of the run's experiments use
@@ -38,12 +39,18 @@ def gym_env(name: str, task: int = 0, split: str = "eval", preset: str | None = 
     Raises:
         ValueError: both ``preset`` and ``run_dir``; a run without such an experiment.
     """
+    from gymnasium.wrappers import TimeLimit
+
     from spice_ray.envs.gym import TaskEnv
 
     cfg = _gym_config(name, preset, run_dir, experiment)
     env = cfg.environment()
     tasks = env.eval_tasks(generate_tasks(cfg.env, cfg.data, split, np.array([int(task)])))
-    return TaskEnv(env, tasks, 0, horizon, render_mode)
+    one = TaskEnv(env, tasks, 0, horizon, render_mode)
+    # the episode's length as Gymnasium states it (``env.spec.max_episode_steps``, read by
+    # SB3, RLlib, ...): this task's horizon, which the preset, run or ``horizon=`` sets, so it
+    # is not a registration constant; the task ends its episodes there itself
+    return TimeLimit(one, max_episode_steps=one.horizon)
 
 
 def _gym_config(name: str, preset: str | None, run_dir: str | None,

@@ -38,6 +38,8 @@ from torch import Tensor
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import ExperimentConfig
 
+LIBRARY_LOGGERS = ("mlflow", "alembic")
+"""Loggers of the trackers' libraries that print INFO lines to stderr: the run's log file."""
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 """The Python package each tracker needs (all in the ``track`` extra)."""
 
@@ -138,11 +140,22 @@ class _TensorBoard:
         self.writer.close()
 
 
+def _quiet_mlflow() -> None:
+    """MLflow's and Alembic's INFO lines ("Creating initial MLflow database tables...") to the
+    run's log, not stderr: importing MLflow installs its handler, which is then replaced."""
+    import mlflow  # noqa: F401
+
+    from spice_ray.runtime.cli import route_to_log
+
+    route_to_log(LIBRARY_LOGGERS)
+
+
 class _MLflow:
     def __init__(self, cfg: ExperimentConfig, group: str, name: str, params: Mapping[str, Any]
                  ) -> None:
         from ray.air.integrations.mlflow import setup_mlflow
 
+        _quiet_mlflow()
         self.mlflow = setup_mlflow(config=dict(params), tracking_uri=mlflow_uri(cfg),
                                    experiment_name=f"{cfg.track_project}-{group}",
                                    run_name=name, create_experiment_if_not_exists=True,
@@ -287,6 +300,7 @@ def tune_callbacks(cfg: ExperimentConfig, name: str) -> list[Any]:
     if cfg.track == "mlflow":
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
+        _quiet_mlflow()
         return [MLflowLoggerCallback(tracking_uri=mlflow_uri(cfg),
                                      experiment_name=f"{cfg.track_project}-{name}")]
     from ray.air.integrations.wandb import WandbLoggerCallback
