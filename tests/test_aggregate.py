@@ -156,3 +156,97 @@ def test_figures_get_vector_copies_on_request(tmp_path) -> None:
     with pytest.raises(ValueError, match="figure format 'tiff' is invalid"):
         with extra_formats(("tiff",)):
             pass
+
+
+def _drawn(monkeypatch):
+    """Keep the figure a plot function saves (closed afterwards by the test) and its note."""
+    from spice_ray.results import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path, note=None: drawn.update(
+        fig=fig, note=note) or path)
+    return drawn
+
+
+def test_visit_maps_share_one_integer_colour_scale_with_cell_ticks(tmp_path, monkeypatch
+                                                                   ) -> None:
+    """Each map had its own colour scale (0-2 beside 0-20), so agents could not be compared,
+    with fractional ticks for counts and no cell ticks."""
+    import matplotlib.pyplot as plt
+
+    from spice_ray.results import plots
+
+    rows = [{"method": m, "variant": "", "rule": "r", "config": "{}", "seed": 0,
+             "task_id": task, "metric": "visits", "x": cell, "value": float(v)}
+            for m, peak in (("SPICE", 20), ("Random", 2)) for task in (0, 1)
+            for cell, v in ((0, peak - task), (11, 1), (99, 1))]  # a 10 x 10 grid
+    drawn = _drawn(monkeypatch)
+    plots.plot_visits(pd.DataFrame(rows), tmp_path / "v.png", "darkroom")
+    fig = drawn["fig"]
+    maps = [ax for ax in fig.axes if ax.images]
+    assert len(maps) == 4 and {ax.images[0].get_clim() for ax in maps} == {(0.0, 20.0)}
+    colourbar = next(ax for ax in fig.axes if not ax.images and ax.get_ylabel() == "visits")
+    ticks = [t for t in colourbar.get_yticks() if 0 <= t <= 20]
+    assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks)
+    assert list(maps[0].get_xticks()) == [0, 2, 4, 6, 8]  # cells, every second one labelled
+    assert "one scale for every map" in drawn["note"]
+    plt.close(fig)
+
+
+def test_robustness_is_points_with_sem_bars_on_a_log_axis_labelled_with_beta(
+        tmp_path, monkeypatch) -> None:
+    """Bars on a log axis have lengths that mean nothing, and SPICE's beta was left out."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    from spice_ray.results import plots
+
+    rows = [{"method": m, "variant": "", "rule": "r", "seed": 0, "task_id": task,
+             "config": json.dumps({"sigma": sigma, **({"beta": 1.0} if m == "SPICE" else {})}),
+             "metric": "final_regret", "x": 500, "value": base * (1 + sigma) + task}
+            for m, base in (("SPICE", 5.0), ("DPT", 50.0)) for sigma in (0.1, 0.3)
+            for task in range(4)]
+    drawn = _drawn(monkeypatch)
+    plots.plot_robustness(pd.DataFrame(rows), tmp_path / "r.png", "bandit")
+    ax = drawn["fig"].axes[0]
+    assert ax.get_yscale() == "log" and not ax.patches  # no bars
+    assert len(ax.containers) == 2  # one errorbar (point and +- SEM) per method
+    spice = next(c for c in ax.containers if c.get_label() == "SPICE (β=1)")
+    _, (bar,) = spice.lines[0], spice.lines[2]
+    segments = bar.get_segments()
+    assert len(segments) == 2 and all(seg[0][1] < seg[1][1] for seg in segments)  # real SEMs
+    assert "points: mean; bars: ± 1 SEM over 4 tasks" in drawn["note"]
+    plt.close(drawn["fig"])
+
+
+def test_weight_variants_are_drawn_in_distinct_saturated_colours() -> None:
+    """darkroom_weights drew SPICE's four weight variants in pale tints of SPICE's and DPT's
+    colours, whose overlapping bands merged into one grey mass."""
+    import itertools
+
+    from matplotlib.colors import to_rgb
+
+    from spice_ray.results.plots import style
+
+    labels = ["SPICE [all]", "SPICE [none]", "SPICE [iw]", "SPICE [adv]", "SPICE [epi]", "DPT"]
+    rgb = {label: np.array(to_rgb(style(label)["color"])) for label in labels}
+    luminance = {k: float(v @ [0.2126, 0.7152, 0.0722]) for k, v in rgb.items()}
+    assert max(luminance.values()) < 0.66, luminance  # none pale on the white background
+    closest = min(float(np.linalg.norm(rgb[a] - rgb[b]))
+                  for a, b in itertools.combinations(labels, 2))
+    assert closest > 0.3  # the nearest two differ by a third of the RGB cube's edge
+
+
+def test_axis_labels_are_mathematical_text(tmp_path, monkeypatch) -> None:
+    """The suboptimality axis read "mu* - mu(a_hat)" in ASCII."""
+    import matplotlib.pyplot as plt
+
+    from spice_ray.results import plots
+
+    drawn = _drawn(monkeypatch)
+    plots.plot_offline(_curve_rows({"SPICE": [0.3, 0.2], "UCB": [0.4, 0.3]}, "suboptimality"),
+                       tmp_path / "o.png", "bandit")
+    label = drawn["fig"].axes[0].get_ylabel()
+    assert r"$\mu^* - \mu(\hat{a})$" in label and "mu*" not in label.replace(r"\mu^*", "")
+    plt.close(drawn["fig"])

@@ -46,7 +46,10 @@ _MORE_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3
                  "#bd9e39", "#ad494a", "#a55194", "#3182bd", "#e6550d", "#31a354", "#756bb1")
 """Methods outside :data:`METHOD_ORDER` (a newly registered agent): one of these, by a stable
 hash of the method's name, so its colour is the same in every figure and none of the above."""
-_VARIANT_COLOURS = {"none": "#aec7e8", "iw": "#98df8a", "adv": "#ff9896", "epi": "#9467bd"}
+_VARIANT_COLOURS = {"none": "#e69f00", "iw": "#009e73", "adv": "#cc79a7", "epi": "#8c564b"}
+"""The darkroom weight ablation's SPICE variants ("[iw]" in a label): saturated colours (Okabe
+and Ito's orange, bluish green and reddish purple, and a brown) apart from SPICE's blue and
+DPT's red, so five curves whose bands overlap stay told apart (pale tints merged into grey)."""
 
 
 def method_of(label: str) -> str | None:
