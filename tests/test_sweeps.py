@@ -487,3 +487,47 @@ def test_the_console_shows_sweep_parameters_rounded_and_flat() -> None:
     assert shown_params(cell) == "fusion.beta=1.142, fusion.kernel=rbf, fusion.tau=0.5"
     assert shown_params(params_json({"fusion": {"v_min": 1.5e-05}})) == "fusion.v_min=1.5e-05"
     assert shown_params("not json") == "not json"
+
+
+@pytest.mark.ray
+def test_a_payload_planted_in_tunes_experiment_state_is_never_run(
+        resumed: dict[str, Any], models: dict[str, Any], tmp_path: Path) -> None:
+    """Tune's ExperimentAnalysis and restore decode ``experiment_state-*.json`` with
+    cloudpickle enabled: a payload planted there by another user (the file left writable by
+    all) ran when the sweep was re-run and when its results were read back (exit 0)."""
+    import os
+
+    from ray import cloudpickle
+    from ray.tune.utils.serialization import _loads_with_cloudpickle
+
+    from spice_ray.sweep import load_result_grid
+
+    marker = tmp_path / "payload-ran"
+
+    class Payload:  # unpickling it opens (creates) the marker file: code run from the file
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    exp = Path(models["out"]) / "sweeps" / NAME
+    state = sorted(exp.glob("experiment_state-*.json"))[-1]  # the newest: what Tune reads
+    original, mode = state.read_bytes(), state.stat().st_mode & 0o777
+    doc = json.loads(original)
+    doc["planted"] = {"_type": "CLOUDPICKLE_FALLBACK",
+                      "value": cloudpickle.dumps(Payload()).hex()}
+    planted = json.dumps(doc)
+    _loads_with_cloudpickle(planted)  # the payload is live: Tune's own reader runs it
+    assert marker.exists()
+    marker.unlink()
+    try:
+        state.write_text(planted)
+        os.chmod(state, 0o666)
+        with pytest.raises(SweepError, match=r"experiment_state-.*\.json is owned by .* mode "
+                                             r"0o666; restoring would unpickle"):
+            load_result_grid(models["out"], NAME)
+        with pytest.raises(SweepError, match=r"experiment_state-.*\.json is owned by"):
+            run_sweep(NAME, models["cfg"], _space(), models["ckpts"], models["ds"],
+                      models["out"], verbose=0)
+        assert not marker.exists()
+    finally:
+        state.write_bytes(original)
+        os.chmod(state, mode)

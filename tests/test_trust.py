@@ -648,6 +648,33 @@ def test_the_lock_is_never_opened_through_a_link_or_a_special_file(tmp_path, pla
     assert outside.read_text() == "keep me"
 
 
+def test_a_run_with_a_folder_linked_out_of_it_is_refused_before_any_write(tmp_path, capsys
+                                                                          ) -> None:
+    """A symbolic link for results/ (or any folder or file in the run) carried the run's
+    writes, renames included, to wherever it points; links that stay inside are fine."""
+    from spice_ray.runtime.cli import start_run
+
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    (run / "figures").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "bandit_online.parquet").write_bytes(b"theirs")
+    (run / "results").symlink_to(elsewhere, target_is_directory=True)
+    (run / "figures" / "outside.png").symlink_to(tmp_path / "gone.png")
+    (run / "latest").symlink_to(run / "figures")  # inside the run: not a problem
+    assert [link.name for link, _ in runlock.links_out(run)] == ["results", "outside.png"]
+    cfg = make_config("smoke", "bandit", overrides=[f"out_dir={run}"])
+    with pytest.raises(SystemExit) as exit_info:
+        start_run(None, [cfg], run, stages=("datasets",))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {run / 'results'} is a symbolic link to {elsewhere}, outside the run " \
+        "directory" in err and "(1 more link like it)" in err
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["bandit_online.parquet"]
+    assert (elsewhere / "bandit_online.parquet").read_bytes() == b"theirs"
+    assert not (run / "logs").exists()  # refused before the log was opened
+    runlock.acquire(run).release()  # and the lock was given back
+
+
 def test_config_and_log_writes_never_follow_a_link_out_of_the_run(tmp_path) -> None:
     """config.yaml is written by rename (a link there is replaced, its target untouched), and
     the run's log refuses to append through a link."""

@@ -65,6 +65,23 @@ def open_in_run(path: str | Path, flags: int, mode: int = 0o644) -> int:
     return fd
 
 
+def links_out(run_dir: str | Path) -> list[tuple[Path, Path]]:
+    """Symbolic links anywhere under ``run_dir`` that lead outside it, as (link, target): a
+    run writes inside its directory only, and a linked ``results/`` or ``checkpoints/`` would
+    carry its writes (and its atomic renames) to the target. Links that stay inside are fine.
+    Nothing is followed while looking."""
+    root = Path(run_dir).resolve()
+    out = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in sorted(dirs + files):
+            path = Path(folder) / name
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.is_relative_to(root):
+                    out.append((path, target))
+    return out
+
+
 def _describe(holder: dict[str, Any]) -> str:
     if not holder:
         return "another process (it has not written its name yet)"

@@ -119,6 +119,13 @@ def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: st
         lock = runlock.acquire(run_dir)
     except runlock.RunDirectoryLocked as exc:
         fail(str(exc))
+    if links := runlock.links_out(run_dir):
+        lock.release()
+        (link, target), more = links[0], len(links) - 1
+        fail(f"{link} is a symbolic link to {target}, outside the run directory: a run writes "
+             "only inside its --out, and this link would carry its writes there. Replace it "
+             "with the folder or file itself, or put the whole --out on that disk"
+             + (f" ({more} more link{'s' if more > 1 else ''} like it)" if more else ""))
     problems = resources.size_problems(cfgs, run_dir, address)
     if not problems:
         console = console or Console()

@@ -123,7 +123,7 @@ def train_models_worker(config: dict[str, Any]) -> dict[str, Any]:
         try:
             fit(job, ctx, fault_epoch=int(config.get("fault_epoch", -1)), observers=observers)
         except TrainingDiverged as exc:  # the others still train; the driver raises
-            (run_dir / DIVERGED).write_text(str(exc))
+            atomic_write_text(run_dir / DIVERGED, str(exc))
             continue
         finally:
             offset += steps
