@@ -226,11 +226,13 @@ def test_from_pretrained_resolves_a_hub_id_through_the_local_cache(tmp_path) -> 
         spice_ray.SpicePolicy.from_pretrained(tmp_path / "missing" / "deeper" / "folder")
 
 
-def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path) -> None:
+def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path, caplog) -> None:
     """Two weight variants' checkpoint directories swapped: ``from_run`` names the mismatch
     between the index and the checkpoint's own meta.json instead of loading the other model,
     also with an index written before identities were recorded."""
     import json
+    import logging
+    import re
     import shutil
 
     from spice_ray.study.records import CHECKPOINT_INDEX, write_checkpoint_index
@@ -263,6 +265,17 @@ def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path) -> None:
     (run / CHECKPOINT_INDEX).write_text(json.dumps(edited))
     with pytest.raises(ValueError, match=r"index.json fails its SHA-256 sidecar"):
         spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")
+    # the next run's index is rebuilt from what it trained, saying so and what it drops
+    edited["checkpoints"].append(dict(edited["checkpoints"][0], experiment="bandit"))
+    (run / CHECKPOINT_INDEX).write_text(json.dumps(edited))
+    with caplog.at_level(logging.WARNING, logger="spice_ray.study.records"):
+        write_checkpoint_index(run, {k: v for k, v in finals.items() if k[2] == "epi"})
+    assert re.search(r"index.json was edited since written \(.*\): rebuilt from this run's 1 "
+                     r"checkpoint; not listed until they run again: bandit$", caplog.text,
+                     re.MULTILINE)
+    rebuilt = json.loads((run / CHECKPOINT_INDEX).read_text())["checkpoints"]
+    assert [(e["variant"], e["identity"]) for e in rebuilt] == [("epi", "aaaaaaaa11111111")]
+    write_checkpoint_index(run, finals)  # signed again: merged from here on
     for e in index:  # an index from before identities (and sidecars): the directory's name
         del e["identity"]
     (run / CHECKPOINT_INDEX).write_text(json.dumps({"checkpoints": index}))

@@ -5,6 +5,7 @@ validation loss) and where its time went (``logs/timing.json``)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from spice_ray.config import ConfigError, ExperimentConfig, from_dict, load_conf
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.train.loop import steps_per_epoch
+
+log = logging.getLogger(__name__)
 
 Finals = dict[tuple[str, str, str, int], Path]
 """{(experiment, model kind, variant, seed): final checkpoint}."""
@@ -43,9 +46,21 @@ def index_entries(run_dir: Path) -> list[Any]:
 
 
 def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
-    """Record (merging with an earlier invocation's) the final checkpoints of ``finals``."""
+    """Record (merging with an earlier invocation's) the final checkpoints of ``finals``. An
+    index edited since it was written is not merged: it is rebuilt from ``finals`` alone and
+    said so, naming the experiments whose entries it drops (their next run lists them)."""
     path = run_dir / CHECKPOINT_INDEX
     entries = index_entries(run_dir)  # [] when missing or edited: this run's entries only
+    record, why = verify(path)
+    if record is None and why != NO_SIDECAR and path.exists():
+        try:  # the edited file's experiment names, to say what is dropped (nothing else used)
+            named = {str(e.get("experiment")) for e in json.loads(path.read_text())["checkpoints"]}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            named = set()
+        dropped = sorted(named - {name for name, *_ in finals})
+        log.warning("%s was edited since written (%s): rebuilt from this run's %s%s", path, why,
+                    count(len(finals), "checkpoint"),
+                    f"; not listed until they run again: {', '.join(dropped)}" if dropped else "")
     new = {(name, kind, variant, seed): str(Path(final).relative_to(run_dir))
            for (name, kind, variant, seed), final in finals.items()}
     kept = [e for e in entries if isinstance(e, dict) and
