@@ -253,6 +253,13 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert _mtimes(run_dir) == before
     assert (run_dir / "figures" / "aggregate.png").stat().st_mtime_ns == drawn
     assert plan2.timings["pretrain"] < 5 and plan2.timings["evaluate"] < 5
+    # a run of one experiment into the study keeps the report whole: every experiment's
+    # sections and the across-experiment ones (a partial re-run rewrote it from one)
+    run_study(plan_study("smoke", tmp_path / "run", experiments=("bandit",)))
+    again = report.read_text()
+    for section in ("## Across experiments (normalised scores)", "## Probability of improvement",
+                    "## darkroom_online\n", "## bandit_latent_prior\n", "## bandit_online\n"):
+        assert section in again, section
     # a copied run directory is still current: input hashes hold contents, not paths
     shutil.copytree(run_dir, tmp_path / "moved")
     moved = plan_study("smoke", tmp_path / "moved")

@@ -403,6 +403,23 @@ def test_ties_are_broken_at_random_by_default_and_a_dpt_policy_says_what_it_is(t
     assert set(dpt.act(None).tolist()) == {0}
     assert repr(dpt) == ("DptPolicy(bandit, A=5, acts greedily on its policy, context_limit="
                          f"{dpt.context_limit}, device=cpu)")
+    # SPICE too: every head's output layer zeroed (trained and frozen prior networks), so the
+    # fused posterior ties on every arm
+    spice = spice_ray.SpicePolicy.from_checkpoint(_checkpoint(tmp_path / "s", cfg))
+    ensemble = spice.agent.model.ensemble
+    with torch.no_grad():
+        for name, t in [*ensemble.named_parameters(), *ensemble.named_buffers()]:
+            if name.endswith(f"_{cfg.model.head_depth}"):
+                t.zero_()
+    spice.reset(num_envs=64)
+    mean, _ = spice.posterior(None)
+    assert torch.as_tensor(mean).abs().max() == 0  # all arms tie
+    first = spice.act(None)
+    assert len(set(first.tolist())) == 5
+    spice.reset(num_envs=64)
+    np.testing.assert_array_equal(spice.act(None), first)
+    spice.reset(num_envs=64, draws=None)
+    assert set(spice.act(None).tolist()) == {0}
 
 
 def test_predict_is_act_in_stable_baselines3_form(tmp_path) -> None:

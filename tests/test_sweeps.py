@@ -270,6 +270,8 @@ def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any], capfd, ca
     grid = load_result_grid(models["out"], "optuna_asha")
     assert len(grid) == 4 and grid.num_errors == 0
     assert sorted(r.config["fusion"]["beta"] for r in grid) == sorted(trials["fusion.beta"])
+    best = grid.get_best_result()  # the metric and mode are the sweep's: no arguments needed
+    assert best.metrics["regret_mean"] == min(r.metrics["regret_mean"] for r in grid)
     with pytest.raises(SweepError, match="no sweep 'nope' under .*sweeps there: .*optuna_asha"):
         load_result_grid(models["out"], "nope")
 
