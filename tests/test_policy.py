@@ -235,6 +235,7 @@ def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path, caplog) -> No
     import re
     import shutil
 
+    from spice_ray.common.artifacts import write_checked_text
     from spice_ray.study.records import CHECKPOINT_INDEX, write_checkpoint_index
 
     cfg = make_config("smoke", "darkroom")
@@ -270,16 +271,19 @@ def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path, caplog) -> No
     (run / CHECKPOINT_INDEX).write_text(json.dumps(edited))
     with caplog.at_level(logging.WARNING, logger="spice_ray.study.records"):
         write_checkpoint_index(run, {k: v for k, v in finals.items() if k[2] == "epi"})
-    assert re.search(r"index.json was edited since written \(.*\): rebuilt from this run's 1 "
+    assert re.search(r"index.json is not vouched for by its checksum \(.*\): rebuilt from "
+                     r"this run's 1 "
                      r"checkpoint; not listed until they run again: bandit$", caplog.text,
                      re.MULTILINE)
     rebuilt = json.loads((run / CHECKPOINT_INDEX).read_text())["checkpoints"]
     assert [(e["variant"], e["identity"]) for e in rebuilt] == [("epi", "aaaaaaaa11111111")]
     write_checkpoint_index(run, finals)  # signed again: merged from here on
-    for e in index:  # an index from before identities (and sidecars): the directory's name
+    (run / (CHECKPOINT_INDEX + ".sha256")).unlink()  # an edit cannot pass by deleting it
+    with pytest.raises(ValueError, match=r"index.json has no SHA-256 sidecar: re-running"):
+        spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")
+    for e in index:  # an index from before identities: the directory's name
         del e["identity"]
-    (run / CHECKPOINT_INDEX).write_text(json.dumps({"checkpoints": index}))
-    (run / (CHECKPOINT_INDEX + ".sha256")).unlink()
+    write_checked_text(run / CHECKPOINT_INDEX, json.dumps({"checkpoints": index}))
     with pytest.raises(ValueError, match="identity aaaaaaaa: the directory was moved"):
         spice_ray.SpicePolicy.from_run(run, "darkroom", variant="adv")
 

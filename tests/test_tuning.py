@@ -277,7 +277,8 @@ def test_fit_width_pools_every_seeds_model_without_labels() -> None:
 def test_tuning_json_is_read_only_while_it_matches_its_checksum(tmp_path, caplog) -> None:
     """``results/tuning.json`` decides every tuned table: written with a SHA-256 sidecar, read
     back while it matches; an edit since (a score lowered by hand) makes the stage tune every
-    experiment again, naming the file; a file from before sidecars is still read."""
+    experiment again, naming the file, and so does one whose sidecar is gone (deleting it let
+    an edit through)."""
 
     from spice_ray.common.artifacts import sidecar_path, write_checked_text
 
@@ -291,8 +292,14 @@ def test_tuning_json_is_read_only_while_it_matches_its_checksum(tmp_path, caplog
     with caplog.at_level("WARNING"):
         assert tuning.read_tuning(tmp_path) == {}
     assert "tuning.json: SHA-256 mismatch (corrupted): every choice is tuned again" in caplog.text
-    sidecar_path(path).unlink()  # written before sidecars: read, each record re-checked later
-    assert tuning.read_tuning(tmp_path)["bandit"]["methods"]["SPICE"]["grid"][0]["mean"] == 0.5
+    sidecar_path(path).unlink()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert tuning.read_tuning(tmp_path) == {}
+    assert "tuning.json: no checksum sidecar (interrupted write): every choice is tuned again" \
+        in caplog.text
+    write_checked_text(path, json.dumps(record))
+    assert tuning.read_tuning(tmp_path) == record
 
 
 def test_the_final_protocol_is_the_curves_last_step_exactly() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spice_ray.common.artifacts import NO_SIDECAR, atomic_write_text, verify, write_checked_text
+from spice_ray.common.artifacts import MISSING, atomic_write_text, verify, write_checked_text
 from spice_ray.common.console import count
 from spice_ray.config import ConfigError, ExperimentConfig, from_dict, load_config
 from spice_ray.data import store
@@ -32,12 +32,13 @@ variant and seed (what ``SpicePolicy.from_run`` reads, so nobody globs hash-name
 
 
 def index_entries(run_dir: Path) -> list[Any]:
-    """The entries of the run's checkpoint index as written; [] when it is missing, edited
-    since written (fails its checksum) or unreadable (an index from before sidecars is read)."""
+    """The entries of the run's checkpoint index as written; [] when it is missing,
+    unreadable, or not vouched for by its checksum sidecar (edited since written, or the
+    sidecar gone)."""
     path = Path(run_dir) / CHECKPOINT_INDEX
     record, why = verify(path)
     try:
-        if record is None and why != NO_SIDECAR:
+        if record is None:
             raise ValueError(why)
         entries = json.loads(path.read_text())["checkpoints"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -48,18 +49,19 @@ def index_entries(run_dir: Path) -> list[Any]:
 def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     """Record (merging with an earlier invocation's) the final checkpoints of ``finals``. An
     index edited since it was written is not merged: it is rebuilt from ``finals`` alone and
-    said so, naming the experiments whose entries it drops (their next run lists them)."""
+    said so, naming the experiments whose entries it drops (their next run lists them); so is
+    one whose sidecar is gone."""
     path = run_dir / CHECKPOINT_INDEX
     entries = index_entries(run_dir)  # [] when missing or edited: this run's entries only
     record, why = verify(path)
-    if record is None and why != NO_SIDECAR and path.exists():
+    if record is None and why != MISSING:
         try:  # the edited file's experiment names, to say what is dropped (nothing else used)
             named = {str(e.get("experiment")) for e in json.loads(path.read_text())["checkpoints"]}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             named = set()
         dropped = sorted(named - {name for name, *_ in finals})
-        log.warning("%s was edited since written (%s): rebuilt from this run's %s%s", path, why,
-                    count(len(finals), "checkpoint"),
+        log.warning("%s is not vouched for by its checksum (%s): rebuilt from this run's %s%s",
+                    path, why, count(len(finals), "checkpoint"),
                     f"; not listed until they run again: {', '.join(dropped)}" if dropped else "")
     new = {(name, kind, variant, seed): str(Path(final).relative_to(run_dir))
            for (name, kind, variant, seed), final in finals.items()}

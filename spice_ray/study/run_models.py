@@ -55,9 +55,11 @@ def checkpoint_of(run_dir: str | Path, experiment: str, kind: str, seed: int = 0
     run_dir = Path(run_dir)
     index = run_dir / CHECKPOINT_INDEX
     _, why = verify(index)
-    if why not in ("", MISSING, NO_SIDECAR):
-        raise ValueError(f"{index} fails its SHA-256 sidecar ({why}): re-running the "
-                         "study's full_run command rewrites it from the checkpoints")
+    if why not in ("", MISSING):
+        what = "has no SHA-256 sidecar" if why == NO_SIDECAR else f"fails its SHA-256 " \
+            f"sidecar ({why})"
+        raise ValueError(f"{index} {what}: re-running the study's full_run command rewrites "
+                         "it from the checkpoints")
     try:
         entries = json.loads(index.read_text())["checkpoints"]
     except FileNotFoundError:

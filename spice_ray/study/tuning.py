@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.agents import AgentSpec
-from spice_ray.common.artifacts import MISSING, NO_SIDECAR, verify, write_checked_text
+from spice_ray.common.artifacts import MISSING, verify, write_checked_text
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
 from spice_ray.config.grids import GRIDS
@@ -361,12 +361,13 @@ def task_groups(dataset: Path, cfg: ExperimentConfig) -> dict[int, int] | None:
 
 
 def read_tuning(run_dir: Path) -> dict[str, Any]:
-    """``results/tuning.json`` ({} when missing, unreadable or failing its SHA-256 sidecar:
-    everything is tuned again; a file from before sidecars is read, each record still
-    re-checked by ``record_problem`` before use)."""
+    """``results/tuning.json`` ({} when missing, unreadable, or not vouched for by its
+    SHA-256 sidecar, a missing sidecar included: everything is tuned again, so an edit cannot
+    pass by deleting the sidecar; each record is also re-checked by ``record_problem`` before
+    use)."""
     path = Path(run_dir) / TUNING_FILE
     record, why = verify(path)
-    if record is None and why not in (MISSING, NO_SIDECAR):
+    if record is None and why != MISSING:
         log.warning("%s: %s: every choice is tuned again", path, why)
         return {}
     try:
