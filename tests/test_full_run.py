@@ -310,8 +310,8 @@ def test_dry_run_prints_the_plan(tmp_path, capsys) -> None:
     # the paper's 4 workers each train whole models (train.together), side by side
     assert "side by side on 4 workers: ~" in stdout, stdout
     # its GPUs planned without one, from the steps' FLOP count
-    assert re.search(r"spice: .*no GPU here: [\d.]+ PFLOP, ~[\d.]+-[\d.]+ GPU-hours at "
-                     r"1-10 TFLOP/s", stdout), stdout
+    assert re.search(r"spice: .*\n +no GPU here to time it: [\d.]+ PFLOP, ~[\d.]+-[\d.]+ "
+                     r"GPU-hours at 1-10 TFLOP/s", stdout), stdout  # on a line of its own
     # every stage timed, and the whole study
     assert re.search(r"darkroom +5 methods, 212 grid points .*: ~\d", stdout)
     assert re.search(r"darkroom +100 tasks, H=100, 2 actors x 0.5 CPU: ~\d", stdout)

@@ -134,7 +134,8 @@ def describe_plan(plan: StudyPlan) -> str:
                          f"on {'GPU' if gpu else 'CPU'}: ~{fmt_seconds(seconds)} of steps"
                          + (f", {seconds * gpus_per_model / 3600:.2f} GPU-hours"
                             if gpu else "")
-                         + (f"; no GPU here: {gpu_hours(flops)}" if flops else ""))
+                         + (f"\n  {'':{w}s}   no GPU here to time it: {gpu_hours(flops)}"
+                            if flops else ""))
         if step_of:
             wall = side_by_side_seconds([step_of[m.kind] * steps for m in models
                                          for _ in cfg.seeds], tc)
