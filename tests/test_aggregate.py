@@ -250,3 +250,32 @@ def test_axis_labels_are_mathematical_text(tmp_path, monkeypatch) -> None:
     label = drawn["fig"].axes[0].get_ylabel()
     assert r"$\mu^* - \mu(\hat{a})$" in label and "mu*" not in label.replace(r"\mu^*", "")
     plt.close(drawn["fig"])
+
+
+def test_per_task_boxes_go_logarithmic_only_when_one_method_would_flatten_the_rest(
+        tmp_path, monkeypatch) -> None:
+    """Random's final regret (about 200 on the linear bandit, against 3-15 for the others)
+    drew every other box as a flat line at 0."""
+    import matplotlib.pyplot as plt
+
+    from spice_ray.results import plots
+
+    rng = np.random.default_rng(0)
+
+    def rows(scales: dict[str, float]) -> pd.DataFrame:
+        return pd.DataFrame([{"method": m, "variant": "", "rule": "r", "config": "{}",
+                              "seed": 0, "task_id": t, "metric": "cumulative_regret", "x": 200,
+                              "value": float(scale * rng.gamma(4.0) / 4)}
+                             for m, scale in scales.items() for t in range(50)])
+
+    drawn = _drawn(monkeypatch)
+    plots.plot_final_distribution(rows({"SPICE": 6.0, "UCB": 13.0, "LinUCB": 4.0,
+                                        "Random": 200.0}), tmp_path / "a.png", "linear")
+    ax = drawn["fig"].axes[0]
+    assert ax.get_yscale() == "symlog" and ax.get_ylim()[0] == 0
+    assert "logarithmic above 1, linear below" in drawn["note"]
+    plt.close(drawn["fig"])
+    plots.plot_final_distribution(rows({"SPICE": 70.0, "DPT": 90.0, "Random": 94.0}),
+                                  tmp_path / "b.png", "darkroom")
+    assert drawn["fig"].axes[0].get_yscale() == "linear" and "logarithmic" not in drawn["note"]
+    plt.close(drawn["fig"])

@@ -314,9 +314,25 @@ def plot_final_distribution(df: pd.DataFrame, path: Path, title: str,
     ax.set_xticks(range(1, len(order) + 1), [labels.iloc[i] for i in order], rotation=35,
                   ha="right", fontsize=7)
     ax.set(ylabel=f"final {metric.replace('_', ' ')} per task", title=f"{title}: per task")
+    scale = ""
+    if _squashed(groups):  # Random's or DPT's boxes flattened every other box at 0
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(_PLAIN)
+        scale = "; y axis logarithmic above 1, linear below (the boxes differ tenfold)"
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, path, f"box: quartiles, whiskers 5-95%, triangle: mean; one point per "
-                            f"task ({per_task['task_id'].nunique()} tasks, seeds averaged)")
+                            f"task ({per_task['task_id'].nunique()} tasks, seeds averaged)"
+                            + scale)
+
+
+def _squashed(groups: list[np.ndarray]) -> bool:
+    """Whether one linear axis would flatten most boxes: non-negative values whose largest
+    95th percentile is over ten times the typical (median) box's."""
+    if len(groups) < 3 or min(float(g.min()) for g in groups) < 0:
+        return False
+    tops = [float(np.percentile(g, 95)) for g in groups]
+    return max(tops) > 10 * max(float(np.median(tops)), 1e-12)
 
 
 def plot_visits(df: pd.DataFrame, path: Path, title: str, tasks: int = 3) -> Path:
