@@ -294,6 +294,16 @@ def test_bad_set_fails_before_any_work(tmp_path, capsys) -> None:
     assert not out.exists()
 
 
+def test_help_names_every_stage_in_order(capsys) -> None:
+    """``full_run.py --help`` left out the tuning stage."""
+    code, out, _ = full_run_cli(["--help"], capsys)
+    assert code == 0
+    text = " ".join(out.split())
+    places = [text.find(word) for word in ("datasets", "pretraining", "tuning", "evaluation",
+                                           "result tables", "figures", "report.md")]
+    assert -1 not in places and places == sorted(places), places
+
+
 def test_dry_run_prints_the_plan(tmp_path, capsys) -> None:
     # eager value heads: the step timing would first compile the fused heads for the paper's
     # shapes (17 s on a fresh machine's empty compiler cache, as CI's always is)
@@ -427,6 +437,27 @@ def test_results_cli_hints_at_values_and_prints_summary_tables(tmp_path, capsys)
     assert "holds summaries, not per-task values" in capsys.readouterr().err
     assert results_main([str(tmp_path), "sweeps/kb_summary", "--at", "last"]) == 2
     assert "--at needs the columns x and metric" in capsys.readouterr().err
+
+
+def test_queries_print_settings_as_short_labels_within_120_columns(tmp_path, capsys) -> None:
+    """Every query printed the row's whole JSON config (342-character lines with --stat
+    bootstrap); the settings are a short label and typed columns now."""
+    config = json.dumps({"beta": 1.0, "beta_schedule": "fixed", "kernel": "rbf", "tau": 0.7,
+                         "kernel_space": "latent", "noise_var": 0.09, "v_min": 0.01,
+                         "width_scale": 0.551, "width_decay": 0.0, "width_source": "ensemble",
+                         "online_horizon": 500, "episodes": 1})
+    df = _fixture_table(tmp_path)
+    df["config"] = np.where(df["method"] == "A", config, "{}")
+    df["method"] = df["method"].map({"A": "SPICE", "B": "UCB"})
+    write(tmp_path, "bandit_online", df)
+    for extra in ([], ["--by", "method", "--stat", "bootstrap"],
+                  ["--by", "method,beta", "--stat", "iqm"]):
+        assert results_main([str(tmp_path), "bandit_online", *extra]) == 0, extra
+        out = capsys.readouterr().out.splitlines()
+        assert out and max(map(len, out)) <= 120, (extra, out)
+        assert '"noise_var"' not in "\n".join(out)
+        if not extra:  # row by row: the method and its settings as one short label
+            assert "SPICE (beta=1.0" in "\n".join(out)
 
 
 def test_unwritable_out_dir_fails_clearly(tmp_path) -> None:

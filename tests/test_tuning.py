@@ -234,9 +234,11 @@ def test_headline_metrics_and_chosen_settings_for_the_trackers(tmp_path) -> None
                              "task_id": task, "metric": "cumulative_regret", "x": x,
                              "value": value})
     write(tmp_path, "bandit_tuned", pd.DataFrame(rows), inputs="x")
-    (tmp_path / "results" / "tuning.json").write_text(json.dumps({"bandit": {"methods": {
+    from spice_ray.common.artifacts import write_checked_text
+
+    write_checked_text(tmp_path / "results" / "tuning.json", json.dumps({"bandit": {"methods": {
         "SPICE": {"chosen": {"beta": 2.0}}, "SPICE (flat prior)": {"chosen": {
-            "beta_schedule": "sqrt2logt"}}}}}))
+            "beta_schedule": "sqrt2logt"}}}}}))  # with its sidecar, as the stage writes it
     metrics, params = tuning.headline(tmp_path, ["bandit", "darkroom"])
     assert metrics == {"bandit/SPICE/final_regret": 4.0,
                        "bandit/SPICE_flat_prior/final_regret": 6.0}

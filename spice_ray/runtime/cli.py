@@ -251,19 +251,6 @@ def _route_ray_loggers(console: Console | None) -> None:
         logger.propagate = False
 
 
-def route_to_log(names: Sequence[str]) -> None:
-    """Send what the loggers ``names`` of a library print to stderr (MLflow's and Alembic's
-    INFO lines) to the run's ``logs/driver.log`` instead: their own handlers removed, their
-    records passed up to the root logger, which :func:`setup_logging` points at the log file.
-    A no-op outside a run. Call it after importing the library, whose import installs them."""
-    if not _LOG_DIR:
-        return
-    for name in names:
-        logger = logging.getLogger(name)
-        logger.handlers = []
-        logger.propagate = True
-
-
 def collect_ray_logs(run_dir: str | Path) -> Path | None:
     """Copy this Ray session's log directory (driver, raylet, GCS and every worker's output)
     to ``<run_dir>/logs/ray`` (replacing an older copy); returns it, or None when Ray is not

@@ -142,12 +142,19 @@ class _TensorBoard:
 
 def _quiet_mlflow() -> None:
     """MLflow's and Alembic's INFO lines ("Creating initial MLflow database tables...") to the
-    run's log, not stderr: importing MLflow installs its handler, which is then replaced."""
+    run's log, not stderr: importing MLflow installs stderr handlers on their loggers; inside a
+    run (the root logger writes the run's log file, ``runtime.cli.setup_logging``) they are
+    removed and the records passed up to it. Outside a run they are left as they are."""
+    import logging
+
     import mlflow  # noqa: F401
 
-    from spice_ray.runtime.cli import route_to_log
-
-    route_to_log(LIBRARY_LOGGERS)
+    if not any(getattr(h, "spice_ray", False) for h in logging.getLogger().handlers):
+        return
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers = []
+        logger.propagate = True
 
 
 class _MLflow:
