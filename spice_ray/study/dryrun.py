@@ -1,5 +1,6 @@
 """The dry run's plan (``full_run --dry-run``): stages, resources, expected sizes and times,
-with the pretraining time of every model from optimiser steps timed in this process."""
+with the pretraining time of every model from optimiser steps timed in this process (on a GPU
+preset planned without a GPU: from the steps' FLOP count)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ GPU_FLOPS = (1e12, 10e12)
 on an H100 the small models sustain 0.2-6.6 TFLOP/s (docs/cluster.md; a step there is bound
 by kernel launches), larger widths and batches more."""
 
+GPU_FLOPS_PLANNED = (GPU_FLOPS[0] * GPU_FLOPS[1]) ** 0.5
+"""The rate a planned GPU step is timed at: the geometric middle of :data:`GPU_FLOPS`."""
+
 if TYPE_CHECKING:
     from spice_ray.study import StudyPlan
 
@@ -92,9 +96,13 @@ def describe_plan(plan: StudyPlan) -> str:
             how = f"in the driver, ~{seconds:.1f} s ({TASKS_PER_SECOND} tasks/s, no start)"
         data_seconds += seconds
         lines.append(f"  {name:{w}s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, {how}")
-    lines.append("stage 2 pretraining (Ray Train; times from steps timed now, 1 thread):")
+    planned = [c.train.use_gpu and not torch.cuda.is_available() for c in plan.configs.values()]
+    lines.append("stage 2 pretraining (Ray Train; " + (
+        f"times from each step's FLOP count at {GPU_FLOPS_PLANNED / 1e12:.1f} TFLOP/s a GPU: "
+        "none here to time one" if all(planned) else "times from steps timed now, 1 thread")
+        + "):")
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
-    if load > 0.5 * cpus:  # the steps are timed on a machine others are using
+    if load > 0.5 * cpus and not all(planned):  # steps timed on a machine others are using
         lines.append(f"  (the machine is busy: load average {load:.1f} on {cpus} cores, so "
                      "these step times are slower than a quiet machine's)")
     train_seconds = total_flops = 0.0
@@ -122,20 +130,24 @@ def describe_plan(plan: StudyPlan) -> str:
             if not fits:  # the error below names it
                 lines.append(f"  {'':{w}s} {kind}: {size.params:,} parameters: does not fit")
                 continue
-            step = step_of[kind] = step_seconds(cfg, kind, device="cuda" if gpu else "cpu")
             count_of = len(cfg.seeds) * sum(m.kind == kind for m in models)
+            memory = (f"  {'':{w}s} {kind}: {size.params:,} parameters, ~"
+                      f"{human_bytes(size.worker_bytes)} per worker (weights, gradients, "
+                      f"AdamW {human_bytes(size.state_bytes)}; activations "
+                      f"{human_bytes(size.activation_bytes)})")
+            if tc.use_gpu and not gpu:  # GPU steps cannot be timed here, and a CPU's rate
+                # says nothing of them (a paper-size step takes seconds to time): FLOPs
+                per_step = step_flops(cfg, kind)
+                flops = per_step * steps * count_of
+                total_flops += flops
+                step_of[kind] = per_step / GPU_FLOPS_PLANNED
+                lines.append(f"{memory}; no GPU here to time it: {gpu_hours(flops)}")
+                continue
+            step = step_of[kind] = step_seconds(cfg, kind, device="cuda" if gpu else "cpu")
             seconds = step * steps * count_of
-            flops = step_flops(cfg, kind) * steps * count_of if tc.use_gpu and not gpu else 0.0
-            total_flops += flops
-            lines.append(f"  {'':{w}s} {kind}: {size.params:,} parameters, ~"
-                         f"{human_bytes(size.worker_bytes)} per worker (weights, gradients, "
-                         f"AdamW {human_bytes(size.state_bytes)}; activations "
-                         f"{human_bytes(size.activation_bytes)}); {step * 1e3:.0f} ms/step "
-                         f"on {'GPU' if gpu else 'CPU'}: ~{fmt_seconds(seconds)} of steps"
-                         + (f", {seconds * gpus_per_model / 3600:.2f} GPU-hours"
-                            if gpu else "")
-                         + (f"\n  {'':{w}s}   no GPU here to time it: {gpu_hours(flops)}"
-                            if flops else ""))
+            lines.append(f"{memory}; {step * 1e3:.0f} ms/step on {'GPU' if gpu else 'CPU'}: "
+                         f"~{fmt_seconds(seconds)} of steps"
+                         + (f", {seconds * gpus_per_model / 3600:.2f} GPU-hours" if gpu else ""))
         if step_of:
             wall = side_by_side_seconds([step_of[m.kind] * steps for m in models
                                          for _ in cfg.seeds], tc)
@@ -150,8 +162,9 @@ def describe_plan(plan: StudyPlan) -> str:
                  + (f"with the start of {count(jobs, 'job')} (~{JOB_START_SECONDS:.0f} s each "
                     "on 2 cores: Ray Train's worker group, the workers' imports)" if jobs
                     else "in the driver (train.num_workers=0: no Ray Train job to start)")
-                 + (f"; train.use_gpu asks for GPUs, none in this process: CPU rates shown, "
-                    f"and on GPUs {gpu_hours(total_flops)}" if total_flops else ""))
+                 + (f"; train.use_gpu asks for GPUs, none in this process: timed from the "
+                    f"steps' FLOPs at {GPU_FLOPS_PLANNED / 1e12:.1f} TFLOP/s a GPU (the "
+                    f"middle of {gpu_hours(total_flops)})" if total_flops else ""))
     lines.append("stage 3 tuning on validation tasks (Ray actors; times from online rollouts "
                  "probed now, 1 thread per actor):")
     tune_seconds = 0.0
