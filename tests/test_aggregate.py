@@ -279,3 +279,33 @@ def test_per_task_boxes_go_logarithmic_only_when_one_method_would_flatten_the_re
                                   tmp_path / "b.png", "darkroom")
     assert drawn["fig"].axes[0].get_yscale() == "linear" and "logarithmic" not in drawn["note"]
     plt.close(drawn["fig"])
+
+
+def test_aggregate_panels_leave_out_random_and_group_improvement_by_shared_experiments(
+        tmp_path, monkeypatch) -> None:
+    """The aggregate figure labelled only its IQM rows, floated its legend and put a
+    1-experiment and an 8-experiment P(improvement) on one undivided axis."""
+    import re
+
+    import matplotlib.pyplot as plt
+
+    from spice_ray.results import figure_files
+
+    drawn = {}
+    monkeypatch.setattr(figure_files, "save", lambda fig, path, note=None: drawn.update(
+        fig=fig, note=note) or path)
+    plot_aggregate(agg.aggregate(agg.normalised_scores({"a": A, "b": B}), reps=50),
+                   tmp_path / "agg.png")
+    scores, profile, improve = drawn["fig"].axes[:3]
+    assert [t.get_text() for t in scores.get_yticklabels()] == ["SPICE", "SPICE (flat prior)"]
+    assert "filled: IQM, open: mean" in scores.get_xlabel()  # one row per method, both marks
+    assert profile.get_legend() is not None
+    labels = [t.get_text() for t in improve.get_yticklabels()]
+    shared = [int(re.fullmatch(r".+ \((\d) exp\.\)", label).group(1)) for label in labels]
+    assert sorted(shared) == shared and set(shared) == {1, 2}  # most shared at the top
+    assert {label.rsplit(" (", 1)[0] for label in labels} == {"Random", "SPICE (flat prior)",
+                                                                "UCB"}
+    dividers = [line.get_ydata()[0] for line in improve.get_lines()
+                if line.get_color() == "#999999"]
+    assert dividers == [shared.index(2) - 0.5]  # one line, between the 1- and 2- groups
+    plt.close(drawn["fig"])
