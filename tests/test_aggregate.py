@@ -236,6 +236,16 @@ def test_weight_variants_are_drawn_in_distinct_saturated_colours() -> None:
     closest = min(float(np.linalg.norm(rgb[a] - rgb[b]))
                   for a, b in itertools.combinations(labels, 2))
     assert closest > 0.3  # the nearest two differ by a third of the RGB cube's edge
+    # every method's own colour too: none pale, none shared (LinUCB's and LinTS's were light
+    # tints, hard to see on white), and no variant takes a method's
+    from spice_ray.results.plots import _VARIANT_COLOURS, METHOD_ORDER
+
+    own = {m: style(m)["color"] for m in METHOD_ORDER}
+    pale = {m: c for m, c in own.items()
+            if float(np.array(to_rgb(c)) @ [0.2126, 0.7152, 0.0722]) > 0.72}
+    assert not pale, pale
+    assert len(set(own.values())) == len(own)
+    assert not set(_VARIANT_COLOURS.values()) & set(own.values())
 
 
 def test_axis_labels_are_mathematical_text(tmp_path, monkeypatch) -> None:

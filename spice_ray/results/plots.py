@@ -38,17 +38,19 @@ METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
 method in every figure. A test checks that every method of the registry is here."""
 
 _COLOURS = ("#1f77b4", "#7f7f7f", "#2ca02c", "#17becf", "#9467bd", "#8c564b", "#d62728",
-            "#ff7f0e", "#bcbd22", "#e377c2", "#f7b6d2", "#aec7e8", "#98df8a", "#c49c94",
-            "#c5b0d5", "#dbdb8d", "#6b6ecf", "#000000", "#ff9896", "#525252")
+            "#ff7f0e", "#bcbd22", "#e377c2", "#c51b7d", "#01665e", "#a6761d", "#c49c94",
+            "#5e3c99", "#b8860b", "#6b6ecf", "#000000", "#d95f02", "#525252")
+"""One per method of :data:`METHOD_ORDER`, none pale on the white background (the reference
+methods that had light tints, LinUCB's and LinTS's among them, were hard to see; tested)."""
 _DASHES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3)))
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 _MORE_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252",
                  "#bd9e39", "#ad494a", "#a55194", "#3182bd", "#e6550d", "#31a354", "#756bb1")
 """Methods outside :data:`METHOD_ORDER` (a newly registered agent): one of these, by a stable
 hash of the method's name, so its colour is the same in every figure and none of the above."""
-_VARIANT_COLOURS = {"none": "#e69f00", "iw": "#009e73", "adv": "#cc79a7", "epi": "#8c564b"}
+_VARIANT_COLOURS = {"none": "#e69f00", "iw": "#009e73", "adv": "#cc79a7", "epi": "#6a3d9a"}
 """The darkroom weight ablation's SPICE variants ("[iw]" in a label): saturated colours (Okabe
-and Ito's orange, bluish green and reddish purple, and a brown) apart from SPICE's blue and
+and Ito's orange, bluish green and reddish purple, and a dark violet) apart from SPICE's blue and
 DPT's red, so five curves whose bands overlap stay told apart (pale tints merged into grey)."""
 
 
