@@ -31,19 +31,23 @@ CHECKPOINT_INDEX = "checkpoints/index.json"
 variant and seed (what ``SpicePolicy.from_run`` reads, so nobody globs hash-named paths)."""
 
 
+def _listed(path: Path) -> list[Any]:
+    """The entries the index file at ``path`` holds as it stands, vouched for or not; [] when
+    it is missing or unreadable."""
+    try:
+        entries = json.loads(path.read_text())["checkpoints"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return entries if isinstance(entries, list) else []
+
+
 def index_entries(run_dir: Path) -> list[Any]:
     """The entries of the run's checkpoint index as written; [] when it is missing,
     unreadable, or not vouched for by its checksum sidecar (edited since written, or the
     sidecar gone)."""
     path = Path(run_dir) / CHECKPOINT_INDEX
-    record, why = verify(path)
-    try:
-        if record is None:
-            raise ValueError(why)
-        entries = json.loads(path.read_text())["checkpoints"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    return entries if isinstance(entries, list) else []
+    record, _ = verify(path)
+    return _listed(path) if record is not None else []
 
 
 def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
@@ -52,13 +56,13 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     said so, naming the experiments whose entries it drops (their next run lists them); so is
     one whose sidecar is gone."""
     path = run_dir / CHECKPOINT_INDEX
-    entries = index_entries(run_dir)  # [] when missing or edited: this run's entries only
     record, why = verify(path)
+    listed = _listed(path)
+    entries = listed if record is not None else []  # missing or edited: this run's only
     if record is None and why != MISSING:
-        try:  # the edited file's experiment names, to say what is dropped (nothing else used)
-            named = {str(e.get("experiment")) for e in json.loads(path.read_text())["checkpoints"]}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            named = set()
+        # the edited file's experiment names, to say what is dropped (nothing else used)
+        named = {str(e.get("experiment")) for e in listed} \
+            if all(isinstance(e, dict) for e in listed) else set()
         dropped = sorted(named - {name for name, *_ in finals})
         log.warning("%s is not vouched for by its checksum (%s): rebuilt from this run's %s%s",
                     path, why, count(len(finals), "checkpoint"),
