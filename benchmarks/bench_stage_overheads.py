@@ -67,6 +67,7 @@ def ingestion_job(ds_dir: Path, chunk: int, epochs: int, ray_data: bool, storage
     from ray.train.torch import TorchTrainer
 
     from spice_ray.data import store
+    from spice_ray.train.ray_train import verify_dataset
 
     t0 = time.perf_counter()
     extra = {}
@@ -79,9 +80,8 @@ def ingestion_job(ds_dir: Path, chunk: int, epochs: int, ray_data: bool, storage
         extra = {"datasets": datasets, "dataset_config": ray.train.DataConfig(
             datasets_to_split=[],
             execution_options=ray.data.ExecutionOptions(preserve_order=True))}
-    else:
-        for split in ("train", "validation"):
-            store.split_files(ds_dir, split, verify=True)
+    else:  # what a job does now: the driver verifies, the worker reads
+        verify_dataset(ds_dir)
     trainer = TorchTrainer(
         _stream_job, train_loop_config={"ds": str(ds_dir), "chunk": chunk, "epochs": epochs,
                                         "ray_data": ray_data},
