@@ -156,13 +156,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3, help="epochs streamed by each job of 1.")
     p.add_argument("--repeats", type=int, default=2, help="jobs each way in 1. (best kept)")
     args = p.parse_args()
-    import ray
+    from spice_ray.runtime.cli import init_ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
-    from ray.data import DataContext
-
-    DataContext.get_current().enable_progress_bars = False
+    init_ray(num_cpus=2, dashboard=False)  # as a run starts it (its workers at nice 0)
     differ = []
     print(f"1. a Ray Train job's data ({args.epochs} epochs, best of {args.repeats} jobs each "
           "way), baseline: Ray Data datasets on the trainer")

@@ -92,11 +92,12 @@ def bench_seeds(seeds: int, train_tasks: int, epochs: int, batch: int) -> None:
     import ray
 
     from spice_ray.data.generate import generate_dataset
+    from spice_ray.runtime.cli import init_ray
     from spice_ray.train.loop import steps_per_epoch
     from spice_ray.train.ray_train import plan_job, train_with_ray
     from spice_ray.train.together import ModelSpec, pretrain_many
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray(num_cpus=2, dashboard=False)  # as a run starts it (its workers at nice 0)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         sets = [f"data.num_train_tasks={train_tasks}", "data.num_val_tasks=64",

@@ -10,6 +10,7 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_worker_niceness", "0")  # as init_ray starts a local Ray
 
 
 @pytest.fixture(scope="session")

@@ -88,3 +88,29 @@ def test_a_driver_that_starts_its_own_ray_starts_the_reaper_first(monkeypatch) -
     cli.init_ray(num_cpus=1)
     cli.init_ray(address="auto")
     assert calls == ["reaper", "init local", "init auto"]
+
+
+def test_a_local_ray_runs_its_workers_at_the_drivers_priority(monkeypatch, ray_local) -> None:
+    """Ray nices its workers to 15 below its daemons; a local Ray of ours asks for 0 before
+    it starts (a Train worker's torch threads otherwise stall whenever a daemon wakes), keeps a
+    value the user set, and leaves a cluster's alone. The session's Ray is started the same
+    way: its tasks run at nice 0."""
+    import ray
+
+    from spice_ray.runtime import cli
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append(os.environ.get(cli.WORKER_NICENESS)))
+    monkeypatch.setattr(ray, "cluster_resources", dict)
+    monkeypatch.setattr(cli.reaper, "start", lambda: None)
+    monkeypatch.setattr(cli, "check_reachable", lambda address: None)
+    monkeypatch.setattr(cli, "_route_ray_loggers", lambda console: None)
+    monkeypatch.delenv(cli.WORKER_NICENESS, raising=False)
+    cli.init_ray(address="auto")
+    cli.init_ray(num_cpus=1)
+    monkeypatch.setenv(cli.WORKER_NICENESS, "5")
+    cli.init_ray(num_cpus=1)
+    assert seen == [None, "0", "5"]
+    monkeypatch.undo()
+    assert ray_local.get(ray_local.remote(lambda: os.nice(0)).remote()) == os.nice(0) == 0

@@ -17,14 +17,13 @@ import argparse
 import json
 from pathlib import Path
 
-import ray
-
 from spice_ray.common.artifacts import write_checked_text
 from spice_ray.config import load_config
 from spice_ray.evaluate.actors import EvalPool
 from spice_ray.results.analysis import final_by_task, tuned_gap
 from spice_ray.results.choices import fitted_decay, fitted_noise, fitted_scale
 from spice_ray.results.tables import load
+from spice_ray.runtime.cli import init_ray
 from spice_ray.study import StudyPlan, evaluate_experiment
 from spice_ray.study.run_models import checked_entry
 from spice_ray.study.tuned import write_tuned_table
@@ -62,7 +61,7 @@ def main() -> None:
             finals[(name, e["kind"], e["variant"], e["seed"])] = checked_entry(run, e)
         datasets[name] = run / "datasets" / Path(mine[0]["path"]).parts[1]
     plan = StudyPlan(configs, out, tuple(names))
-    ray.init(include_dashboard=False, log_to_driver=False)
+    init_ray(dashboard=False)  # as a run starts it (its workers at nice 0)
     tuning = {}
     with EvalPool() as pool:
         for name, cfg in configs.items():
