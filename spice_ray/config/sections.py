@@ -373,6 +373,13 @@ class TrainConfig:
                "train.worker_gpus", self.worker_gpus, "1 when train.together=false and "
                "train.num_workers > 1 (data-parallel workers cannot share a GPU)")
 
+    @property
+    def on_ray_train(self) -> bool:
+        """Whether models train in Ray Train jobs (``num_workers > 0``), not in the driver: what
+        decides the dashboard, the resource requests, the dry run's job starts and the
+        pretrain stage's runner."""
+        return self.num_workers > 0
+
 
 def to_plain(obj: Any) -> Any:
     """Nested dicts/lists/tuples as plain dicts and lists (for YAML and JSON)."""

@@ -136,7 +136,7 @@ def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: st
             fail(str(exc))
         started = not ray.is_initialized()
         try:
-            trains = "pretrain" in stages and any(c.train.num_workers > 0 for c in cfgs)
+            trains = "pretrain" in stages and any(c.train.on_ray_train for c in cfgs)
             init_ray(address, verbose=verbose, console=console, dashboard=dashboard or trains)
         except ClusterUnreachable as exc:
             lock.release()

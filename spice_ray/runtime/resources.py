@@ -193,7 +193,7 @@ def stage_requests(cfg: ExperimentConfig,
         out.append(Request(f"data.task_cpus={d.task_cpus:g}", "generation task",
                            {"CPU": d.task_cpus, **labels.get("datagen", {})}, 1, gang=False,
                            reserve_cpus=RAY_DATA_CPUS))
-    if "pretrain" in stages and t.num_workers > 0:
+    if "pretrain" in stages and t.on_ray_train:
         gpu = t.use_gpu if use_gpu is None else use_gpu
         bundle = {"CPU": t.worker_cpus, **({"GPU": t.worker_gpus} if gpu else {}),
                   **labels.get("trainer", {})}

@@ -155,7 +155,7 @@ def describe_plan(plan: StudyPlan) -> str:
             if tc.together and tc.num_workers > 1:
                 lines.append(f"  {'':{w}s} side by side on {tc.num_workers} workers: "
                              f"~{fmt_seconds(wall)}")
-    jobs = sum(c.train.num_workers > 0 and name not in too_big
+    jobs = sum(c.train.on_ray_train and name not in too_big
                for name, c in plan.configs.items())  # one job per experiment (together)
     train_seconds += jobs * JOB_START_SECONDS
     lines.append(f"  all models: ~{fmt_seconds(train_seconds)} "

@@ -362,7 +362,7 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
     n_models = sum(len([m for m in trained_models(EXPERIMENTS[n], c) if not m.same_as])
                    * len(c.seeds)
                    for n, c in plan.configs.items())
-    in_driver = [c.train.num_workers == 0 for c in plan.configs.values()]
+    in_driver = [not c.train.on_ray_train for c in plan.configs.values()]
     runner = ("in the driver: train.num_workers=0" if all(in_driver) else
               "Ray Train" + ("; in the driver where train.num_workers=0" if any(in_driver)
                              else ""))

@@ -420,7 +420,7 @@ def pretrain(cfg: ExperimentConfig, kind: str, seed: int, dataset_dir: str | Pat
     tc = job.cfg.train
     bar = console.bar(label, tc.epochs * steps_per_epoch(job.cfg), "step")
     try:
-        result = (train_local(job, run_dir, bar) if cfg.train.num_workers == 0
+        result = (train_local(job, run_dir, bar) if not cfg.train.on_ray_train
                   else train_with_ray(job, run_dir, bar))
     except BaseException as exc:
         bar.abort(exc)

@@ -229,7 +229,7 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
     planned = [(m, *plan_job(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root))
                for m in models]
     tc = models[0].cfg.train
-    if not tc.together or tc.num_workers == 0:
+    if not tc.together or not tc.on_ray_train:
         finals = [pretrain(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root, console,
                            f"{label} {m.name}".strip()) for m in models]
         return finals, {"seconds": time.perf_counter() - t0, "models": {}, "worker": {},
