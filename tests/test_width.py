@@ -603,3 +603,35 @@ def test_a_variance_head_model_trains_and_its_width_reaches_agent_offline_and_ca
             if dict(c.setting)["width"] == "predictive"} == {"predictive"}
     assert width_source_of('{"width_source":"predictive"}') == "predictive"
     assert width_source_of('{"width_scale":0.5}') == "fitted" and width_source_of("{}") == "paper"
+
+
+def test_the_pooled_fit_runs_its_forwards_on_one_thread_and_restores_the_count(monkeypatch
+                                                                               ) -> None:
+    """The driver's width fit runs the models' forwards on one thread, as an evaluation actor
+    does: at two threads the compiled heads' forward varied with the scheduling under a
+    contended CPU (the small bandit's fitted s in its 7th digit, seen between two runs of the
+    same weights); the caller's thread count comes back, also after an error."""
+    from spice_ray.evaluate import width
+
+    seen: list[int] = []
+
+    def predictions(model, data, env_cfg, fusion):
+        seen.append(torch.get_num_threads())
+        y = torch.tensor([[0.1, 0.5, 0.9, 0.4]], dtype=torch.float64)
+        return (torch.full_like(y, 0.5), torch.full_like(y, 0.2), y,
+                torch.ones_like(y, dtype=torch.bool))
+
+    monkeypatch.setattr(width, "load_model", lambda source, env_cfg, kind: source)
+    monkeypatch.setattr(width, "transition_predictions", predictions)
+    cfg = make_config("smoke", "bandit")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fit = width.fit_pooled_width({0: "a", 1: "b"}, {}, cfg.env, cfg.fusion)
+        assert seen == [1, 1] and torch.get_num_threads() == 2 and fit["scale"] >= 0
+        monkeypatch.setattr(width, "transition_predictions", lambda *a: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            width.fit_pooled_width({0: "a"}, {}, cfg.env, cfg.fusion)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -208,9 +208,18 @@ def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any]
         "noise_var": the fitted sigma^2, and with ``fit_decay`` "decay" (each seed's s at
         the pooled decay) and "constant_scale" (s without a decay, at the same sigma^2).
     """
-    parts = [_complete(*transition_predictions(load_model(source, env_cfg, kind="spice"), data,
-                                               env_cfg, fusion))
-             for source in sources.values()]
+    # One thread, as in an evaluation actor: this runs in the driver, whose two threads made the
+    # compiled heads' forward depend on scheduling when the CPU was contended (the small
+    # bandit's fitted s moved in its 7th digit between two runs of the same weights, and with
+    # it the calibration table's bytes); one thread gives one value every time.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        parts = [_complete(*transition_predictions(load_model(source, env_cfg, kind="spice"),
+                                                   data, env_cfg, fusion))
+                 for source in sources.values()]
+    finally:
+        torch.set_num_threads(threads)
     if not parts:
         raise ValueError("sources is empty: the width scale needs at least one model")
     fit = _fit_parts(parts, fusion, fit_noise=fit_noise, fit_decay=fit_decay)
