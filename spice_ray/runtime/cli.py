@@ -283,10 +283,11 @@ def _copy_if_present(src: str, dst: str) -> None:
 WORKER_NICENESS = "RAY_worker_niceness"
 """Ray starts its worker processes (Train workers, evaluation actors, tasks) at nice 15 and its
 own daemons (raylet, GCS, the dashboard's dozen processes) at 0. On a 2-core machine a Train
-worker's two torch threads then stall at every operator's barrier whenever a daemon wakes: the
-same one-model job took 1.05-1.30x as long in `fit` (4 of 4 interleaved pairs, bandit_latent
-`small`, 3 epochs, the same weights). A local Ray this driver starts runs its workers at 0
-unless this variable is set; a cluster's `ray start` keeps its own setting."""
+worker's two torch threads can stall at an operator's barrier whenever a daemon wakes. A local
+Ray this driver starts runs its workers at 0 unless this variable is set; a cluster's `ray
+start` keeps its own setting. The weights are the same either way; the speed-up is not
+established: 1.05-1.30x in `fit` over 4 pairs whose order was fixed while the machine sped up,
+0.97-0.98x in ``benchmarks/bench_niceness.py``'s 2 pairs."""
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: bool = False,
