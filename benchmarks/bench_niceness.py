@@ -5,8 +5,9 @@
 Ray starts its worker processes at nice 15 and its daemons (raylet, GCS, dashboard, agents)
 at 0; a local Ray that a run starts sets ``RAY_worker_niceness=0`` (``runtime.cli.init_ray``).
 This trains the same one-seed SPICE model of the ``small`` preset (``--epochs`` epochs) with
-``pipelines/pretrain.py`` in a fresh run directory, one job per run, ``--pairs`` pairs whose
-order alternates (15 first, then 0 first) so that a machine's drift falls on both. Printed per run: the
+``pipelines/pretrain.py`` in a fresh run directory, one job per run, ``--pairs`` pairs
+whose order alternates (15 first, then 0 first) so that a machine's drift falls on
+both. Printed per run: the
 seconds inside ``fit`` (from the model's ``fit.json``, the job's start-up excluded); then each
 pair's ratio 15 / 0 and their mean. Both settings must give the same
 weights (checked: the final checkpoints' files are compared byte for byte). Baseline: nice 15.
