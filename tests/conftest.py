@@ -29,6 +29,16 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: tiny ops run fastest so, and do not stall when the 2
+    CPUs are shared (modules take it with ``pytestmark = pytest.mark.usefixtures(...)``)."""
+    from spice_ray.model.registry import torch_threads
+
+    with torch_threads(1):
+        yield
+
+
 def full_run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """``pipelines/full_run.py argv`` in the test process (no interpreter start-up): its exit
     status, stdout and stderr. Only for command lines that stop before the study starts."""

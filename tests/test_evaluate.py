@@ -40,14 +40,7 @@ from spice_ray.model import DptModel, SpiceModel, make_tokens
 from spice_ray.results.schema import ROW_COLUMNS, ROW_KEY
 from spice_ray.results.tables import read_frame, write_frame
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops run fastest on one thread, and do not stall when the 2 CPUs are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops: one thread is fastest
 
 
 BANDIT = make_config("smoke", "bandit")

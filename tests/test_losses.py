@@ -33,13 +33,7 @@ from spice_ray.train.losses import (
 t = torch.tensor
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops run fastest on one thread, and do not stall when the 2 CPUs are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops: one thread is fastest
 
 
 def test_importance_weights() -> None:

@@ -30,13 +30,7 @@ def _env(name: str, arms: int = 5):
     return make_config("smoke", name, overrides=sets).env
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops run fastest on one thread, and do not stall when the 2 CPUs are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops: one thread is fastest
 
 
 TINY = ModelConfig(n_layer=2, n_embd=16, n_head=2, ensemble_size=3, head_hidden=8)

@@ -28,7 +28,7 @@ from spice_ray.fusion import (
     width_profile,
 )
 from spice_ray.fusion.width import DECAYS
-from spice_ray.model.registry import build_model
+from spice_ray.model.registry import build_model, torch_threads
 from spice_ray.model.tokens import make_tokens
 
 
@@ -624,14 +624,10 @@ def test_the_pooled_fit_runs_its_forwards_on_one_thread_and_restores_the_count(m
     monkeypatch.setattr(width, "load_model", lambda source, env_cfg, kind: source)
     monkeypatch.setattr(width, "transition_predictions", predictions)
     cfg = make_config("smoke", "bandit")
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         fit = width.fit_pooled_width({0: "a", 1: "b"}, {}, cfg.env, cfg.fusion)
         assert seen == [1, 1] and torch.get_num_threads() == 2 and fit["scale"] >= 0
         monkeypatch.setattr(width, "transition_predictions", lambda *a: 1 / 0)
         with pytest.raises(ZeroDivisionError):
             width.fit_pooled_width({0: "a"}, {}, cfg.env, cfg.fusion)
         assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)

@@ -20,7 +20,7 @@ from spice_ray.agents import AgentSpec, make_agent
 from spice_ray.config import ExperimentConfig
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.evaluate.online import agent_draws, online_noise, run_online
-from spice_ray.model.registry import build_model
+from spice_ray.model.registry import build_model, torch_threads
 
 PROBE_STEPS = (8, 24)
 """The two probe lengths (fewer where the horizon is shorter)."""
@@ -59,9 +59,7 @@ def _probe(cfg: ExperimentConfig, spec: AgentSpec, kind: str | None, num_tasks: 
     tasks = env.eval_tasks(data)
     horizon = cfg.eval.online_horizon * cfg.eval.episodes
     lengths = sorted({max(1, min(h, horizon)) for h in PROBE_STEPS})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in an evaluation actor
-    try:
+    with torch_threads(1):  # as in an evaluation actor
         model = None
         if kind is not None:
             model = build_model(kind, cfg, torch.Generator().manual_seed(0)).eval()
@@ -73,8 +71,6 @@ def _probe(cfg: ExperimentConfig, spec: AgentSpec, kind: str | None, num_tasks: 
             run_online(agent, env, tasks, h, noise, 1, agent_draws(cfg.eval.seed,
                                                                     data["task_id"]))
             seconds.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
     return fit_steps(lengths, seconds[1:])
 
 

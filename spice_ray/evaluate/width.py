@@ -36,7 +36,7 @@ from spice_ray.fusion import (
     width_log_likelihood,
     width_profile,
 )
-from spice_ray.model.registry import ModelSource, load_model
+from spice_ray.model.registry import ModelSource, load_model, torch_threads
 from spice_ray.model.spice import align_to_transitions
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
@@ -212,14 +212,10 @@ def fit_pooled_width(sources: Mapping[int, ModelSource], data: Mapping[str, Any]
     # compiled heads' forward depend on scheduling when the CPU was contended (the small
     # bandit's fitted s moved in its 7th digit between two runs of the same weights, and with
     # it the calibration table's bytes); one thread gives one value every time.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         parts = [_complete(*transition_predictions(load_model(source, env_cfg, kind="spice"),
                                                    data, env_cfg, fusion))
                  for source in sources.values()]
-    finally:
-        torch.set_num_threads(threads)
     if not parts:
         raise ValueError("sources is empty: the width scale needs at least one model")
     fit = _fit_parts(parts, fusion, fit_noise=fit_noise, fit_decay=fit_decay)

@@ -3,7 +3,8 @@ checkpoint payloads or checkpoint directories."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,20 @@ is AD-BC when trained on weak labels)."""
 
 ModelSource = str | Path | Mapping[str, Any]
 """A checkpoint directory, or a payload {"spec": model.spec(), "state_dict": ...}."""
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block's torch operators on ``count`` intra-op threads, then give the caller's
+    count back (also after an error). Model forwards that must match an evaluation actor's or a
+    Train worker's (one thread) run inside it: at two threads the compiled heads' results
+    depended on scheduling when the CPU was contended."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def model_class(kind: str) -> type[TrunkModel]:

@@ -16,7 +16,7 @@ import torch
 
 from spice_ray.config import ExperimentConfig
 from spice_ray.data.tasks import generate_tasks
-from spice_ray.model.registry import build_model
+from spice_ray.model.registry import build_model, torch_threads
 from spice_ray.train.loop import compute_loss, make_optimizer, optimiser_step
 
 _MEASURED: dict[str, float] = {}
@@ -42,9 +42,7 @@ def _measure(cfg: ExperimentConfig, kind: str, steps: int, device: str) -> float
     workers = 1 if cfg.train.together else max(1, cfg.train.num_workers)
     batch_size = math.ceil(cfg.train.batch_size / workers)
     batch = generate_tasks(cfg.env, cfg.data, "train", np.arange(batch_size))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in a Train worker
-    try:
+    with torch_threads(1):  # as in a Train worker
         model = build_model(kind, cfg, torch.Generator().manual_seed(0)).to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimiser = make_optimizer(params, cfg.train)
@@ -56,8 +54,6 @@ def _measure(cfg: ExperimentConfig, kind: str, steps: int, device: str) -> float
             if device != "cpu":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
     return float(np.median(times[1:]))
 
 
