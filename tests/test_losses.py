@@ -307,3 +307,35 @@ def test_state_h0_prior_trains_position_0_on_the_first_state_not_the_drawn_query
     ids = torch.arange(4)
     torch.testing.assert_close(loss_for("spice")(b_out, b_tokens, b_model, ids, state)[0],
                                loss_for("spice")(b_out, b_tokens, b_model, ids, paper)[0])
+
+
+def test_mean_value_targets_regress_each_pulled_arm_on_its_expected_reward() -> None:
+    """train.value_target="mean" (a diagnosis): the TD loss is the mean over (b, t) of
+    (Q-bar_{t-1}(a_t) - mu_{a_t})^2, by hand from the model's outputs, which the forward
+    computed from the sampled rewards (the same outputs either way); a darkroom refuses it,
+    naming the field."""
+    from spice_ray.config import ConfigError
+    from spice_ray.data.tasks import generate_tasks
+    from spice_ray.model.spice import align_to_transitions
+    from spice_ray.train.loop import compute_loss
+
+    cfg = make_config("smoke", "bandit_latent", overrides=["train.value_target=mean"])
+    batch = generate_tasks(cfg.env, cfg.data, "train", np.arange(5))
+    model = SpiceModel(ModelConfig(n_layer=1, n_embd=16, ensemble_size=3, head_hidden=8),
+                       cfg.env.num_actions, 1, cfg.env.horizon + 1,
+                       generator=torch.Generator().manual_seed(0))
+    cpu = torch.device("cpu")
+    _, parts = compute_loss(model, batch, "spice", cfg, cpu)
+    q_pred, _ = align_to_transitions(model(make_tokens(batch, cfg.env)).prior_mean.double())
+    actions = torch.as_tensor(batch["actions"], dtype=torch.long)
+    mu = torch.as_tensor(np.take_along_axis(batch["means"], batch["actions"], 1))
+    by_hand = ((q_pred.gather(2, actions[..., None])[..., 0] - mu) ** 2).mean()
+    torch.testing.assert_close(parts["td"].double(), by_hand, rtol=1e-5, atol=1e-7)
+    paper = make_config("smoke", "bandit_latent")
+    _, paper_parts = compute_loss(model, batch, "spice", paper, cpu)
+    assert paper_parts["td"].item() != parts["td"].item()
+    assert paper_parts["policy"].item() == parts["policy"].item()
+    with pytest.raises(ConfigError, match="train.value_target"):
+        make_config("smoke", "darkroom", overrides=["train.value_target=mean"])
+    with pytest.raises(ValueError, match="train.value_target"):
+        TrainConfig(value_target="means")

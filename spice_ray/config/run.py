@@ -265,6 +265,10 @@ class ExperimentConfig:
         if kind not in supported:
             _fail("data.label", self.data.label,
                   f"env.name={self.env.name} supports the label rules {', '.join(supported)}")
+        _check(self.train.value_target == "reward" or (
+            envs.env_class(self.env.name).stateless and self.train.td_n == 1
+            and self.train.gamma == 0), "train.value_target", self.train.value_target,
+            f"reward for env.name={self.env.name} (mean: stateless bandits, td_n 1, gamma 0)")
         _check(self.eval.num_tasks <= self.data.num_eval_tasks, "eval.num_tasks",
                self.eval.num_tasks, f"<= data.num_eval_tasks={self.data.num_eval_tasks}")
         _check(self.eval.offline_points <= self.env.horizon, "eval.offline_points",

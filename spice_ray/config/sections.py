@@ -298,6 +298,12 @@ class TrainConfig:
     from a query token holding s_1 itself, the state-conditioned prior an agent acting from
     that output at h = 0 reads (the policy still learns from the drawn query). Stateless
     bandits: the same targets either way."""
+    value_target: Literal["reward", "mean"] = "reward"
+    """What the value heads' TD targets are made of: the context's sampled rewards (the paper),
+    or "mean", each pulled arm's expected reward mu_{a_t} (stateless bandits; the task's
+    means, which no logged dataset holds, so a diagnosis, not a method): the same minimiser,
+    the posterior mean, with the reward noise taken out of the targets. Only the losses read
+    them; the model still sees the sampled rewards."""
     shrink_prior: Literal["fixed", "data"] = "fixed"
     """Where mu_0 and v_0 of the shrinkage posterior come from: the two fields below ("fixed",
     the bandit's U[0, 1] prior), or the train split's own TD(n) reward targets (their mean and
@@ -360,6 +366,8 @@ class TrainConfig:
                self.head_targets, "one of mean, bootstrap")
         _check(self.h0_prior in ("paper", "state"), "train.h0_prior", self.h0_prior,
                "one of paper, state")
+        _check(self.value_target in ("reward", "mean"), "train.value_target",
+               self.value_target, "one of reward, mean")
         weights = [k for k, g in GRIDS.items() if g.field.startswith("train.") and g.tuning]
         for name in self.choose:
             _check(name in weights and self.choose.count(name) == 1, "train.choose",

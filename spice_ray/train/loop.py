@@ -10,6 +10,7 @@ and checkpoints are reported, where a resume checkpoint is found -- sits behind
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import shutil
@@ -36,7 +37,7 @@ from spice_ray.config import (
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model
-from spice_ray.model.tokens import make_tokens
+from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
 from spice_ray.train.losses import loss_for
 
@@ -160,7 +161,18 @@ def compute_loss(model: nn.Module, batch: dict[str, Any], job_kind: str, cfg: Ex
                         enabled=device.type == "cuda"):
         out = model(tokens)
         ids = torch.tensor(batch["task_id"], device=device)  # a copy: batches are read-only
+        if cfg.train.value_target == "mean":
+            tokens = expected_reward_tokens(tokens, batch)
         return loss_for(job_kind)(out, tokens, unwrap(model), ids, cfg.train)
+
+
+def expected_reward_tokens(tokens: Tokens, batch: Mapping[str, Any]) -> Tokens:
+    """``tokens`` with each context reward replaced by its arm's expected reward mu_{a_t}
+    (the batch's ``means``: a stateless bandit's tasks), for the losses of
+    ``train.value_target="mean"``; the model's forward has already read the sampled ones."""
+    means = torch.as_tensor(np.asarray(batch["means"]), dtype=tokens.rewards.dtype,
+                            device=tokens.rewards.device)
+    return dataclasses.replace(tokens, rewards=means.gather(1, tokens.actions))
 
 
 def make_optimizer(params: Iterable[nn.Parameter], tc: TrainConfig) -> torch.optim.AdamW:
