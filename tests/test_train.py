@@ -82,6 +82,21 @@ def test_local_run_killed_after_first_checkpoint_resumes(smoke_bandit, tmp_path,
     assert pretrain(cfg, "dpt", 0, ds) == final  # a finished run is skipped
 
 
+@pytest.mark.parametrize("preset,env,identity", [("smoke", "bandit", "6d3fb188641f8f2a"),
+                                                   ("small", "bandit_template", "9480425adf615577"),
+                                                   ("small", "darkroom", "e4cf5eb5afbae24d")])
+def test_training_identities_stay_what_they_were(preset, env, identity) -> None:
+    """A model's training identity names its checkpoint directory: a field added to a config
+    section at a default that trains as before must leave it alone (list the field in
+    ``LATER_DEFAULTS``), or every trained model is retrained and a ladder's rung no longer
+    resumes from the one below (``train.value_target`` did that once). A deliberate change of a
+    preset's training updates these pins."""
+    from spice_ray.train.loop import TrainJob
+
+    cfg = make_config(preset, env)
+    assert TrainJob(cfg.to_dict(), "spice", "d", "h", 0).identity() == identity
+
+
 def test_a_longer_training_resumes_from_a_shorter_one_and_equals_a_straight_run(
         smoke_bandit, tmp_path) -> None:
     """Under a constant rate the epochs are not in a model's identity: 3 epochs resumed from a

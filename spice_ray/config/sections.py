@@ -169,7 +169,8 @@ class DataConfig:
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
                                              "fusion": {"width_source": "ensemble"},
                                              "train": {"h0_prior": "paper", "choose": (),
-                                                       "lambda_shrink": 1.0}}
+                                                       "lambda_shrink": 1.0,
+                                                       "value_target": "reward"}}
 """Fields added to a section after results were made with it, left out of what identifies
 those results at these values (:func:`without_later_defaults`: a model's training identity
 and architecture spec, an evaluation's inputs): what was made before them is what the default
