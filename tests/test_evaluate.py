@@ -426,3 +426,21 @@ def test_task_shards_merge_into_one_process_order() -> None:
     merged = merge_task_shards([shard(np.arange(3)), shard(np.arange(3, 5))])
     pd.testing.assert_frame_equal(merged, whole)
     assert merge_task_shards([whole]).equals(whole)
+
+
+def test_context_follow_measures_how_far_the_prior_moves_with_the_posterior() -> None:
+    """A prior that makes half the exact posterior's move away from the family's mean has
+    slope 0.5 at every length; RMSEs by hand; a prior that ignores the context has slope 0 and
+    the blind RMSE."""
+    from spice_ray.evaluate.calibration import context_follow
+
+    rng = np.random.default_rng(0)
+    family = rng.random((7, 1, 3))
+    oracle = family + np.concatenate([np.zeros((7, 1, 3)), rng.normal(0, 0.1, (7, 4, 3))], 1)
+    half = context_follow(family + 0.5 * (oracle - family), oracle)
+    assert np.isnan(half["slope"][0]) and np.allclose(half["slope"][1:], 0.5)
+    blind = np.sqrt(((oracle - family) ** 2).mean((0, 2)))
+    np.testing.assert_allclose(half["rmse"], 0.5 * blind)
+    np.testing.assert_allclose(half["rmse_blind"], blind)
+    ignores = context_follow(np.broadcast_to(family, oracle.shape), oracle)
+    assert np.allclose(ignores["slope"][1:], 0.0) and np.allclose(ignores["rmse"], blind)

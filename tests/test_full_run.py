@@ -183,6 +183,20 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     best = next(r["mean"] for r in tuned["SPICE"]["grid"] if r["setting"] == chosen)
     assert scored[f"SPICE chosen {chosen}"] == pytest.approx(best, abs=5e-3)
     assert scored[f"SPICE {point}"] == scored[f"SPICE chosen {chosen}"]
+    # the prior-follow diagnosis reads the prior the calibration table scores: its pooled RMSE
+    # against the exact posterior mean is the table's per-task one, pooled over tasks
+    from tools.prior_follow import follow_table
+
+    cal = load(run_dir, "bandit_template_prior")
+    cal = cal[(cal.metric == "oracle_rmse") & (cal.seed == 0)]
+    cal = cal[cal.config == cal.config.iloc[0]]
+    n = plan.configs["bandit_template"].eval.num_tasks
+    rows = [line.split() for line in
+            follow_table(run_dir, "bandit_template", 0, n).splitlines()[2:]]
+    matched = [(float(rmse), np.sqrt((cal[cal.x == int(h)]["value"] ** 2).mean()))
+               for h, _, rmse, _ in rows if int(h) in set(cal.x)]
+    assert len(matched) >= 3 and all(got == pytest.approx(want, abs=1e-4)
+                                     for got, want in matched), matched
     text = report.read_text()
     study_order = [t.name for t in study_tables(plan)]
     places = [text.index(f"## {name}\n") for name in study_order]

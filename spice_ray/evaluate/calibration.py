@@ -204,3 +204,25 @@ def calibration_rows(
     method = METHODS["spice"].label
     return concat_rows(tidy_rows(env_cfg.name, method, "prior", config, seed, task_ids, name,
                                  stats.hs, values) for name, values in metrics.items())
+
+
+def context_follow(prior_mean: np.ndarray, oracle_mean: np.ndarray) -> dict[str, np.ndarray]:
+    """How far a learned prior's mean moves with the context, per context length.
+
+    The family's mean is the exact posterior's at the first length (h = 0: no context). Per
+    length [P], over tasks and arms: ``slope``, the least-squares slope through the origin of
+    (prior - family mean) on (exact posterior - family mean): 1 when the prior moves as the
+    posterior does, 0 when it ignores the context; ``rmse``, the prior against the exact
+    posterior mean; ``rmse_blind``, the family's mean against it (a prior that reads nothing).
+
+    Args:
+        prior_mean, oracle_mean: [B, P, A], the first length 0 (``calibration_stats``'s
+            ``prior_mean`` and ``oracle_mean`` at ``hs`` starting with 0).
+    """
+    family = oracle_mean[:, :1]  # (B, 1, A)
+    moved, follows = oracle_mean - family, prior_mean - family
+    sxx = (moved**2).sum((0, 2))
+    slope = np.where(sxx > 0, (moved * follows).sum((0, 2)) / np.maximum(sxx, 1e-300), np.nan)
+    return {"slope": slope,
+            "rmse": np.sqrt(((prior_mean - oracle_mean) ** 2).mean((0, 2))),
+            "rmse_blind": np.sqrt((moved**2).mean((0, 2)))}
