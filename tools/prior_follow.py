@@ -1,6 +1,6 @@
 """Does a run's learned prior follow the context? The prior's mean against the exact posterior's.
 
-    python tools/prior_follow.py RUN bandit_template [--seed 0] [--tasks 500]
+    python tools/prior_follow.py RUN bandit_template [--seed 0] [--tasks 500] [--checkpoint DIR]
 
 For a structured bandit family with an exact posterior (``bandit_latent``, ``bandit_template``,
 ``linear_bandit``), the SPICE model of training seed ``--seed`` reads the first ``--tasks``
@@ -8,8 +8,9 @@ eval contexts, and at h = 0, 5, 10, 20, 50, 100 and 200 transitions (those withi
 horizon) prints (``spice_ray.evaluate.calibration.context_follow``): the slope of the prior's
 move away from the family's mean on the exact posterior's move (1: it follows the context, 0:
 it ignores it), the prior's RMSE against the exact posterior mean over tasks and arms, and the
-RMSE of a prior that reads nothing of the context (the family's mean). No Ray, nothing written;
-one thread.
+RMSE of a prior that reads nothing of the context (the family's mean). ``--checkpoint`` reads
+another checkpoint of the run's model instead (an ``epoch-*`` one: when the prior began to
+follow). No Ray, nothing written; one thread.
 """
 
 from __future__ import annotations
@@ -29,11 +30,18 @@ from spice_ray.study.run_models import checkpoint_of
 LENGTHS = (0, 5, 10, 20, 50, 100, 200)
 
 
-def follow_table(run: Path, experiment: str, seed: int = 0, tasks: int = 500) -> str:
-    """The printed table for the run's SPICE model of ``seed`` in ``experiment``."""
+def follow_table(run: Path, experiment: str, seed: int = 0, tasks: int = 500,
+                 checkpoint: Path | None = None) -> str:
+    """The printed table for the run's SPICE model of ``seed`` in ``experiment`` (or for
+    ``checkpoint``, a checkpoint under the run's ``checkpoints/``)."""
     cfg = load_config(Path(run) / "configs" / f"{experiment}.yaml")
-    final = checkpoint_of(run, experiment, "spice", seed)
-    data = load_split(Path(run) / "datasets" / final.parent.parent.name, "eval", limit=tasks)
+    if checkpoint is None:
+        final = checkpoint_of(run, experiment, "spice", seed)
+        dataset = final.parent.parent.name
+    else:  # checkpoints/<dataset>/<kind>-<id>-seed<k>/...
+        final = Path(checkpoint).resolve()
+        dataset = final.relative_to((Path(run) / "checkpoints").resolve()).parts[0]
+    data = load_split(Path(run) / "datasets" / dataset, "eval", limit=tasks)
     hs = np.array([h for h in LENGTHS if h <= cfg.env.horizon])
     with torch_threads(1), torch.no_grad():
         stats = calibration_stats(load_model(final, cfg.env, "spice").eval(), cfg.env, data,
@@ -41,7 +49,8 @@ def follow_table(run: Path, experiment: str, seed: int = 0, tasks: int = 500) ->
     if stats.oracle_mean is None:
         raise SystemExit(f"error: {experiment}'s environment has no exact posterior")
     fit = context_follow(stats.prior_mean, stats.oracle_mean)
-    lines = [f"{experiment} SPICE seed {seed} of {run} ({len(data['task_id'])} eval tasks)",
+    lines = [f"{experiment} SPICE {checkpoint or f'seed {seed}'} of {run} "
+             f"({len(data['task_id'])} eval tasks)",
              "      h   slope   RMSE vs exact posterior mean   RMSE, context ignored"]
     lines += [f"  {h:5d}  {s:6.3f}  {r:29.4f}  {b:22.4f}"
               for h, s, r, b in zip(hs, fit["slope"], fit["rmse"], fit["rmse_blind"],
@@ -56,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("experiment", help="a structured bandit experiment of the run")
     p.add_argument("--seed", type=int, default=0, help="training seed of the model")
     p.add_argument("--tasks", type=int, default=500, help="eval contexts to read")
+    p.add_argument("--checkpoint", type=Path, help="another checkpoint of the run's model")
     args = p.parse_args(argv)
-    print(follow_table(args.run, args.experiment, args.seed, args.tasks))
+    print(follow_table(args.run, args.experiment, args.seed, args.tasks, args.checkpoint))
     return 0
 
 
