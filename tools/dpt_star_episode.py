@@ -27,7 +27,7 @@ from spice_ray.data.store import load_split
 from spice_ray.envs import darkroom
 from spice_ray.model.registry import load_model
 from spice_ray.model.tokens import make_tokens
-from spice_ray.study.policy import DptPolicy
+from spice_ray.study.run_models import model_and_dataset
 
 EXPERIMENT = "darkroom_dpt_star"
 STAY = darkroom.ACTION_NAMES.index("stay")
@@ -67,13 +67,7 @@ def episode_inputs(run: Path, seed: int = 0, split: str = "eval",
     """(model, env config, tasks of ``split``, horizon) of the run's DPT* of training seed
     ``seed`` (or of ``checkpoint``, a checkpoint under the run's ``checkpoints/``)."""
     cfg = load_config(Path(run) / "configs" / f"{EXPERIMENT}.yaml")
-    if checkpoint is None:
-        final = DptPolicy.checkpoint_of(run, EXPERIMENT, "dpt", seed)
-        dataset = Path(run) / "datasets" / final.parent.parent.name
-    else:  # checkpoints/<dataset>/<kind>-<id>-seed<k>/...
-        final = Path(checkpoint).resolve()
-        parts = final.relative_to((Path(run) / "checkpoints").resolve()).parts
-        dataset = Path(run) / "datasets" / parts[0]
+    final, dataset = model_and_dataset(run, EXPERIMENT, "dpt", seed, checkpoint)
     data = load_split(dataset, split, limit=cfg.eval.num_tasks)
     return load_model(final, cfg.env, "dpt"), cfg.env, data, cfg.eval.online_horizon
 

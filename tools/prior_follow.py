@@ -25,7 +25,7 @@ from spice_ray.config import load_config
 from spice_ray.data.store import load_split
 from spice_ray.evaluate.calibration import calibration_stats, context_follow
 from spice_ray.model.registry import load_model, torch_threads
-from spice_ray.study.run_models import checkpoint_of
+from spice_ray.study.run_models import model_and_dataset
 
 LENGTHS = (0, 5, 10, 20, 50, 100, 200)
 
@@ -35,13 +35,8 @@ def follow_table(run: Path, experiment: str, seed: int = 0, tasks: int = 500,
     """The printed table for the run's SPICE model of ``seed`` in ``experiment`` (or for
     ``checkpoint``, a checkpoint under the run's ``checkpoints/``)."""
     cfg = load_config(Path(run) / "configs" / f"{experiment}.yaml")
-    if checkpoint is None:
-        final = checkpoint_of(run, experiment, "spice", seed)
-        dataset = final.parent.parent.name
-    else:  # checkpoints/<dataset>/<kind>-<id>-seed<k>/...
-        final = Path(checkpoint).resolve()
-        dataset = final.relative_to((Path(run) / "checkpoints").resolve()).parts[0]
-    data = load_split(Path(run) / "datasets" / dataset, "eval", limit=tasks)
+    final, dataset = model_and_dataset(run, experiment, "spice", seed, checkpoint)
+    data = load_split(dataset, "eval", limit=tasks)
     hs = np.array([h for h in LENGTHS if h <= cfg.env.horizon])
     with torch_threads(1), torch.no_grad():
         stats = calibration_stats(load_model(final, cfg.env, "spice").eval(), cfg.env, data,

@@ -224,3 +224,21 @@ def _card_rows(source: tuple[Path, str, int] | None, method: str) -> list[str]:
         return [f"`{experiment}_tuned` holds no row of {method} at seed {seed}."]
     return [f"From the run's `{experiment}_tuned` table (eval tasks, seed {seed}):", "",
             "| method | metric | mean ± SEM over tasks | tasks |", "|---|---|---:|---:|", *rows]
+
+
+def model_and_dataset(run_dir: str | Path, experiment: str, kind: str, seed: int = 0,
+                      checkpoint: str | Path | None = None) -> tuple[Path, Path]:
+    """(checkpoint, dataset directory) of a study's model: its final checkpoint
+    (:func:`checkpoint_of`), or ``checkpoint``, another checkpoint under the run's
+    ``checkpoints/<dataset>/`` (an ``epoch-*`` one of a training under way).
+
+    Raises:
+        ValueError: ``checkpoint`` is not under the run's ``checkpoints/``.
+    """
+    run_dir = Path(run_dir)
+    if checkpoint is None:
+        final = checkpoint_of(run_dir, experiment, kind, seed)
+        return final, run_dir / "datasets" / final.parent.parent.name
+    final = Path(checkpoint).resolve()
+    return final, run_dir / "datasets" / final.relative_to(
+        (run_dir / "checkpoints").resolve()).parts[0]
