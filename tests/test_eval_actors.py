@@ -131,3 +131,47 @@ def test_a_pool_reuses_its_actors_across_evaluations(ray_local, setup, tmp_path)
         got, want = _sorted(df), _sorted(reference)
         pd.testing.assert_frame_equal(got.drop(columns="value"), want.drop(columns="value"))
         np.testing.assert_allclose(got["value"], want["value"], atol=1e-9)
+
+
+def test_the_tuning_grid_on_ray_tune_equals_in_process(ray_local, setup, tmp_path,
+                                                        monkeypatch) -> None:
+    """The tuning stage's points as Ray Tune trials (two points a trial here): each
+    experiment's scores come back in grid order, equal to one process's ``score_point``, under
+    the checkpoint of each seed (none for a model-free method); a point that cannot be scored
+    is an error naming it."""
+    import dataclasses
+
+    from spice_ray.evaluate.actors import ModelCache
+    from spice_ray.model.checkpoint import save_checkpoint
+    from spice_ray.study import tune_grid
+    from spice_ray.study.tuning import Candidate, Pending, score_point
+
+    model, data, _ = setup
+    path = str(save_checkpoint(tmp_path / "ckpt", model, CFG, dataset_hash="test", epoch=0))
+    spice = [Candidate(AgentSpec("spice", FusionConfig(beta=b)), CFG.eval, (("beta", b),))
+             for b in (0.5, 1.0, 2.0)]
+    ucb = [Candidate(AgentSpec("ucb"), dataclasses.replace(CFG.eval, ucb_c=c), (("c", c),))
+           for c in (0.5, 1.0)]
+
+    def pending(name: str, source: str) -> Pending:
+        return Pending(name, "inputs", CFG.env, data,
+                       [("spice", [spice], {2: source}, (2,)), ("ucb", [ucb], {}, (-1,))],
+                       {}, None, [2], 0.09)
+
+    monkeypatch.setattr(tune_grid, "MAX_POINTS_PER_TRIAL", 2)
+    assert tune_grid.points_per_trial(tune_grid.TRIAL_STEPS // 3) == 2
+    assert tune_grid.points_per_trial(tune_grid.TRIAL_STEPS + 1) == 1
+    assert tune_grid.chunks_of([0, 0, 0, 1, 1, 1], [2, 3]) == [[0, 1], [2], [3, 4, 5]]
+    done = {}
+    monkeypatch.setattr(tune_grid, "MAX_FAILURES", 0)  # each re-run starts a process
+    with pytest.raises(RuntimeError, match=r"tuning b: 4 of 10 grid points have no score, "
+                       r"the first SPICE at \{'beta': 0.5\} \(.*CheckpointError: .*missing/"
+                       r"meta.json does not exist"):
+        tune_grid.score_grid([pending("a", path), pending("b", str(tmp_path / "missing"))],
+                             CFG.eval, lambda i, scores: done.setdefault(i, scores))
+    models = ModelCache()
+    want = pd.DataFrame([{"method": c.key[0], "config": c.key[1],
+                          **score_point(c, sources, seeds, CFG.env, data, models)}
+                         for c, sources, seeds in pending("a", path).points()])
+    assert sorted(done) == [0]  # "a" had all its scores before "b" failed
+    pd.testing.assert_frame_equal(done[0], want)

@@ -13,7 +13,7 @@ import pytest
 from spice_ray.agents import AgentSpec
 from spice_ray.config import make_config
 from spice_ray.results import write
-from spice_ray.study import tuning
+from spice_ray.study import tune_grid, tuning
 from spice_ray.study.tuning import TAUS, WIDTHS, candidates, choose, final_scores
 
 BANDIT = make_config("smoke", "bandit")
@@ -138,7 +138,8 @@ def test_tuned_table_sentences_rank_and_pair_by_task() -> None:
 
 def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
     """Every choice of ``tune_experiment`` comes from validation tasks: the eval split is
-    never loaded nor hashed, and each method's choice is its lowest validation score."""
+    never loaded nor hashed, each point runs under its method's checkpoints (none for a
+    model-free method), and each method's choice is its lowest validation score."""
     import json
 
     import numpy as np
@@ -155,24 +156,27 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
         read.append(split)
         return "hash"
 
-    def evaluate(source, env, eval_cfg, data, specs, protocols, seed=0, pool=None,
-                 split="tasks"):
-        assert protocols == ("final",)  # the score alone, not the curves
-        assert split == "specs"  # the grid's points shared out over the actors
-        rows = []
-        for spec in specs:
-            cfg = json.loads(spec.config_json(eval_cfg))
-            score = (abs(cfg.get("beta", 0) - 2.0) + abs(cfg.get("c", 0) - 1.0)
-                     + abs(cfg.get("width_scale", 1.0) - 0.5))
-            for task in data["task_id"]:
-                rows.append({"method": spec.label, "config": spec.config_json(eval_cfg),
-                             "seed": seed, "task_id": task, "metric": "cumulative_regret",
-                             "x": 24, "value": score + task})
-        return pd.DataFrame(rows)
+    scored = []
+
+    def score_grid(pending, eval_cfg, on_done, console=None):
+        """What the Tune trials compute, in this process: each point's score on every task
+        under every seed, as ``tuning.final_scores`` reads the rows."""
+        for i, p in enumerate(pending):
+            rows = []
+            for cand, sources, seeds in p.points():
+                cfg = json.loads(cand.spec.config_json(cand.eval_cfg))
+                score = (abs(cfg.get("beta", 0) - 2.0) + abs(cfg.get("c", 0) - 1.0)
+                         + abs(cfg.get("width_scale", 1.0) - 0.5))
+                scored.append((cand.spec.label, sorted(sources.items()), seeds))
+                rows += [{"method": cand.spec.label, "config": cand.key[1], "seed": seed,
+                          "task_id": task, "metric": "cumulative_regret", "x": 24,
+                          "value": score + task}
+                         for seed in seeds for task in p.data["task_id"]]
+            on_done(i, tuning.final_scores(pd.DataFrame(rows)))
 
     monkeypatch.setattr(tuning.store, "load_split", load_split)
     monkeypatch.setattr(tuning.store, "split_id", split_id)
-    monkeypatch.setattr(tuning, "evaluate_parallel", evaluate)
+    monkeypatch.setattr(tune_grid, "score_grid", score_grid)
     monkeypatch.setattr(tuning, "_flat_prior", lambda cfg, dataset: (0.5, 0.1))
     fitted = []
 
@@ -185,8 +189,12 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
     monkeypatch.setattr(tuning.ckpt, "content_id", lambda path: str(path))
     cfg = make_config("smoke", "bandit")
     finals = {("bandit", kind, "", 0): f"/ckpt/{kind}" for kind in ("spice", "dpt")}
-    record = tuning.tune_experiment("bandit", cfg, "/data", finals, pool=None)
+    record = tune_grid.tune_experiment("bandit", cfg, "/data", finals)
     assert set(read) == {"validation"}
+    # SPICE's points under its seed's model, DPT's under DPT's, model-free ones under none
+    assert ("SPICE", [(0, "/ckpt/spice")], (0,)) in scored
+    assert ("DPT", [(0, "/ckpt/dpt")], (0,)) in scored
+    assert ("UCB", [], (-1,)) in scored
     assert record["split"] == "validation" and record["tasks"] == 4
     chosen = {label: m["chosen"] for label, m in record["methods"].items()}
     assert chosen == {"SPICE": {"beta": 2.0, "width": "fitted"},
@@ -209,13 +217,13 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
         ("spice-paper", 2.0, 1.0)]
     assert "width_scale" not in paper[0].spec.config_json(cfg.eval)
     # the same inputs again: the record is reused, nothing runs
-    assert tuning.tune_experiment("bandit", cfg, "/data", finals, None, record) is record
+    assert tune_grid.tune_experiment("bandit", cfg, "/data", finals, record) is record
     # an edited choice (the worst grid point instead of the best) is named and tuned again
     edited = json.loads(json.dumps(record))
     worst = max(edited["methods"]["SPICE"]["grid"], key=lambda g: g["mean"])["setting"]
     edited["methods"]["SPICE"]["chosen"] = worst
     assert tuning.record_problem(edited).startswith(f"says SPICE chose {worst}, not its grid")
-    again = tuning.tune_experiment("bandit", cfg, "/data", finals, None, edited)
+    again = tune_grid.tune_experiment("bandit", cfg, "/data", finals, edited)
     assert again is not edited and again == record
     edited["methods"]["SPICE"] = {"chosen": {}}
     assert tuning.record_problem(edited).startswith("is not a tuning record (KeyError")

@@ -26,8 +26,8 @@ from spice_ray.results.tables import load
 from spice_ray.runtime.cli import init_ray
 from spice_ray.study import StudyPlan, evaluate_experiment
 from spice_ray.study.run_models import checked_entry
+from spice_ray.study.tune_grid import tune_experiment
 from spice_ray.study.tuned import write_tuned_table
-from spice_ray.study.tuning import tune_experiment
 
 
 def _gaps(run: Path, experiment: str) -> str:
@@ -65,7 +65,8 @@ def main() -> None:
     tuning = {}
     with EvalPool() as pool:
         for name, cfg in configs.items():
-            record = tune_experiment(name, cfg, datasets[name], finals, pool)
+            pool.close()  # the tuning trials need the CPUs the evaluation actors hold
+            record = tune_experiment(name, cfg, datasets[name], finals)
             tuning[name] = record
             (out / "results").mkdir(parents=True, exist_ok=True)
             write_checked_text(out / "results" / "tuning.json", json.dumps(tuning, indent=1))

@@ -110,36 +110,52 @@ def evaluate_tasks(
 # ---- Ray actors --------------------------------------------------------------------------
 
 
-class EvalActor:
-    """Evaluates shards of tasks for any checkpoint (wrap with ``ray.remote``).
-
-    One actor serves many evaluations (:class:`EvalPool`): the stage pays the actor's start
-    (a process, torch, the package) once, not once per evaluation. Checkpoints loaded from a
-    directory are kept (the last :data:`MODEL_CACHE` of them), so the seeds and methods of one
-    checkpoint load and verify its weights once.
+class ModelCache:
+    """The models a long-lived evaluation process loaded: checkpoints from a directory are kept
+    (the last :attr:`SIZE` of them), so the seeds and methods of one checkpoint load and verify
+    its weights once; an in-memory payload is rebuilt each time (cheap).
 
     Args:
         use_gpu: put models on CUDA when one is present (``EvalConfig.actor_gpus`` > 0).
     """
 
-    MODEL_CACHE = 4
+    SIZE = 4
 
     def __init__(self, use_gpu: bool = False) -> None:
-        torch.set_num_threads(1)  # fractional CPUs: one thread per actor
         self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
         self._models: dict[tuple[str, str], TrunkModel] = {}
 
-    def _model(self, source: ModelSource | None, env: EnvConfig) -> TrunkModel | None:
+    def get(self, source: ModelSource | None, env: EnvConfig) -> TrunkModel | None:
+        """The model of ``source`` (None for None) in ``env``."""
         if source is None:
             return None
-        if not isinstance(source, (str, Path)):  # an in-memory payload: cheap to rebuild
+        if not isinstance(source, (str, Path)):
             return load_model(source, env).to(self.device)
         key = (str(source), repr(env))
         if key not in self._models:
-            if len(self._models) >= self.MODEL_CACHE:
+            if len(self._models) >= self.SIZE:
                 self._models.pop(next(iter(self._models)))  # the oldest
             self._models[key] = load_model(source, env).to(self.device)
         return self._models[key]
+
+
+class EvalActor:
+    """Evaluates shards of tasks for any checkpoint (wrap with ``ray.remote``).
+
+    One actor serves many evaluations (:class:`EvalPool`): the stage pays the actor's start
+    (a process, torch, the package) once, not once per evaluation, and keeps the checkpoints
+    it loaded (:class:`ModelCache`).
+
+    Args:
+        use_gpu: put models on CUDA when one is present (``EvalConfig.actor_gpus`` > 0).
+    """
+
+    def __init__(self, use_gpu: bool = False) -> None:
+        torch.set_num_threads(1)  # fractional CPUs: one thread per actor
+        self._models = ModelCache(use_gpu)
+
+    def _model(self, source: ModelSource | None, env: EnvConfig) -> TrunkModel | None:
+        return self._models.get(source, env)
 
     @staticmethod
     def _maybe_fail(fail_once_marker: str | None) -> None:

@@ -4,6 +4,7 @@ preset planned without a GPU: from the steps' FLOP count)."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from spice_ray.study.experiments import EXPERIMENTS, Experiment, ModelRef
 from spice_ray.study.loss_weights import trained_models
 from spice_ray.study.records import busy_seconds
 from spice_ray.study.reporting import SIDE_BY_SIDE_TABLES, tables_of
+from spice_ray.study.tune_grid import points_per_trial
 from spice_ray.train.loop import steps_per_epoch
 from spice_ray.train.rates import step_flops, step_seconds
 
@@ -36,8 +38,15 @@ TASK_START_SECONDS = 3.0
 """A Ray task worker's start and imports, which the figures stage pays once per CPU when it
 draws the tables side by side."""
 ACTOR_START_SECONDS = 3.5
-"""The evaluation actors' start (processes, imports), paid once: the tuning stage starts them
-and the evaluation stage reuses them (smoke study, 2026-11-26: its first tuned experiment)."""
+"""The evaluation actors' start (processes, imports), paid once by the evaluation stage and
+once by the tuning stage's trial processes (smoke study, 2026-11-26: its first tuned
+experiment)."""
+TUNE_START_SECONDS = 6.0
+"""The tuning stage's Tune run beside its trials' work: its controller's start and end
+(smoke study, 2026-11-27: 38 s of tuning against 21 s before it ran on Tune, with 111 trials)."""
+TUNE_TRIAL_SECONDS = 0.1
+"""The Tune controller's time per trial (75-100 ms on the 2-core machine, 2026-11-27), serial:
+one trial per ``tune_grid.points_per_trial`` points."""
 TUNE_EXPERIMENT_SECONDS = 1.0
 """Per tuned experiment, beside its rollouts: the validation split read, the width fitted on its
 contexts, the checkpoints loaded in the actors (smoke study, 2026-11-26: 17 s of tuning against
@@ -165,8 +174,8 @@ def describe_plan(plan: StudyPlan) -> str:
                  + (f"; train.use_gpu asks for GPUs, none in this process: timed from the "
                     f"steps' FLOPs at {GPU_FLOPS_PLANNED / 1e12:.1f} TFLOP/s a GPU (the "
                     f"middle of {gpu_hours(total_flops)})" if total_flops else ""))
-    lines.append("stage 3 tuning on validation tasks (Ray actors; times from online rollouts "
-                 "probed now, 1 thread per actor):")
+    lines.append("stage 3 tuning on validation tasks (Ray Tune trials; times from online "
+                 "rollouts probed now, 1 thread per trial):")
     tune_seconds = 0.0
     for name, cfg in plan.configs.items():
         exp = EXPERIMENTS[name]
@@ -192,14 +201,16 @@ def describe_plan(plan: StudyPlan) -> str:
         if not points:
             lines.append(f"  {name:{w}s} nothing to tune (a fixed protocol)")
             continue
-        seconds += TUNE_EXPERIMENT_SECONDS
+        steps = n_val * cfg.eval.online_horizon * cfg.eval.episodes * len(cfg.seeds)
+        seconds += TUNE_EXPERIMENT_SECONDS + TUNE_TRIAL_SECONDS * math.ceil(
+            points / points_per_trial(steps))
         tune_seconds += seconds
         lines.append(f"  {name:{w}s} {count(methods, 'method')}, "
                      f"{count(points, 'grid point')} (x {count(len(cfg.seeds), 'seed')} where "
                      f"trained) on {n_val} validation tasks: ~{fmt_seconds(seconds)}")
-    tune_seconds += ACTOR_START_SECONDS if tune_seconds else 0.0
+    tune_seconds += ACTOR_START_SECONDS + TUNE_START_SECONDS if tune_seconds else 0.0
     lines.append("stage 4 evaluation (Ray actors; online rollouts as probed above):")
-    eval_seconds = 0.0
+    eval_seconds = ACTOR_START_SECONDS  # the stage's own actors
     for name, cfg in plan.configs.items():
         seconds = evaluation_seconds(EXPERIMENTS[name], cfg) if name not in too_big else 0.0
         eval_seconds += seconds

@@ -69,8 +69,9 @@ from spice_ray.study.reporting import (
     tables_of,
     write_study_report,
 )
+from spice_ray.study.tune_grid import tune_all
 from spice_ray.study.tuned import write_tuned_table
-from spice_ray.study.tuning import agent_specs, tune_all
+from spice_ray.study.tuning import agent_specs
 from spice_ray.train.together import ModelSpec, pretrain_many
 
 log = logging.getLogger(__name__)
@@ -373,11 +374,11 @@ def run_study(plan: StudyPlan, console: Console = SILENT) -> Path:
 
     t2 = time.perf_counter()
     enter_stage("3/6 tune")
-    console.stage(3, 6, "tune", "every method's settings on validation tasks (Ray actors)")
-    with EvalPool() as pool:  # the actors start once for tuning and evaluation
-        models = choose_models(plan.configs, run_dir, datasets, finals, console)
-        tuned = tune_all(plan.configs, run_dir, datasets, finals, pool, console, models)
-        plan.timings["tune"] = time.perf_counter() - t2
+    console.stage(3, 6, "tune", "every method's settings on validation tasks (Ray Tune)")
+    models = choose_models(plan.configs, run_dir, datasets, finals, console)
+    tuned = tune_all(plan.configs, run_dir, datasets, finals, console, models)
+    plan.timings["tune"] = time.perf_counter() - t2
+    with EvalPool() as pool:  # the actors start once for every evaluation
         t3 = time.perf_counter()
         enter_stage("4/6 evaluate")
         console.stage(4, 6, "evaluate",

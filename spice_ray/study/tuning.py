@@ -28,10 +28,9 @@ row of the tuned table has a validation score. Every grid's values are declared 
 ``spice_ray/config/grids.py`` (the sweeps read the same declarations).
 
 The grid is exhaustive (SPICE: at most 80 points on a darkroom; a model-free method 120, each a
-few milliseconds per task) and runs on the study's evaluation actors (:class:`EvalPool`) in a
-few batched calls, its points shared out over the actors (each on every validation task:
-``split="specs"``, the same rows as one process): a Ray Tune trial per point would pay a
-trial's start-up each time for nothing a search could add to an exhaustive grid.
+few milliseconds per task) and runs on Ray Tune, the sweeps' search engine: one trial per
+point, each on every validation task under every seed's model (:func:`score_point`;
+``spice_ray.study.tune_grid``).
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,12 +47,11 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.agents import AgentSpec
-from spice_ray.common.artifacts import MISSING, verify, write_checked_text
-from spice_ray.common.console import SILENT, Console, count
-from spice_ray.config import EvalConfig, ExperimentConfig, config_hash
+from spice_ray.common.artifacts import MISSING, verify
+from spice_ray.config import EnvConfig, EvalConfig, ExperimentConfig, config_hash
 from spice_ray.config.grids import GRIDS
 from spice_ray.data import store
-from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
+from spice_ray.evaluate.actors import EvalPool, ModelCache, evaluate_parallel, evaluate_tasks
 from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES, needs_nstep
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.results.choices import best_index, fitted_noise, paper_choice, record_problem
@@ -233,6 +231,18 @@ def agent_specs(exp: Experiment, cfg: ExperimentConfig, dataset: Path
     return out
 
 
+def score_point(point: Candidate, sources: Mapping[int, str], seeds: Sequence[int],
+                env: EnvConfig, data: Mapping[str, Any], models: ModelCache) -> dict[str, Any]:
+    """One grid point's validation score (what a tuning trial computes): its online run on
+    every task of ``data`` under each seed's model (``sources``; none for a model-free
+    method), the final cumulative regret's mean, SEM and n as :func:`final_scores` gives them."""
+    frames = [evaluate_tasks(env, point.eval_cfg, data, [point.spec],
+                             models.get(sources.get(seed), env), ("final",), seed)
+              for seed in seeds]
+    [score] = final_scores(pd.concat(frames, ignore_index=True)).to_dict("records")
+    return {k: score[k] for k in ("mean", "sem", "n")}
+
+
 def run_candidates(cands: list[Candidate], source: str | None, cfg: ExperimentConfig,
                    data: dict, seed: int, pool: EvalPool, protocol: str = "online"
                    ) -> pd.DataFrame:
@@ -247,14 +257,35 @@ def run_candidates(cands: list[Candidate], source: str | None, cfg: ExperimentCo
     return pd.concat(frames, ignore_index=True)
 
 
-def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals, pool: EvalPool,
-                    previous: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Choose every tuned method's setting of experiment ``name`` on its validation tasks.
+@dataclass
+class Pending:
+    """One experiment's grid, ready to be scored (:func:`prepare`), and what :func:`finish`
+    needs to make its record of it."""
 
-    Returns the experiment's record of ``tuning.json`` (``previous`` when its inputs hash is
-    the same: nothing is re-run): {"inputs", "split", "tasks", "seeds", "score", "methods":
-    {label: {"evaluation", "grid": [{"setting", "mean", "sem", "n"}], "chosen"}}}.
-    """
+    name: str
+    inputs: str
+    env: EnvConfig
+    data: dict[str, Any]
+    """The validation tasks' columns."""
+    groups: list[tuple[str, list[list[Candidate]], dict[int, str], tuple[int, ...]]]
+    """Per tuned evaluation: its name, each method's grid, its checkpoints by seed, and the
+    seeds its points run under."""
+    widths: dict[str, dict[str, Any]]
+    noise: float | None
+    seeds: list[int]
+    config_noise: float
+
+    def points(self) -> list[tuple[Candidate, dict[int, str], tuple[int, ...]]]:
+        """Every point with its checkpoints and seeds, in grid order."""
+        return [(c, sources, seeds) for _, grids, sources, seeds in self.groups
+                for grid in grids for c in grid]
+
+
+def prepare(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals,
+            previous: dict[str, Any] | None = None) -> Pending | dict[str, Any]:
+    """Experiment ``name``'s grid on its validation tasks (the learned widths fitted first:
+    the grid holds them), or ``previous`` when its inputs hash is the same and it is sound
+    (nothing to run)."""
     exp = EXPERIMENTS[name]
     specs = agent_specs(exp, cfg, dataset)
     plan = {ev: bases(specs[ev], cfg) for ev in exp.tuned}
@@ -272,7 +303,6 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
             return previous
         log.warning("[tune] %s: %s %s: tuned again", name, TUNING_FILE, problem)
     data = store.load_split(dataset, "validation", limit=cfg.eval.num_tasks)
-    methods: dict[str, Any] = {}
 
     def sources_of(ev_name: str) -> dict[int, str]:
         ev = exp.evaluation(ev_name)
@@ -283,26 +313,34 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
     widths = {s.label: fit_width(s, cfg, data, sources_of(ev_name))
               for ev_name, group in plan.items() for s in group if s.info.scales_width}
     noise = next((w["noise_var"] for w in widths.values() if "noise_var" in w), None)
-    for ev_name, group in plan.items():
-        ev = exp.evaluation(ev_name)
-        seeds = cfg.seeds if ev.model else (NO_SEED,)
-        sources = sources_of(ev_name)
-        grids = [candidates(s, cfg.eval, widths.get(s.label), noise) for s in group]
-        flat = [c for grid in grids for c in grid]
-        rows = pd.concat([run_candidates(flat, sources.get(seed), cfg, data, seed, pool, "final")
-                          for seed in seeds], ignore_index=True)
-        scores = final_scores(rows)
+    groups = [(ev_name, [candidates(s, cfg.eval, widths.get(s.label), noise) for s in group],
+               sources_of(ev_name),
+               tuple(cfg.seeds) if exp.evaluation(ev_name).model else (NO_SEED,))
+              for ev_name, group in plan.items()]
+    return Pending(name, inputs, cfg.env, data, groups, widths, noise, list(cfg.seeds),
+                   cfg.fusion.noise_var)
+
+
+def finish(pending: Pending, scores: pd.DataFrame) -> dict[str, Any]:
+    """The experiment's record of ``tuning.json`` from its points' ``scores`` (method, config,
+    mean, sem, n): {"inputs", "split", "tasks", "seeds", "score", "methods": {label:
+    {"evaluation", "grid": [{"setting", "mean", "sem", "n"}], "chosen"}}}."""
+    methods: dict[str, Any] = {}
+    for ev_name, grids, _, _ in pending.groups:
         for grid in grids:
             best, records = choose(grid, scores)
-            methods[best.spec.label] = {"evaluation": ev_name, "grid": records,
-                                        "chosen": dict(best.setting)}
-            if best.spec.label in widths:
-                methods[best.spec.label]["width"] = widths[best.spec.label]
-                methods[best.spec.label]["paper"] = paper_choice(methods[best.spec.label])
-            log.info("[tune] %s: %s -> %s", name, best.spec.label, dict(best.setting) or "-")
-    return {"inputs": inputs, "split": "validation", "tasks": len(data["task_id"]),
-            "seeds": list(cfg.seeds), "score": SCORE, "methods": methods,
-            **({"noise_var": {"fitted": noise, "config": cfg.fusion.noise_var}}
+            label = best.spec.label
+            methods[label] = {"evaluation": ev_name, "grid": records,
+                              "chosen": dict(best.setting)}
+            if label in pending.widths:
+                methods[label]["width"] = pending.widths[label]
+                methods[label]["paper"] = paper_choice(methods[label])
+            log.info("[tune] %s: %s -> %s", pending.name, label, dict(best.setting) or "-")
+    noise = pending.noise
+    return {"inputs": pending.inputs, "split": "validation",
+            "tasks": len(pending.data["task_id"]), "seeds": pending.seeds, "score": SCORE,
+            "methods": methods,
+            **({"noise_var": {"fitted": noise, "config": pending.config_noise}}
                if noise is not None else {})}
 
 
@@ -375,34 +413,6 @@ def read_tuning(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict[str, Path],
-             finals: Finals, pool: EvalPool, console: Console = SILENT,
-             models: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The tuning stage: :func:`tune_experiment` for every experiment with tuned evaluations,
-    ``results/tuning.json`` rewritten after each (an interrupted stage keeps what it chose;
-    choices whose inputs are unchanged are not re-run); ``models``: each experiment's
-    loss-weight choice (``spice_ray.study.loss_weights``), recorded as its ``models.spice``."""
-    old = read_tuning(run_dir)
-    tuning: dict[str, Any] = {}
-    for name, cfg in configs.items():
-        if not EXPERIMENTS[name].tuned:
-            continue
-        t0 = time.perf_counter()
-        record = tune_experiment(name, cfg, datasets[name], finals, pool, old.get(name))
-        if (models or {}).get(name) and record.get("models") != {"spice": models[name]}:
-            record = {**record, "models": {"spice": models[name]}}
-        tuning[name] = record
-        skipped = record is old.get(name)
-        if not skipped:  # a re-run with nothing new leaves the file as it was
-            write_checked_text(run_dir / TUNING_FILE, json.dumps({**old, **tuning}, indent=1))
-        points = sum(len(m["grid"]) for m in record["methods"].values())
-        console.line(f"  {name}: {count(len(record['methods']), 'method')}, "
-                     f"{count(points, 'grid point')} on {record['tasks']} validation tasks"
-                     + (", current, skipped" if skipped else
-                        f" ({time.perf_counter() - t0:.0f} s)"))
-    return tuning
 
 
 def headline(run_dir: Path, experiments: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
