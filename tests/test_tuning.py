@@ -334,3 +334,42 @@ def test_the_final_protocol_is_the_curves_last_step_exactly() -> None:
     pd.testing.assert_frame_equal(tuning.final_scores(final), tuning.final_scores(curves))
     with pytest.raises(ValueError, match=r"protocols \['finals'\] are invalid: .*, final$"):
         evaluate_tasks(cfg.env, cfg.eval, data, specs, protocols=("finals",))
+
+
+def test_the_stage_writes_each_experiments_choices_as_they_come_in_in_its_order(
+        monkeypatch, tmp_path) -> None:
+    """``tune_all``: an experiment's record is written as soon as its last point is scored,
+    and ``tuning.json`` lists the experiments in the run's order however the trials finished
+    (here the last experiment first); an experiment whose inputs are unchanged is not run."""
+    from spice_ray.study.tuning import Pending
+
+    names = ("bandit", "bandit_template", "darkroom")
+    configs = {name: make_config("smoke", name) for name in names}
+    kept = {"methods": {"UCB": {"grid": [{}]}}, "tasks": 16, "inputs": "kept"}
+
+    def prepare(name, cfg, dataset, finals, previous):
+        if name == "bandit_template":
+            assert previous == kept  # read back from tuning.json
+            return previous
+        return Pending(name, name, cfg.env, {"task_id": [0]}, [], {}, None, [0], 0.09)
+
+    written = []
+
+    def score_grid(pending, eval_cfg, on_done, console=None):
+        assert [p.name for p in pending] == ["bandit", "darkroom"]
+        for i in (1, 0):  # darkroom's trials finish first
+            on_done(i, pd.DataFrame())
+            written.append(list(json.loads((tmp_path / tuning.TUNING_FILE).read_text())))
+
+    monkeypatch.setattr(tune_grid, "prepare", prepare)
+    monkeypatch.setattr(tune_grid, "score_grid", score_grid)
+    monkeypatch.setattr(tune_grid, "finish", lambda p, scores: {
+        "methods": {"UCB": {"grid": [{}]}}, "tasks": 1, "inputs": p.name})
+    from spice_ray.common.artifacts import write_checked_text
+
+    write_checked_text(tmp_path / tuning.TUNING_FILE, json.dumps({"bandit_template": kept}))
+    out = tune_grid.tune_all(configs, tmp_path, dict.fromkeys(configs, tmp_path), {})
+    assert list(out) == ["bandit", "bandit_template", "darkroom"]
+    assert written == [["bandit_template", "darkroom"], ["bandit_template", "bandit", "darkroom"]]
+    assert list(json.loads((tmp_path / tuning.TUNING_FILE).read_text())) == [
+        "bandit_template", "bandit", "darkroom"]
