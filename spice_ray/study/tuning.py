@@ -28,9 +28,9 @@ row of the tuned table has a validation score. Every grid's values are declared 
 ``spice_ray/config/grids.py`` (the sweeps read the same declarations).
 
 The grid is exhaustive (SPICE: at most 80 points on a darkroom; a model-free method 120, each a
-few milliseconds per task) and runs on Ray Tune, the sweeps' search engine: one trial per
-point, each on every validation task under every seed's model (:func:`score_point`;
-``spice_ray.study.tune_grid``).
+few milliseconds per task) and runs on Ray Tune, the sweeps' search engine: each trial a run of
+consecutive points of one experiment, each point on every validation task under every seed's
+model (:func:`score_point`; ``spice_ray.study.tune_grid``).
 """
 
 from __future__ import annotations
