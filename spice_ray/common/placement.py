@@ -91,6 +91,17 @@ def placement_resources(
 
 
 
+def actor_bundle(cpus: float, gpus: float,
+                 cluster_resources: Mapping[str, float] | None = None) -> dict[str, float]:
+    """An evaluation actor's resources as one placement bundle: its CPUs and, where it asks
+    for GPUs, the GPUs and the GPU nodes' label (:func:`placement_resources`, consulted only
+    then: Ray must be initialised unless ``cluster_resources`` is given)."""
+    bundle = {"CPU": float(cpus)}
+    if gpus > 0:
+        bundle |= {"GPU": float(gpus), **placement_resources(TRAINER, cluster_resources)}
+    return bundle
+
+
 def _node_id() -> str:
     """Runs remotely: the ID of the node executing it."""
     import ray

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from spice_ray.agents import AgentSpec
-from spice_ray.common.placement import TRAINER, placement_resources
+from spice_ray.common.placement import actor_bundle
 from spice_ray.config import EnvConfig, EvalConfig, FusionConfig
 from spice_ray.envs.base import PROTOCOLS
 from spice_ray.evaluate.calibration import PRIOR_FIT_LENGTHS, calibration_rows
@@ -245,12 +245,13 @@ class EvalPool:
 def _actor_class(eval_cfg: EvalConfig) -> Any:
     import ray
 
-    options: dict[str, Any] = {"num_cpus": eval_cfg.actor_cpus, "max_restarts": 0,
+    bundle = actor_bundle(eval_cfg.actor_cpus, eval_cfg.actor_gpus)
+    options: dict[str, Any] = {"num_cpus": bundle.pop("CPU"), "max_restarts": 0,
                                "max_task_retries": 0}
-    if eval_cfg.actor_gpus > 0:
-        options["num_gpus"] = eval_cfg.actor_gpus
-        if label := placement_resources(TRAINER):  # the GPU nodes of cluster.yaml
-            options["resources"] = label
+    if "GPU" in bundle:
+        options["num_gpus"] = bundle.pop("GPU")
+    if bundle:  # the GPU nodes' label of cluster.yaml
+        options["resources"] = bundle
     return ray.remote(EvalActor).options(**options)
 
 

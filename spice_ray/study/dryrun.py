@@ -21,7 +21,7 @@ from spice_ray.study.experiments import EXPERIMENTS, Experiment, ModelRef
 from spice_ray.study.loss_weights import trained_models
 from spice_ray.study.records import busy_seconds
 from spice_ray.study.reporting import SIDE_BY_SIDE_TABLES, tables_of
-from spice_ray.study.tune_grid import points_per_trial
+from spice_ray.study.tune_grid import points_per_trial, rollout_steps
 from spice_ray.train.loop import steps_per_epoch
 from spice_ray.train.rates import step_flops, step_seconds
 
@@ -201,7 +201,7 @@ def describe_plan(plan: StudyPlan) -> str:
         if not points:
             lines.append(f"  {name:{w}s} nothing to tune (a fixed protocol)")
             continue
-        steps = n_val * cfg.eval.online_horizon * cfg.eval.episodes * len(cfg.seeds)
+        steps = rollout_steps(n_val, cfg.eval, len(cfg.seeds))
         seconds += TUNE_EXPERIMENT_SECONDS + TUNE_TRIAL_SECONDS * math.ceil(
             points / points_per_trial(steps))
         tune_seconds += seconds

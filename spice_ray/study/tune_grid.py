@@ -42,7 +42,7 @@ import torch
 
 from spice_ray.common.artifacts import write_checked_text
 from spice_ray.common.console import SILENT, Console, count, printed_to_log
-from spice_ray.common.placement import TRAINER, placement_resources
+from spice_ray.common.placement import actor_bundle
 from spice_ray.config import EvalConfig, ExperimentConfig
 from spice_ray.evaluate.actors import ModelCache
 from spice_ray.study.experiments import EXPERIMENTS
@@ -69,15 +69,6 @@ _JOBS: dict[str, dict[str, Any]] = {}
 """This process's copy of the stage's job (its points and tasks), read once, not per trial."""
 
 
-def trial_bundle(eval_cfg: EvalConfig) -> dict[str, float]:
-    """What one trial reserves: an evaluation actor's CPUs and GPUs (and, on the cluster, the
-    GPU nodes' label where it asks for a GPU)."""
-    bundle = {"CPU": float(eval_cfg.actor_cpus)}
-    if eval_cfg.actor_gpus > 0:
-        bundle |= {"GPU": float(eval_cfg.actor_gpus), **placement_resources(TRAINER)}
-    return bundle
-
-
 def grid_trial(config: dict[str, Any], job: list[Any]) -> dict[str, Any]:
     """One Tune trial: the scores of the points of chunk ``config["chunk"]`` of the job
     (``job[0]``, the reference :func:`score_grid` put in the object store), in order."""
@@ -97,8 +88,7 @@ def grid_trial(config: dict[str, Any], job: list[Any]) -> dict[str, Any]:
         exp, cand, sources, seeds = work["points"][point]
         env, data = work["experiments"][exp]
         scores.append(score_point(cand, sources, seeds, env, data, models))
-    return {"chunk": chunk, "scores": scores,
-            "best_mean": min(float(s["mean"]) for s in scores)}
+    return {"chunk": chunk, "scores": scores}
 
 
 def points_per_trial(steps: int) -> int:
@@ -107,10 +97,15 @@ def points_per_trial(steps: int) -> int:
     return max(1, min(MAX_POINTS_PER_TRIAL, TRIAL_STEPS // max(1, steps)))
 
 
+def rollout_steps(tasks: int, eval_cfg: EvalConfig, seeds: int) -> int:
+    """Online steps one grid point rolls out: tasks x horizon x episodes x seeds."""
+    return tasks * eval_cfg.online_horizon * eval_cfg.episodes * seeds
+
+
 def point_steps(pending: Pending) -> int:
     """The rollout steps of ``pending``'s costliest point (its most seeds)."""
-    return max(len(pending.data["task_id"]) * c.eval_cfg.online_horizon * c.eval_cfg.episodes
-               * len(seeds) for c, _, seeds in pending.points())
+    return max(rollout_steps(len(pending.data["task_id"]), c.eval_cfg, len(seeds))
+               for c, _, seeds in pending.points())
 
 
 def chunks_of(experiment: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
@@ -190,8 +185,9 @@ def score_grid(pending: Sequence[Pending], eval_cfg: EvalConfig,
     import ray
 
     ref = ray.put(job)  # held here while the trials run; a trial process reads it once
+    bundle = actor_bundle(eval_cfg.actor_cpus, eval_cfg.actor_gpus)  # an evaluation actor's
     trainable = tune.with_resources(tune.with_parameters(grid_trial, job=[ref]),
-                                    tune.PlacementGroupFactory([trial_bundle(eval_cfg)]))
+                                    tune.PlacementGroupFactory([bundle]))
     with tempfile.TemporaryDirectory(prefix="spice-ray-tuning-") as scratch:
         tuner = tune.Tuner(
             trainable,

@@ -244,14 +244,13 @@ def score_point(point: Candidate, sources: Mapping[int, str], seeds: Sequence[in
 
 
 def run_candidates(cands: list[Candidate], source: str | None, cfg: ExperimentConfig,
-                   data: dict, seed: int, pool: EvalPool, protocol: str = "online"
-                   ) -> pd.DataFrame:
-    """Online rows of every candidate (``protocol="final"``: the final cumulative regret
-    alone, what a validation score reads), one actor pass per distinct eval config."""
+                   data: dict, seed: int, pool: EvalPool) -> pd.DataFrame:
+    """Online rows of every candidate (the tuned table's), one actor pass per distinct eval
+    config."""
     by_eval: dict[EvalConfig, list[AgentSpec]] = {}
     for c in cands:
         by_eval.setdefault(c.eval_cfg, []).append(c.spec)
-    frames = [evaluate_parallel(source, cfg.env, ev_cfg, data, specs, (protocol,), seed=seed,
+    frames = [evaluate_parallel(source, cfg.env, ev_cfg, data, specs, ("online",), seed=seed,
                                 pool=pool, split="specs")
               for ev_cfg, specs in by_eval.items()]
     return pd.concat(frames, ignore_index=True)

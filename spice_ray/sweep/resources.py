@@ -41,12 +41,9 @@ def trial_bundles(cfg: ExperimentConfig, train_in_trial: bool = False,
             only consulted when ``eval.actor_gpus`` > 0).
     """
     head = {"CPU": float(cfg.train.worker_cpus) if train_in_trial else 0.0}
-    actor = {"CPU": float(cfg.sweep.actor_cpus)}
-    if cfg.eval.actor_gpus > 0:
-        from spice_ray.common.placement import TRAINER, placement_resources
+    from spice_ray.common.placement import actor_bundle
 
-        actor["GPU"] = float(cfg.eval.actor_gpus)
-        actor |= placement_resources(TRAINER, cluster)
+    actor = actor_bundle(cfg.sweep.actor_cpus, cfg.eval.actor_gpus, cluster)
     return [head] + [dict(actor) for _ in range(cfg.sweep.actors_per_trial)]
 
 
