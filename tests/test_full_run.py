@@ -198,6 +198,9 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
                for h, _, rmse, _ in rows if int(h) in set(cal.x)]
     assert len(matched) >= 3 and all(got == pytest.approx(want, abs=1e-4)
                                      for got, want in matched), matched
+    # on the validation split it reads other contexts: where a setting may be chosen from it
+    held = follow_table(run_dir, "bandit_template", 0, n, split="validation").splitlines()
+    assert "validation tasks)" in held[0] and [line.split() for line in held[2:]] != rows
     text = report.read_text()
     study_order = [t.name for t in study_tables(plan)]
     places = [text.index(f"## {name}\n") for name in study_order]

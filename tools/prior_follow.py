@@ -1,10 +1,12 @@
 """Does a run's learned prior follow the context? The prior's mean against the exact posterior's.
 
     python tools/prior_follow.py RUN bandit_template [--seed 0] [--tasks 500] [--checkpoint DIR]
+                                 [--split eval|validation]
 
 For a structured bandit family with an exact posterior (``bandit_latent``, ``bandit_template``,
 ``linear_bandit``), the SPICE model of training seed ``--seed`` reads the first ``--tasks``
-eval contexts, and at h = 0, 5, 10, 20, 50, 100 and 200 transitions (those within the
+contexts of the eval split (``--split validation``: of the validation split, where what it
+shows may choose a setting), and at h = 0, 5, 10, 20, 50, 100 and 200 transitions (those within the
 horizon) prints (``spice_ray.evaluate.calibration.context_follow``): the slope of the prior's
 move away from the family's mean on the exact posterior's move (1: it follows the context, 0:
 it ignores it), the prior's RMSE against the exact posterior mean over tasks and arms, and the
@@ -31,12 +33,12 @@ LENGTHS = (0, 5, 10, 20, 50, 100, 200)
 
 
 def follow_table(run: Path, experiment: str, seed: int = 0, tasks: int = 500,
-                 checkpoint: Path | None = None) -> str:
+                 checkpoint: Path | None = None, split: str = "eval") -> str:
     """The printed table for the run's SPICE model of ``seed`` in ``experiment`` (or for
-    ``checkpoint``, a checkpoint under the run's ``checkpoints/``)."""
+    ``checkpoint``, a checkpoint under the run's ``checkpoints/``), on ``split``'s contexts."""
     cfg = load_config(Path(run) / "configs" / f"{experiment}.yaml")
     final, dataset = model_and_dataset(run, experiment, "spice", seed, checkpoint)
-    data = load_split(dataset, "eval", limit=tasks)
+    data = load_split(dataset, split, limit=tasks)
     hs = np.array([h for h in LENGTHS if h <= cfg.env.horizon])
     with torch_threads(1), torch.no_grad():
         stats = calibration_stats(load_model(final, cfg.env, "spice").eval(), cfg.env, data,
@@ -45,7 +47,7 @@ def follow_table(run: Path, experiment: str, seed: int = 0, tasks: int = 500,
         raise SystemExit(f"error: {experiment}'s environment has no exact posterior")
     fit = context_follow(stats.prior_mean, stats.oracle_mean)
     lines = [f"{experiment} SPICE {checkpoint or f'seed {seed}'} of {run} "
-             f"({len(data['task_id'])} eval tasks)",
+             f"({len(data['task_id'])} {split} tasks)",
              "      h   slope   RMSE vs exact posterior mean   RMSE, context ignored"]
     lines += [f"  {h:5d}  {s:6.3f}  {r:29.4f}  {b:22.4f}"
               for h, s, r, b in zip(hs, fit["slope"], fit["rmse"], fit["rmse_blind"],
@@ -59,10 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", type=Path, help="a study's run directory (or a ladder's rung)")
     p.add_argument("experiment", help="a structured bandit experiment of the run")
     p.add_argument("--seed", type=int, default=0, help="training seed of the model")
-    p.add_argument("--tasks", type=int, default=500, help="eval contexts to read")
+    p.add_argument("--tasks", type=int, default=500, help="contexts to read")
     p.add_argument("--checkpoint", type=Path, help="another checkpoint of the run's model")
+    p.add_argument("--split", choices=("eval", "validation"), default="eval",
+                   help="whose contexts (default: %(default)s)")
     args = p.parse_args(argv)
-    print(follow_table(args.run, args.experiment, args.seed, args.tasks, args.checkpoint))
+    print(follow_table(args.run, args.experiment, args.seed, args.tasks, args.checkpoint,
+                       args.split))
     return 0
 
 
