@@ -6,13 +6,13 @@
 For a structured bandit family with an exact posterior (``bandit_latent``, ``bandit_template``,
 ``linear_bandit``), the SPICE model of training seed ``--seed`` reads the first ``--tasks``
 contexts of the eval split (``--split validation``: of the validation split, where what it
-shows may choose a setting), and at h = 0, 5, 10, 20, 50, 100 and 200 transitions (those within the
-horizon) prints (``spice_ray.evaluate.calibration.context_follow``): the slope of the prior's
-move away from the family's mean on the exact posterior's move (1: it follows the context, 0:
-it ignores it), the prior's RMSE against the exact posterior mean over tasks and arms, and the
-RMSE of a prior that reads nothing of the context (the family's mean). ``--checkpoint`` reads
-another checkpoint of the run's model instead (an ``epoch-*`` one: when the prior began to
-follow). No Ray, nothing written; one thread.
+shows may choose a setting), and at h = 0, 5, 10, 20, 50, 100 and 200 transitions (those within
+the horizon) prints (``spice_ray.evaluate.calibration.context_follow``): the slope of the
+prior's move away from the family's mean on the exact posterior's move (1: it follows the
+context, 0: it ignores it), the prior's RMSE against the exact posterior mean over tasks and
+arms, and the RMSE of a prior that reads nothing of the context (the family's mean).
+``--checkpoint`` reads another checkpoint of the run's model instead (an ``epoch-*`` one: when
+the prior began to follow). No Ray, nothing written; one thread.
 """
 
 from __future__ import annotations
