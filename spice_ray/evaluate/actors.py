@@ -154,9 +154,6 @@ class EvalActor:
         torch.set_num_threads(1)  # fractional CPUs: one thread per actor
         self._models = ModelCache(use_gpu)
 
-    def _model(self, source: ModelSource | None, env: EnvConfig) -> TrunkModel | None:
-        return self._models.get(source, env)
-
     @staticmethod
     def _maybe_fail(fail_once_marker: str | None) -> None:
         """Fault injection for tests: the first actor to create this file (atomically) exits
@@ -178,7 +175,7 @@ class EvalActor:
         """:func:`evaluate_tasks` on one shard with the checkpoint ``model_source`` (a path,
         a ``model_payload`` dict, or None for baselines only); tidy rows."""
         self._maybe_fail(fail_once_marker)
-        return evaluate_tasks(env, eval_cfg, data, specs, self._model(model_source, env),
+        return evaluate_tasks(env, eval_cfg, data, specs, self._models.get(model_source, env),
                               protocols, seed)
 
     def evaluate_each(self, model_source: ModelSource | None, env: EnvConfig,
@@ -187,7 +184,7 @@ class EvalActor:
                       fail_once_marker: str | None = None) -> list[pd.DataFrame]:
         """:meth:`evaluate` of each spec alone, in order: one frame per spec."""
         self._maybe_fail(fail_once_marker)
-        model = self._model(model_source, env)
+        model = self._models.get(model_source, env)
         return [evaluate_tasks(env, eval_cfg, data, [spec], model, protocols, seed)
                 for spec in specs]
 
