@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,8 +22,11 @@ def ray_local():
     import ray
     from ray.data import DataContext
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+    from spice_ray.runtime.reach import start_local
+
+    # as a run starts it: Ray's start-up waits raised, a second try on a loaded machine
+    start_local(ray.init, ray.shutdown, num_cpus=2, include_dashboard=False,
+                log_to_driver=False, logging_level="ERROR")
     ctx = DataContext.get_current()
     ctx.execution_options.verbose_progress = False
     ctx.enable_progress_bars = False
@@ -52,3 +58,29 @@ def full_run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[i
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+HANG_S = 300
+"""The one wall-clock bound a test may hold work to: a hang reaches it, a slow or busy machine
+never does (the suite's slowest in-process call takes seconds on a quiet 2-core machine and
+some 3x that beside two busy processes). A speed claim is a benchmark's, never a test's."""
+
+
+class Hang(AssertionError):
+    """The guarded block ran past :data:`HANG_S`."""
+
+
+@contextlib.contextmanager
+def hang_guard(what: str, seconds: int = HANG_S) -> Iterator[None]:
+    """Fail the test with :class:`Hang` if the block runs past ``seconds`` (SIGALRM; the
+    main thread, where pytest and its xdist workers run tests), instead of waiting forever."""
+    def expired(signum: int, frame: object) -> None:
+        raise Hang(f"{what} still running after {seconds} s: a hang, not a slow machine")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

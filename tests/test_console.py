@@ -6,7 +6,7 @@ import io
 import math
 import os
 
-from spice_ray.common.console import Console, fmt_seconds
+from spice_ray.common.console import CLOSE_LINE, PROGRESS_LINE, Console, fmt_seconds
 from spice_ray.train.progress import ProgressReporter, TrainBar, describe_loss
 
 
@@ -35,6 +35,34 @@ def test_plain_console_prints_one_line_per_event_and_heartbeats() -> None:
         "  model 1/3 bandit spice seed 0: 2 epochs, loss 0.100 (1 min 00 s)",
     ]
     assert console.lines == 4
+
+
+def test_a_slow_machines_heartbeats_parse_before_and_after_an_eta_exists() -> None:
+    """The figures stage on a loaded machine: its first heartbeat comes before any rate exists
+    (no ETA), the next with one; a unit of two words. Each line is one of the console's two
+    documented grammars, and the test of a study's console parses those, not a timing."""
+    out, clock = io.StringIO(), Clock()
+    console = Console(out, live=False, heartbeat_s=30.0, clock=clock)
+    figures = console.bar("figures", total=30, unit="table")
+    for i, table in enumerate(("bandit_offline", "bandit_online", "bandit_robust"), start=1):
+        clock.t = 40.0 * i  # 40 s a table: a heartbeat at each
+        figures.update(1, status=table)
+    figures.close("30 PNG files")
+    grid = console.bar("tune", total=337, unit="grid point")
+    clock.t += 31
+    grid.update(5)
+    lines = out.getvalue().splitlines()
+    assert lines == ["  figures: 1/30 table, bandit_offline",
+                     "  figures: 2/30 table, bandit_online, ETA 18 min 40 s",
+                     "  figures: 3/30 table, bandit_robust, ETA 18 min 00 s",
+                     "  figures: 30 PNG files (2 min 00 s)",
+                     "  tune: 5/337 grid point"]
+    parsed = [PROGRESS_LINE.fullmatch(line) for line in lines]
+    assert [(m["done"], m["status"], m["eta"]) for m in parsed[:3]] == [
+        ("1", "bandit_offline", None), ("2", "bandit_online", "18 min 40 s"),
+        ("3", "bandit_robust", "18 min 00 s")]
+    assert parsed[3] is None and CLOSE_LINE.fullmatch(lines[3])["took"] == "2 min 00 s"
+    assert parsed[4]["unit"] == "grid point" and parsed[4]["status"] is None
 
 
 def test_train_progress_is_throttled_and_names_loss_components() -> None:
@@ -177,6 +205,13 @@ def test_the_console_never_raises_on_any_clock_or_progress() -> None:
                     assert eta is None and "ETA" not in out.getvalue()
                 assert fmt_seconds(t) and fmt_seconds(eta or 0.0)
             bar.close("done")
+            if not live:  # every line in the documented grammar, whatever the clock did
+                *progress, close = out.getvalue().splitlines()
+                assert CLOSE_LINE.fullmatch(close)["desc"] == "m", close
+                for line in progress:
+                    fields = PROGRESS_LINE.fullmatch(line)
+                    assert fields and fields["desc"] == "m" and fields["unit"] == "step", line
+                    assert int(fields["total"]) == max(1, total), line
 
     check()
 

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from conftest import full_run_cli
 
+from spice_ray.common.console import CLOSE_LINE, PROGRESS_LINE
 from spice_ray.results import load, summarise, write
 from spice_ray.results.__main__ import main as results_main
 from spice_ray.results.tables import write_frame
@@ -60,11 +61,15 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     figures_at = lines.index(next(line for line in lines if line.startswith("[5/6] figures: ")))
     assert re.fullmatch(r"\[5/6\] figures: \d+ tables \(matplotlib\)", lines[figures_at])
     drew = next(i for i in range(figures_at + 1, len(lines)) if "PNG files" in lines[i])
-    # its time in the console's format, whatever the machine's load: "42 s" or "1 min 11 s"
-    assert re.fullmatch(r"  figures: \d+ PNG files \((\d+ min )?\d+ s\)", lines[drew])
-    # between them, only the heartbeat a slow machine prints every 30 s off a terminal
-    assert all(re.fullmatch(r"  figures: \d+/\d+ tables?, \S+, ETA .+", line)
-               for line in lines[figures_at + 1:drew]), lines[figures_at:drew + 1]
+    # its close line in the console's grammar, whatever the machine's load took
+    closed = CLOSE_LINE.fullmatch(lines[drew])
+    assert closed and closed["desc"] == "figures", lines[drew]
+    assert re.fullmatch(r"\d+ PNG files", closed["summary"]), lines[drew]
+    # between them, only the heartbeats a slow machine prints every 30 s off a terminal (the
+    # first, before any rate exists, without an ETA)
+    beats = [PROGRESS_LINE.fullmatch(line) for line in lines[figures_at + 1:drew]]
+    assert all(b and b["desc"] == "figures" and b["unit"] in ("table", "tables")
+               for b in beats), lines[figures_at:drew + 1]
     logs = tmp_path / "run" / "logs"
     assert "[stage 4/6 evaluate]" in (logs / "driver.log").read_text()
     timing = json.loads((logs / "timing.json").read_text())

@@ -8,12 +8,11 @@ import io
 import json
 import logging
 import re
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import full_run_cli
+from conftest import HANG_S, full_run_cli, hang_guard
 
 from spice_ray.common.errors import excerpt
 from spice_ray.config import ConfigError, load_yaml, make_config, parse_set
@@ -33,12 +32,13 @@ data: {label: *f}
 """
 
 
-def full_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, float]:
-    """``pipelines/full_run.py --dry-run argv`` in this process: exit status, stderr, seconds.
-    Only for command lines that stop before the study starts."""
-    start = time.perf_counter()
-    code, _, err = full_run_cli(["--dry-run", *argv], capsys)
-    return code, err, time.perf_counter() - start
+def full_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``pipelines/full_run.py --dry-run argv`` in this process: exit status and stderr. Only
+    for command lines that stop before the study starts; a refusal that hung (expanding a
+    YAML bomb, formatting 3,000 seeds) fails the test at the hang guard."""
+    with hang_guard("full_run.py --dry-run " + excerpt(" ".join(argv))):
+        code, _, err = full_run_cli(["--dry-run", *argv], capsys)
+    return code, err
 
 
 def assert_one_short_line(err: str) -> None:
@@ -55,14 +55,14 @@ def test_alias_bomb_is_refused_at_once(tmp_path, capsys) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text(BOMB)
     assert len(BOMB) < 400
-    start = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"bomb\.yaml is refused: more than 10000 values "
-                                          r"with aliases expanded \(line 5\)"):
+    # refused by its count of values before any is built (expanded, it would take minutes)
+    with hang_guard("loading the alias bomb"), pytest.raises(
+            ConfigError, match=r"bomb\.yaml is refused: more than 10000 values with aliases "
+                               r"expanded \(line 5\)"):
         load_yaml(path)
-    assert time.perf_counter() - start < 2.0  # expanded, it would take minutes
-    code, err, seconds = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"),
-                                   "--config", str(path)], capsys)
-    assert code == 2 and f"config file {path} is refused" in err and seconds < 10
+    code, err = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"), "--config",
+                          str(path)], capsys)
+    assert code == 2 and f"config file {path} is refused" in err
     assert_one_short_line(err)
 
 
@@ -84,7 +84,7 @@ def test_duplicate_keys_are_refused_naming_key_and_line(tmp_path, capsys) -> Non
     path.write_text("seeds: [1]\ndata:\n  seed: 1\n  num_train_tasks: 50\n  seed: 2\n")
     with pytest.raises(ConfigError, match=r"key 'seed' is given twice \(lines 3 and 5\)"):
         make_config("smoke", "bandit", yaml_path=path)
-    code, err, _ = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"),
+    code, err = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"),
                              "--config", str(path)], capsys)
     assert code == 2 and "dup.yaml is refused: key 'seed' is given twice" in err
     assert_one_short_line(err)
@@ -134,11 +134,10 @@ def test_yaml_syntax_errors_are_one_line(tmp_path) -> None:
 ], ids=["deep-list", "long-number", "huge-string", "long-label", "many-seeds", "unclosed",
         "bad-date", "long-key", "unclosed-list", "string-for-int", "string-for-section"])
 def test_pathological_set_values_are_one_line(item, shown, tmp_path, capsys) -> None:
-    code, err, seconds = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"),
-                                   "--set", item], capsys)
+    code, err = full_run(["--preset", "smoke", "--out", str(tmp_path / "o"), "--set", item],
+                         capsys)
     assert code == 2 and err.startswith("error: bad config: ") and shown in err, err[:500]
     assert_one_short_line(err)
-    assert seconds < 10
     assert not (tmp_path / "o").exists()
 
 
@@ -272,27 +271,26 @@ def _free_port() -> int:
 
 
 def test_unreachable_address_is_refused_in_bounded_time() -> None:
-    """Nothing listening, and a listener that is not Ray's GCS (never speaks gRPC): both refused
-    within the timeout, naming the address and the time waited."""
+    """Nothing listening, and a listener that is not Ray's GCS (never speaks gRPC): both refused,
+    naming the address and the time waited: the timeout given, not Ray's own minutes of
+    retries (the hang guard)."""
     import socket
 
     from spice_ray.runtime.reach import ClusterUnreachable, check_reachable
 
     port = _free_port()
-    start = time.perf_counter()
-    with pytest.raises(ClusterUnreachable, match=rf"127\.0\.0\.1:{port} \(.*waited \d"):
+    with hang_guard("check_reachable on a closed port"), pytest.raises(
+            ClusterUnreachable, match=rf"127\.0\.0\.1:{port} \(.*waited \d"):
         check_reachable(f"127.0.0.1:{port}", timeout_s=2.0)
-    # the timeout is kept (Ray alone retries for minutes); the slack is for a loaded 2-core
-    # machine, where the suite runs two tests at a time
-    assert time.perf_counter() - start < 4.0
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         address = f"127.0.0.1:{silent.getsockname()[1]}"
-        start = time.perf_counter()
-        with pytest.raises(ClusterUnreachable, match="no gRPC server answers there"):
+        with hang_guard("check_reachable on a silent listener"), pytest.raises(
+                ClusterUnreachable, match="no gRPC server answers there") as refused:
             check_reachable(address, timeout_s=1.0)
-        assert time.perf_counter() - start < 3.0
+    # it waited for the gRPC handshake until its timeout (and, the guard says, not for ever)
+    assert float(re.search(r"waited ([\d.]+) s", str(refused.value))[1]) >= 0.95
     check_reachable("auto")  # left to Ray's own discovery, which fails fast
 
 
@@ -301,14 +299,66 @@ def test_full_run_with_nothing_at_address_exits_2_in_one_line(tmp_path) -> None:
     import sys
 
     address = f"127.0.0.1:{_free_port()}"
-    start = time.perf_counter()
     proc = subprocess.run([sys.executable, FULL_RUN, "--preset", "smoke", "--experiments",
                            "bandit", "--out", str(tmp_path / "run"), "--address", address],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert_one_short_line(proc.stderr)
     assert proc.stderr.startswith(f"error: no Ray cluster answers at --address {address}")
-    assert time.perf_counter() - start < 30  # interpreter and imports included
+
+
+def test_a_local_ray_that_misses_its_start_up_is_started_again() -> None:
+    """Ray's driver waits a fixed 30 s for its raylet; a busy machine can miss it once. The
+    failed start is shut down and Ray started again; only when every try fails does the run
+    end, in one line that names Ray's reason, the tries and the machine's load."""
+    from spice_ray.runtime.reach import RAY_START_TIMEOUT, RayStartFailed, start_local
+
+    calls: list[object] = []
+
+    def init(**kwargs: object) -> str:
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise Exception(RAY_START_TIMEOUT)  # Ray raises a bare Exception here
+        return "started"
+
+    assert start_local(init, lambda: calls.append("shutdown"), num_cpus=2) == "started"
+    assert calls == [{"address": "local", "num_cpus": 2}, "shutdown",
+                     {"address": "local", "num_cpus": 2}]
+
+    def never(**kwargs: object) -> None:
+        raise Exception(RAY_START_TIMEOUT + "\n" + "a second line of Ray's")
+
+    with pytest.raises(RayStartFailed) as failed:
+        start_local(never, lambda: None, tries=3)
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith(
+        "the local Ray did not start in 3 tries (The current node timed out during startup.")
+    assert re.search(r"load average [\d.]+ on \d+ CPUs\): run again .* --address auto$",
+                     message)
+
+
+def test_full_run_whose_local_ray_never_starts_exits_1_in_one_line(tmp_path) -> None:
+    """A smoke run on a machine too busy for Ray's start-up (both tries made to fail as Ray's
+    timeout does): one ``error:`` line and status 1, never Ray's traceback; the run's lock is
+    released, so the same command can run again."""
+    import os
+    import subprocess
+    import sys
+
+    from spice_ray.common.faults import FAULT_ENV, fault_switch
+
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, FULL_RUN, "--preset", "smoke", "--experiments",
+                           "bandit", "--out", str(run)], capture_output=True, text=True,
+                          timeout=HANG_S, env={**os.environ,
+                                               FAULT_ENV: fault_switch(ray_start=2)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith("error: the local Ray did not start in 2 tries (The current "
+                                  "node timed out during startup."), proc.stderr
+    from spice_ray.common import runlock
+
+    runlock.acquire(run).release()  # the lock was released: free to take
 
 
 # ---- 5. A full disk ---------------------------------------------------------------------
@@ -386,7 +436,7 @@ def test_log_file_that_cannot_be_written_falls_silent(tmp_path, capsys) -> None:
 ])
 def test_a_set_value_contradicting_the_command_line_is_refused(argv, shown, tmp_path,
                                                                capsys) -> None:
-    code, err, _ = full_run([*argv, "--out", str(tmp_path / "o")], capsys)
+    code, err = full_run([*argv, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and shown in err, err
     assert_one_short_line(err)
 
@@ -405,13 +455,11 @@ def test_a_config_file_naming_another_preset_is_refused_and_the_same_one_passes(
 
 
 def test_a_model_that_cannot_fit_is_refused_by_the_dry_run(tmp_path, capsys) -> None:
-    code, err, seconds = full_run(["--preset", "smoke", "--experiments", "bandit", "--out",
-                                   str(tmp_path / "o"), "--set", "model.n_embd=1000000"],
-                                  capsys)
+    code, err = full_run(["--preset", "smoke", "--experiments", "bandit", "--out",
+                          str(tmp_path / "o"), "--set", "model.n_embd=1000000"], capsys)
     assert code == 2 and err.startswith("error: model.n_layer=2, model.n_embd=1000000"), err
     assert "24,000,115,000,344 parameters" in err and "of memory is available" in err
     assert_one_short_line(err)
-    assert seconds < 10
 
 
 def test_model_estimate_counts_the_built_models_parameters() -> None:

@@ -104,12 +104,10 @@ def test_table_and_summary(resumed: dict[str, Any], models: dict[str, Any]) -> N
 def test_rerun_of_finished_sweep_runs_nothing(resumed: dict[str, Any],
                                               models: dict[str, Any]) -> None:
     before = pd.read_parquet(resumed["result"].table_path)
-    t0 = time.perf_counter()
     again = run_sweep(NAME, models["cfg"], _space(), models["ckpts"], models["ds"],
                       models["out"], verbose=0)
-    assert again.restored and again.new_trials == 0
+    assert again.restored and again.new_trials == 0  # no trial ran again
     assert len(again.trials) == 2
-    assert time.perf_counter() - t0 < 30
     pd.testing.assert_frame_equal(pd.read_parquet(again.table_path), before)
 
 

@@ -438,6 +438,7 @@ _CTRL_C_IN_TRAINING = """
 import os, signal, sys
 import ray
 from spice_ray.runtime.cli import run_main
+from spice_ray.runtime.reach import start_local
 from spice_ray.config import make_config
 from spice_ray.train.ray_train import plan_job, train_with_ray
 
@@ -450,8 +451,8 @@ class CtrlC:  # the progress bar: Ctrl-C as soon as the first training step is s
 
 cfg = make_config("smoke", "bandit", overrides=[f"out_dir={sys.argv[2]}", "train.epochs=50",
                                                    "train.num_workers=1"])
-ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
-         log_to_driver=False)
+start_local(ray.init, ray.shutdown, num_cpus=2, include_dashboard=False,
+            logging_level="ERROR", log_to_driver=False)
 job, run_dir = plan_job(cfg, "spice", 0, sys.argv[1])
 run_main(train_with_ray, job, run_dir, CtrlC())
 """

@@ -6,6 +6,15 @@ bar that ends in a one-line summary. When stdout is not a terminal (CI, ``ray jo
 heartbeat line every ``heartbeat_s`` seconds, so a log file stays short and still shows that
 work is moving. Library code reports through a :class:`Console` it is handed (or
 :data:`SILENT`); only the command-line entry points make one that writes.
+
+Off a terminal a unit's lines have one grammar each, whatever the machine's speed (a slow
+machine prints heartbeats a fast one never does, and a first heartbeat has no ETA yet):
+
+- progress (:data:`PROGRESS_LINE`): ``  DESC: DONE/TOTAL UNIT[, STATUS][, ETA DURATION]``;
+- close (:data:`CLOSE_LINE`): ``  DESC: SUMMARY (DURATION)``;
+
+where DURATION is :func:`fmt_seconds`'s (:data:`DURATION`). Tests parse these, never a
+machine's timing.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import contextlib
 import io
 import logging
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +43,22 @@ def fmt_seconds(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+DURATION = r"(?:unknown|\d+ s|\d+ min \d{2} s|\d+ h \d{2} min)"
+"""What :func:`fmt_seconds` writes, as a regular expression."""
+PROGRESS_LINE = re.compile(
+    r"  (?P<desc>.+?): (?P<done>\d+)/(?P<total>\d+) (?P<unit>[^,]+?)"
+    rf"(?:, (?!ETA )(?P<status>.+?))?(?:, ETA (?P<eta>{DURATION}))?")
+"""A unit's progress line off a terminal (``fullmatch`` it): DESC, DONE/TOTAL, UNIT (one or
+more words), then STATUS and the ETA, each left out while it has nothing to say."""
+CLOSE_LINE = re.compile(rf"  (?P<desc>.+?): (?P<summary>.*) \((?P<took>{DURATION})\)")
+"""The line that ends a unit (``fullmatch`` it): DESC, its SUMMARY and the time it took."""
+
+
+def progress_line(desc: str, done: int, total: int, unit: str, postfix: str = "") -> str:
+    """A :data:`PROGRESS_LINE`: ``  desc: done/total unit[, postfix]``."""
+    return f"  {desc}: {done}/{total} {unit}" + (f", {postfix}" if postfix else "")
 
 
 def count(n: int, noun: str) -> str:
@@ -74,9 +100,8 @@ class Bar:
         now = self.console.clock()
         if now - self._last_line >= self.console.heartbeat_s and self.done < self.total:
             self._last_line = now
-            postfix = self._postfix()
-            self.console.line(f"  {self.desc}: {self.done}/{self.total} {self.unit}"
-                              + (f", {postfix}" if postfix else ""))
+            self.console.line(progress_line(self.desc, self.done, self.total, self.unit,
+                                            self._postfix()))
 
     def _postfix(self, eta_first: bool = False) -> str:
         """``status, ETA ...`` (either part left out while it has nothing to say); with

@@ -9,7 +9,9 @@ so the switch reaches Ray workers and subprocesses the way a real fault would. T
 - ``generate_after_shards`` (int): dataset generation stops with an error after finalising
   that many shards;
 - ``disk_full`` (true): every shard write fails with ENOSPC;
-- ``sweep_trial`` ({flattened param: value}): sweep trials whose params match raise.
+- ``sweep_trial`` ({flattened param: value}): sweep trials whose params match raise;
+- ``ray_start`` (int): that many local Ray start-ups fail as Ray's own start-up timeout does
+  (``spice_ray.runtime.reach.start_local``).
 
 Nothing in it is executed: it is parsed as JSON and each value is checked by its reader.
 """
@@ -21,7 +23,7 @@ import os
 from typing import Any
 
 FAULT_ENV = "SPICE_RAY_FAULT"
-POINTS = ("train_epoch", "generate_after_shards", "disk_full", "sweep_trial")
+POINTS = ("train_epoch", "generate_after_shards", "disk_full", "sweep_trial", "ray_start")
 
 
 def fault(point: str, default: Any = None) -> Any:

@@ -29,7 +29,12 @@ from spice_ray.config import (
     resolve_run_dir,
 )
 from spice_ray.runtime import reaper
-from spice_ray.runtime.reach import ClusterUnreachable, check_reachable
+from spice_ray.runtime.reach import (
+    ClusterUnreachable,
+    RayStartFailed,
+    check_reachable,
+    start_local,
+)
 
 log = logging.getLogger("spice_ray")
 
@@ -94,7 +99,8 @@ def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: st
     line and status 2: the run directory is writable, no other run holds it (its lock is taken
     and returned: keep it until the end), the datasets fit on disk and in memory, Ray starts
     (or is joined), and every stage's resource request fits the cluster. Logs are routed first
-    (:func:`setup_logging`).
+    (:func:`setup_logging`). A local Ray that does not start in two tries (a loaded machine,
+    :func:`spice_ray.runtime.reach.start_local`) also ends in one line, with status 1.
 
     Args:
         extra_requests: called after Ray starts, returns more
@@ -141,6 +147,9 @@ def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: st
         except ClusterUnreachable as exc:
             lock.release()
             fail(str(exc))
+        except RayStartFailed as exc:  # not the input's fault: status 1, as a failed stage
+            lock.release()
+            fail(str(exc), status=1)
         problems = resources.check_requests(_requests(cfgs, stages, extra_requests),
                                             resources.cluster_capacity(address))
         if problems and started:
@@ -323,9 +332,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
         # (without it, it warns every few seconds); it takes the next free port after 8265.
         # Its ten module processes cost ~4 CPU-seconds per start (2-core machine), so a run
         # that starts no Ray Train job leaves it out unless asked (``dashboard``).
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(),
-                 include_dashboard=dashboard, log_to_driver=verbose,
-                 logging_level="INFO" if verbose else "WARNING")
+        start_local(ray.init, ray.shutdown, num_cpus=num_cpus or os.cpu_count(),
+                    include_dashboard=dashboard, log_to_driver=verbose,
+                    logging_level="INFO" if verbose else "WARNING")
     _route_ray_loggers(console if verbose else None)
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
