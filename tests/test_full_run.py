@@ -206,6 +206,24 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     # on the validation split it reads other contexts: where a setting may be chosen from it
     held = follow_table(run_dir, "bandit_template", 0, n, split="validation").splitlines()
     assert "validation tasks)" in held[0] and [line.split() for line in held[2:]] != rows
+    # the darkroom read-out reads each epoch checkpoint of a training on validation contexts;
+    # the last is the final model's
+    from tools.darkroom_prior import main as darkroom_prior
+    from tools.darkroom_prior import readout
+
+    csv = tmp_path / "readout.csv"
+    capsys.readouterr()
+    assert darkroom_prior([str(run_dir), "darkroom_region", "--seeds", "0,1",
+                           "--every-checkpoint", "--csv", str(csv)]) == 0
+    assert "by checkpoint:" in capsys.readouterr().out
+    every = pd.read_csv(csv)
+    epochs = plan.configs["darkroom_region"].train.epochs
+    assert sorted(set(every["epoch"])) == list(range(1, epochs + 1))
+    assert set(every["h"]) == {0, 10} and set(every["split"]) == {"validation"}
+    last = every[(every["epoch"] == epochs) & (every["seed"] == 0)].reset_index(drop=True)
+    final = readout(run_dir, "darkroom_region", 0, 200, "validation")
+    pd.testing.assert_frame_equal(last.drop(columns=["checkpoint"]),
+                                  final.drop(columns=["checkpoint"]), check_dtype=False)
     text = report.read_text()
     study_order = [t.name for t in study_tables(plan)]
     places = [text.index(f"## {name}\n") for name in study_order]

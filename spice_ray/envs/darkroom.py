@@ -408,6 +408,20 @@ class Darkroom(Environment):
     def positions(self, states: np.ndarray) -> np.ndarray:
         return np.asarray(states, dtype=np.int64)
 
+    def goal_prior(self) -> np.ndarray:
+        """The goal distribution over every cell [size*size] (x-major) that a prior learned
+        from this family could know: uniform (the held-out cells are not known to it)."""
+        cells = self.params.grid_size ** 2
+        return np.full(cells, 1.0 / cells)
+
+    def goal_family(self) -> dict[str, Any]:
+        """What the darkroom prior read-out needs (``spice_ray.evaluate.darkroom_prior``):
+        ``size``, ``goal_prior`` [G] and ``arrival_rewards`` [G, S] (the reward of arriving in
+        cell s when the goal is g: 1 on the goal, x-major cells)."""
+        size = self.params.grid_size
+        return {"size": size, "goal_prior": self.goal_prior(),
+                "arrival_rewards": np.eye(size * size)}
+
     def landmarks(self, tasks: DarkroomTasks) -> dict[str, np.ndarray]:
         return {"start": np.asarray(tasks.starts, np.int64),
                 "goal": np.asarray(tasks.goals, np.int64)}

@@ -231,6 +231,15 @@ class ContinuousDarkroom(Environment):
         return darkroom.grid_regret(tasks.grid, tasks.cells(states), rewards, horizon,
                                     reading or self.reading(), tasks.reward, optimal_action)
 
+    def goal_family(self) -> dict[str, Any]:
+        """As :meth:`spice_ray.envs.darkroom.Darkroom.goal_family`: goals uniform over the
+        grid, the smooth reward exp(-||s - g||^2 / (2 width^2)) of arriving in cell s."""
+        size = self.params.grid_size
+        cells = darkroom.all_cells(size)  # (S, 2), x-major
+        d2 = ((cells[:, None, :] - cells[None, :, :]) ** 2).sum(-1)  # (G, S)
+        return {"size": size, "goal_prior": np.full(size * size, 1.0 / size**2),
+                "arrival_rewards": np.exp(-d2 / (2.0 * float(self.params.reward_width) ** 2))}
+
     def positions(self, states: np.ndarray) -> np.ndarray:
         weight, offset = embedding(self.state_dim, self.params.embed_seed)
         return np.rint((np.asarray(states, dtype=np.float64) - offset) @ weight).astype(

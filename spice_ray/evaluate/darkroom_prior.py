@@ -1,0 +1,294 @@
+"""Does a darkroom family's learned prior read the goal from its context? Q-bar against the
+task's optimal values, at context lengths h, split by whether the context has shown the goal.
+
+A grid darkroom task is known exactly once its goal is: the optimal values follow from the
+goal alone (:func:`goal_values`, value iteration on the grid: gamma^d / (1 - gamma) for the
+reward of 1 on the goal, the smooth reward's own values on the continuous Darkroom), and the
+exact posterior over the goal given a context (:func:`goal_weights`) only rules cells in or out
+(a reward is a deterministic function of the cell and the goal). So at every checkpoint one can
+say whether the value heads read the context, with no labels and no rollout.
+
+What the model is asked is what the online agent asks: after h transitions of a walk the agent
+stands in the walk's state s_h; its query token holds s_h and the prior is the heads' output at
+position h (:func:`learned_readout`). Per (task, h) that is one state, compared with
+
+- Q*: the task's optimal values at s_h (the truth);
+- the exact posterior's mean values at s_h given the same h transitions (``bayes``: the best a
+  prior could do with that context);
+- the family's goal distribution's mean values at s_h (``blind``: a prior that knows where
+  goals tend to be and reads nothing of the context, the context-free reference).
+
+:func:`readout_rows` gives, per h and context group (all, goal shown, goal not shown), the share
+of states where argmax Q-bar is an optimal action (the analogue of DPT*'s per-action accuracy),
+the RMSE against Q*, and per width source the 90% coverage of Q* and the mean pseudo-count
+N_pri = sigma^2 / max(sd^2, v_min). Pure numpy and torch: no Ray, no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from spice_ray.config import EnvConfig, FusionConfig
+from spice_ray.envs.darkroom import MOVES, all_cells
+from spice_ray.evaluate.calibration import prior_pseudocounts
+from spice_ray.evaluate.offline import sequence_outputs
+from spice_ray.fusion.width import learned_prior_std
+from spice_ray.model.tokens import make_tokens
+from spice_ray.model.trunk import TrunkModel
+
+READOUT_LENGTHS = (0, 10, 25, 50, 100)
+"""Context lengths h of the read-out (those within the horizon)."""
+GROUPS = ("all", "goal shown", "goal not shown")
+"""The context groups of :func:`readout_rows`: shown = the walk has arrived on the goal."""
+REWARD_TOL = 1e-5
+"""A reward 'matches' a goal within this (the continuous Darkroom stores float32 rewards)."""
+Z90 = NormalDist().inv_cdf(0.95)
+
+
+def next_cells(size: int) -> np.ndarray:
+    """The cell index (x-major) each action leads to from each cell, int64 [S, A]."""
+    cells = all_cells(size)  # (S, 2)
+    nxt = np.clip(cells[:, None, :] + MOVES[None], 0, size - 1)  # (S, A, 2)
+    return nxt[..., 0] * size + nxt[..., 1]
+
+
+def goal_values(arrival_rewards: np.ndarray, size: int, gamma: float, tol: float = 1e-12
+                ) -> np.ndarray:
+    """Optimal Q*_g(s, a) for every goal g, cell s and action a, by value iteration.
+
+    Args:
+        arrival_rewards: float [G, S], the reward of arriving in cell s when the goal is g.
+        size: grid side (S = size^2 cells, x-major).
+        gamma: discount in [0, 1).
+        tol: stop when no value moves by more than this.
+
+    Returns:
+        float64 [G, S, A]: Q*_g(s, a) = R_g(s') + gamma max_a' Q*_g(s', a'), s' = move(s, a).
+    """
+    if not 0 <= gamma < 1:
+        raise ValueError(f"gamma={gamma!r} is invalid: in [0, 1)")
+    rewards = np.asarray(arrival_rewards, dtype=np.float64)
+    nxt = next_cells(size)  # (S, A)
+    r = rewards[:, nxt]  # (G, S, A)
+    value = np.zeros(rewards.shape)  # (G, S)
+    while True:
+        q = r + gamma * value[:, nxt]  # (G, S, A)
+        new = q.max(-1)
+        if np.abs(new - value).max(initial=0.0) <= tol:
+            return q
+        value = new
+
+
+def optimal_set(q: np.ndarray, rtol: float = 1e-9) -> np.ndarray:
+    """bool [..., A]: the actions whose value is the maximum (ties kept) of q [..., A]."""
+    top = q.max(-1, keepdims=True)
+    return q >= top - rtol * np.maximum(np.abs(top), 1.0)
+
+
+def goal_weights(prior: np.ndarray, arrival_rewards: np.ndarray, cells_after: np.ndarray,
+                 rewards: np.ndarray, hs: np.ndarray) -> np.ndarray:
+    """The exact posterior over the goal after the first h transitions of each context.
+
+    A goal stays possible while every reward seen equals the reward it gives on arriving in
+    that cell; the posterior is the prior restricted to the possible goals.
+
+    Args:
+        prior: [G] the family's goal distribution over cells.
+        arrival_rewards: [G, S] as :func:`goal_values`.
+        cells_after: int [B, T] the cell index each transition arrived in.
+        rewards: [B, T] the rewards seen.
+        hs: int [P] context lengths in [0, T].
+
+    Returns:
+        float64 [B, P, G], rows summing to 1.
+
+    Raises:
+        ValueError: a context that no goal explains (rewards from another family).
+    """
+    seen = np.asarray(arrival_rewards, dtype=np.float64)[:, cells_after]  # (G, B, T)
+    wrong = np.abs(seen - np.asarray(rewards, dtype=np.float64)[None]) > REWARD_TOL
+    ruled_out = np.concatenate([np.zeros_like(wrong[..., :1]), np.cumsum(wrong, -1) > 0],
+                               -1)  # (G, B, T+1): ruled out after t transitions
+    weights = np.asarray(prior, np.float64)[None, None, :] * ~ruled_out[:, :, hs].transpose(
+        1, 2, 0)  # (B, P, G)
+    total = weights.sum(-1, keepdims=True)
+    if (total <= 0).any():
+        b = int(np.argwhere(total[..., 0] <= 0)[0, 0])
+        raise ValueError(f"context {b} has rewards that no goal of the family gives")
+    return weights / total
+
+
+@dataclass(frozen=True)
+class Readout:
+    """Per task b and context length hs[p]: the state the agent stands in and its values.
+
+    Attributes:
+        hs: int [P].
+        q_star: float64 [B, P, A] the task's optimal values at that state.
+        bayes: float64 [B, P, A] the exact posterior's mean values given the context.
+        blind: float64 [B, P, A] the family's goal distribution's mean values (no context).
+        shown: bool [B, P] whether the first h transitions arrived on the goal.
+    """
+
+    hs: np.ndarray
+    q_star: np.ndarray
+    bayes: np.ndarray
+    blind: np.ndarray
+    shown: np.ndarray
+
+
+def exact_readout(family: Mapping[str, Any], goals: np.ndarray, cells: np.ndarray,
+                  rewards: np.ndarray, hs: np.ndarray, gamma: float) -> Readout:
+    """The exact side of the read-out for walks.
+
+    Args:
+        family: ``size``, ``goal_prior`` [G] and ``arrival_rewards`` [G, S] (an environment's
+            :meth:`goal_family`).
+        goals: int [B, 2] each task's goal cell.
+        cells: int [B, T+1, 2] each walk's cells s_0..s_T.
+        rewards: [B, T].
+        hs: int [P] in [0, T].
+        gamma: the value heads' discount.
+    """
+    size = int(family["size"])
+    hs = np.asarray(hs, dtype=np.int64)
+    values = goal_values(family["arrival_rewards"], size, gamma)  # (G, S, A)
+    index = np.asarray(cells, np.int64) @ np.array([size, 1])  # (B, T+1)
+    goal = np.asarray(goals, np.int64) @ np.array([size, 1])  # (B,)
+    here = index[:, hs]  # (B, P)
+    weights = goal_weights(family["goal_prior"], family["arrival_rewards"], index[:, 1:],
+                           rewards, hs)  # (B, P, G)
+    at = values[:, here]  # (G, B, P, A)
+    arrived = np.concatenate([np.zeros_like(index[:, :1], dtype=bool),
+                              np.cumsum(index[:, 1:] == goal[:, None], 1) > 0], 1)
+    return Readout(
+        hs=hs,
+        q_star=values[goal[:, None], here],  # (B, P, A)
+        bayes=np.einsum("bpg,gbpa->bpa", weights, at),
+        blind=np.einsum("g,gbpa->bpa", np.asarray(family["goal_prior"], np.float64), at),
+        shown=arrived[:, hs],
+    )
+
+
+def learned_readout(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str, np.ndarray],
+                    hs: np.ndarray, batch_size: int = 64) -> dict[str, np.ndarray]:
+    """The model's heads where the online agent reads them: for each h, the query token holds
+    the walk's state after h transitions and the heads are read at position h.
+
+    Args:
+        data: split columns of a walk roll-in (``states`` [B, T+1, ...] and the rest).
+
+    Returns:
+        float64 [B, P, A] per head field: ``prior_mean``, ``prior_std`` and, with a variance
+        head, ``pred_var``.
+    """
+    env = env_cfg.environment()
+    states = np.asarray(data["states"])
+    if states.shape[1] != np.asarray(data["actions"]).shape[1] + 1:
+        raise ValueError(f"the read-out needs walk contexts (states [B, T+1]); "
+                         f"{env_cfg.name}'s have states {states.shape}: set env.rollin=walk")
+    parts: dict[str, list[np.ndarray]] = {}
+    for h in np.asarray(hs, dtype=np.int64):
+        asked = {**data, "query_state": states[:, h]}  # where the agent stands after h steps
+        out = sequence_outputs(model, make_tokens(asked, env), np.array([h]),
+                               batch_size=batch_size)
+        if "prior_std" not in out:
+            raise ValueError("the prior read-out needs a SpiceModel (a value ensemble)")
+        for name in ("prior_mean", "prior_std", "pred_var"):
+            if name in out:
+                parts.setdefault(name, []).append(out[name].to(torch.float64).numpy())
+    return {name: np.concatenate(values, axis=1) for name, values in parts.items()}
+
+
+def width_sources(fusion: FusionConfig, learned: Mapping[str, np.ndarray], hs: np.ndarray
+                  ) -> dict[str, np.ndarray]:
+    """The prior's sd [B, P, A] under each width source the model has: the ensemble's
+    sigma_Q as the paper reads it (``ensemble``), the run's own setting (``fusion``: its scale
+    and decay) where it differs, and the predictive-variance head's (``predictive``)."""
+    std = torch.from_numpy(learned["prior_std"])
+    h = torch.as_tensor(np.asarray(hs))[None, :, None]
+    pred_var = torch.from_numpy(learned["pred_var"]) if "pred_var" in learned else None
+    paper = dataclasses.replace(fusion, width_source="ensemble", width_scale=1.0,
+                                width_decay=0.0)
+    out = {"ensemble": learned_prior_std(paper, std, h).to(torch.float64).numpy()}
+    if fusion.width_source == "ensemble" and (fusion.width_scale, fusion.width_decay) != (
+            1.0, 0.0):
+        out["fusion"] = learned_prior_std(fusion, std, h).to(torch.float64).numpy()
+    if pred_var is not None:
+        predictive = dataclasses.replace(fusion, width_source="predictive", width_scale=1.0,
+                                         width_decay=0.0)
+        out["predictive"] = learned_prior_std(predictive, std, h, pred_var).to(
+            torch.float64).numpy()
+    return out
+
+
+def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact: Readout,
+                 noise_var: float, v_min: float) -> pd.DataFrame:
+    """One row per context length and group (:data:`GROUPS`): ``n`` states; the share of
+    them where argmax of the learned prior (``optimal_share``), of the exact posterior
+    (``optimal_share_bayes``) and of the context-free prior (``optimal_share_blind``) is an
+    optimal action; the RMSE of each against Q* over states and actions; per width source W,
+    ``coverage_90_W`` (share of state-actions with Q* inside Q-bar +- 1.645 sd) and
+    ``n_pri_W`` (mean pseudo-count). A group with no state has n = 0 and NaN metrics.
+
+    Args:
+        prior_mean: [B, P, A] the learned Q-bar (:func:`learned_readout`).
+        widths: name -> sd [B, P, A] (:func:`width_sources`).
+        exact: :func:`exact_readout` of the same contexts and lengths.
+    """
+    best = optimal_set(exact.q_star)  # (B, P, A)
+
+    def hit(mean: np.ndarray) -> np.ndarray:  # (B, P)
+        return np.take_along_axis(best, mean.argmax(-1)[..., None], -1)[..., 0]
+
+    def sq(mean: np.ndarray) -> np.ndarray:  # (B, P)
+        return ((mean - exact.q_star) ** 2).mean(-1)
+
+    per_state = {"optimal_share": hit(prior_mean), "optimal_share_bayes": hit(exact.bayes),
+                 "optimal_share_blind": hit(exact.blind), "rmse": sq(prior_mean),
+                 "rmse_bayes": sq(exact.bayes), "rmse_blind": sq(exact.blind)}
+    for name, sd in widths.items():
+        per_state[f"coverage_90_{name}"] = (np.abs(prior_mean - exact.q_star)
+                                            <= Z90 * sd).mean(-1)
+        per_state[f"n_pri_{name}"] = prior_pseudocounts(torch.from_numpy(sd), noise_var,
+                                                        v_min).numpy().mean(-1)
+    rows = []
+    for p, h in enumerate(exact.hs):
+        for group in GROUPS:
+            mask = {"all": np.ones_like(exact.shown[:, p]), "goal shown": exact.shown[:, p],
+                    "goal not shown": ~exact.shown[:, p]}[group]
+            row: dict[str, Any] = {"h": int(h), "context": group, "n": int(mask.sum())}
+            for name, values in per_state.items():
+                v = values[:, p][mask]
+                mean = float(v.mean()) if v.size else float("nan")
+                row[name] = float(np.sqrt(mean)) if name.startswith("rmse") else mean
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def darkroom_prior_rows(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str, np.ndarray],
+                        fusion: FusionConfig, gamma: float,
+                        hs: tuple[int, ...] = READOUT_LENGTHS) -> pd.DataFrame:
+    """:func:`readout_rows` of a SpiceModel on a darkroom family's walk contexts ``data`` at
+    the lengths of ``hs`` within the horizon; ``gamma`` is the value heads' discount
+    (``train.gamma``)."""
+    env = env_cfg.environment()
+    if not hasattr(env, "goal_family"):
+        raise ValueError(f"env.name={env_cfg.name} has no goal family (a grid darkroom's "
+                         "goals and rewards): the darkroom prior read-out does not apply")
+    T = np.asarray(data["actions"]).shape[1]
+    lengths = np.array([h for h in hs if h <= T], dtype=np.int64)
+    cells = env.positions(np.asarray(data["states"]))  # (B, T+1, 2)
+    exact = exact_readout(env.goal_family(), data["goal"], cells, data["rewards"], lengths,
+                          gamma)
+    learned = learned_readout(model, env_cfg, data, lengths)
+    return readout_rows(learned["prior_mean"], width_sources(fusion, learned, lengths), exact,
+                        fusion.noise_var, fusion.v_min)
