@@ -19,7 +19,7 @@ import numpy as np
 from spice_ray.common.rng import TaskStreams
 from spice_ray.envs.bandit import Bandit
 from spice_ray.envs.base import register
-from spice_ray.envs.bayes import ArmPosterior, normalise_log
+from spice_ray.envs.bayes import ArmPosterior, exact_ties, normalise_log, rowwise_matmul
 
 GRID_ANGLES = 1024
 
@@ -66,16 +66,18 @@ class BanditLatent(Bandit):
     def _weights(self, counts: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Posterior weights over the angle grid [B, G] and the arm means there [G, A]."""
         grid = self._grid
-        # sum_a (mu_a S_a - n_a mu_a^2 / 2) / sigma^2 as two matrix products
-        logw = (sums @ grid.T - 0.5 * counts @ (grid**2).T) / max(self.params.sigma**2, 1e-12)
+        # sum_a (mu_a S_a - n_a mu_a^2 / 2) / sigma^2, each task on its own (rowwise_matmul)
+        logw = (rowwise_matmul(sums, grid.T) - 0.5 * rowwise_matmul(counts, (grid**2).T)
+                ) / max(self.params.sigma**2, 1e-12)
         return normalise_log(logw), grid  # (B, G), (G, A)
 
     def posterior_moments(self, counts: np.ndarray, sums: np.ndarray
                           ) -> tuple[np.ndarray, np.ndarray]:
         """Mean and variance [B, A] of each arm's mean given counts and sums [B, A]."""
         w, grid = self._weights(counts, sums)
-        mean = w @ grid
-        return mean, np.maximum(w @ grid**2 - mean**2, 0.0)
+        mean = rowwise_matmul(w, grid)  # (B, A)
+        var = np.maximum(rowwise_matmul(w, grid**2) - mean**2, 0.0)
+        return exact_ties(mean), exact_ties(var)
 
     def posterior_sample(self, counts: np.ndarray, sums: np.ndarray, draws: Any
                          ) -> np.ndarray:

@@ -92,6 +92,21 @@ class ArmPosterior:
                                   "its rewards (fusion.target=reward or gamma=0)")
 
 
+def rowwise_matmul(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """x @ m for x [B, K] and m [K, N], each row summed on its own: a row's bits do not depend
+    on the batch it is in. (A BLAS product blocks its work by the whole matrix's shape, so the
+    same task gave values ~1e-16 apart in batches of 1, 125 or 500, enough to move an argmax
+    between arms whose exact means are equal.) [B, N], float64."""
+    return (np.asarray(x, np.float64)[:, :, None] * np.asarray(m, np.float64)[None]).sum(1)
+
+
+def exact_ties(values: np.ndarray, decimals: int = 12) -> np.ndarray:
+    """``values`` rounded to ``decimals``: actions whose exact values are equal (every arm's
+    mean at h = 0 of a family with a uniform phase, up to rounding) tie exactly, so an agent's
+    tie-break (the task's own draws) chooses among them, not the arithmetic's last bit."""
+    return np.round(values, decimals)
+
+
 def log_likelihood(counts: np.ndarray, sums: np.ndarray, means: np.ndarray, noise_var: float
                    ) -> np.ndarray:
     """Gaussian log-likelihood (up to a constant) of rewards with per-arm counts n and sums S

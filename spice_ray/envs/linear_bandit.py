@@ -19,7 +19,7 @@ import numpy as np
 from spice_ray.common.rng import TaskStreams
 from spice_ray.envs.bandit import Bandit
 from spice_ray.envs.base import register
-from spice_ray.envs.bayes import ArmPosterior
+from spice_ray.envs.bayes import ArmPosterior, exact_ties, rowwise_matmul
 
 
 @register
@@ -71,7 +71,7 @@ class LinearBandit(Bandit):
         noise_var = max(self.params.sigma**2, 1e-12)
         precision = d * np.eye(d) + np.einsum("ba,ai,aj->bij", counts, phi, phi) / noise_var
         cov = np.linalg.inv(precision)
-        mean = np.einsum("bij,bj->bi", cov, sums @ phi / noise_var)
+        mean = np.einsum("bij,bj->bi", cov, rowwise_matmul(sums, phi) / noise_var)
         return mean, 0.5 * (cov + cov.transpose(0, 2, 1))
 
     def posterior_moments(self, counts: np.ndarray, sums: np.ndarray
@@ -79,7 +79,8 @@ class LinearBandit(Bandit):
         """Mean and variance [B, A] of each arm's mean."""
         phi = self.arm_features()
         mean, cov = self.theta_posterior(counts, sums)
-        return mean @ phi.T, np.einsum("ai,bij,aj->ba", phi, cov, phi)
+        return (exact_ties(rowwise_matmul(mean, phi.T)),
+                exact_ties(np.einsum("ai,bij,aj->ba", phi, cov, phi)))
 
     def posterior_sample(self, counts: np.ndarray, sums: np.ndarray, draws: Any
                          ) -> np.ndarray:
@@ -87,7 +88,7 @@ class LinearBandit(Bandit):
         mean, cov = self.theta_posterior(counts, sums)
         z = draws.normal((self.params.dim,))  # (B, d)
         theta = mean + np.einsum("bij,bj->bi", np.linalg.cholesky(cov), z)
-        return theta @ self.arm_features().T
+        return rowwise_matmul(theta, self.arm_features().T)
 
     def task_posterior(self, gamma: float = 0.0) -> ArmPosterior:
         """The exact posterior of B rollouts (``envs.bayes``)."""
