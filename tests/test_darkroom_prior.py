@@ -154,7 +154,8 @@ def test_rows_of_an_untrained_model_and_a_refusal_for_other_contexts() -> None:
     model = build_model("spice", cfg, generator=torch.Generator().manual_seed(0))
     data = _walks("darkroom_region", "validation", 16)
     rows = darkroom_prior_rows(model, cfg.env, data, cfg.fusion, GAMMA)
-    assert list(rows["h"].unique()) == [0, 10]  # the smoke horizon is 20: 25, 50, 100 left out
+    # the smoke horizon is 20: 25, 50 and 100 are read at 19, the last position acted from
+    assert list(rows["h"].unique()) == [0, 10, 19]
     assert np.isfinite(rows.loc[rows["n"] > 0, ["optimal_share", "rmse",
                                                 "coverage_90_ensemble"]]).all().all()
     bandit = make_config("smoke", "bandit")

@@ -219,7 +219,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     every = pd.read_csv(csv)
     epochs = plan.configs["darkroom_region"].train.epochs
     assert sorted(set(every["epoch"])) == list(range(1, epochs + 1))
-    assert set(every["h"]) == {0, 10} and set(every["split"]) == {"validation"}
+    assert set(every["h"]) == {0, 10, 19} and set(every["split"]) == {"validation"}
     last = every[(every["epoch"] == epochs) & (every["seed"] == 0)].reset_index(drop=True)
     final = readout(run_dir, "darkroom_region", 0, 200, "validation")
     pd.testing.assert_frame_equal(last.drop(columns=["checkpoint"]),

@@ -8,15 +8,16 @@ checkpoint.
 For a grid darkroom family (``darkroom``, ``darkroom_region``, ``darkroom_continuous``; walk
 contexts), each SPICE model of the run reads the first ``--tasks`` contexts of the validation
 split (the default: what it shows may choose a step budget; ``--split eval`` only to report)
-and at h = 0, 10, 25, 50, 100 prints (``spice_ray.evaluate.darkroom_prior``), for all contexts
-and split by whether the walk has arrived on the goal: the share of states where argmax Q-bar
-is an optimal action, beside the exact posterior's (``bayes``: the best a prior could do with
-the context) and the context-free prior's (``blind``: the family's goal distribution, no
-context); the RMSE of Q-bar against the task's optimal values Q*; and per width source the
-90% coverage of Q* and the mean N_pri. ``--every-checkpoint`` reads each ``epoch-*``
-checkpoint of each seed's training (under way or finished) and ends with one line per
-checkpoint: the share where the goal was shown, over h >= 10 and seeds, the label-free number
-a step budget can be chosen by. ``--csv`` also writes every row. No Ray; one thread.
+and at h = 0, 10, 25, 50 and 99 (the last position the agent acts from) prints
+(``spice_ray.evaluate.darkroom_prior``), for all contexts and split by whether the walk has
+arrived on the goal: the share of states where argmax Q-bar is an optimal action, beside the
+exact posterior's (``bayes``: the best a prior could do with the context) and the context-free
+prior's (``blind``: the family's goal distribution, no context); the RMSE against the task's
+optimal values Q* and the mean of Q-bar and of Q* (their scales); and per width source the 90%
+coverage of Q* and the mean N_pri. ``--every-checkpoint`` reads each ``epoch-*`` checkpoint of
+each seed's training (under way or finished) and ends with one line per checkpoint: the share
+where the goal was shown, over h >= 10 and seeds, the label-free number a step budget can be
+chosen by. ``--csv`` also writes every row. No Ray; one thread.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def show(rows: pd.DataFrame) -> str:
     """The printed table of one checkpoint's rows."""
     widths = sorted({c[len("coverage_90_"):] for c in rows if c.startswith("coverage_90_")})
     head = ("    h  context           n   optimal action: learned  bayes  blind   "
-            "RMSE vs Q*: learned  bayes  blind"
+            "RMSE vs Q*: learned  bayes  blind   mean: Q-bar  Q*"
             + "".join(f"   cov90 / N_pri ({w})" for w in widths))
     lines = [head]
     for r in rows.itertuples(index=False):
@@ -82,6 +83,7 @@ def show(rows: pd.DataFrame) -> str:
         lines.append(f"  {r['h']:3d}  {r['context']:14s} {r['n']:4d}   {r['optimal_share']:23.3f}"
                      f"  {r['optimal_share_bayes']:5.3f}  {r['optimal_share_blind']:5.3f}"
                      f"   {r['rmse']:19.3f}  {r['rmse_bayes']:5.3f}  {r['rmse_blind']:5.3f}"
+                     f"   {r['mean_learned']:11.3f}  {r['mean_q_star']:5.2f}"
                      + "".join(f"   {r[f'coverage_90_{w}']:5.3f} / {r[f'n_pri_{w}']:<8.3g}"
                                for w in widths))
     return "\n".join(lines)

@@ -45,7 +45,9 @@ from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
 
 READOUT_LENGTHS = (0, 10, 25, 50, 100)
-"""Context lengths h of the read-out (those within the horizon)."""
+"""Context lengths h of the read-out. A length at or past the horizon T is read at T - 1:
+position T follows the last transition, so no target ever trained its values (transition t's
+value comes from position t - 1) and the agent never acts from it."""
 GROUPS = ("all", "goal shown", "goal not shown")
 """The context groups of :func:`readout_rows`: shown = the walk has arrived on the goal."""
 REWARD_TOL = 1e-5
@@ -235,7 +237,9 @@ def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact
     """One row per context length and group (:data:`GROUPS`): ``n`` states; the share of
     them where argmax of the learned prior (``optimal_share``), of the exact posterior
     (``optimal_share_bayes``) and of the context-free prior (``optimal_share_blind``) is an
-    optimal action; the RMSE of each against Q* over states and actions; per width source W,
+    optimal action; the RMSE of each against Q* over states and actions; the mean of Q-bar and
+    of Q* over states and actions (``mean_learned``, ``mean_q_star``: their scales); per width
+    source W,
     ``coverage_90_W`` (share of state-actions with Q* inside Q-bar +- 1.645 sd) and
     ``n_pri_W`` (mean pseudo-count). A group with no state has n = 0 and NaN metrics.
 
@@ -254,7 +258,8 @@ def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact
 
     per_state = {"optimal_share": hit(prior_mean), "optimal_share_bayes": hit(exact.bayes),
                  "optimal_share_blind": hit(exact.blind), "rmse": sq(prior_mean),
-                 "rmse_bayes": sq(exact.bayes), "rmse_blind": sq(exact.blind)}
+                 "rmse_bayes": sq(exact.bayes), "rmse_blind": sq(exact.blind),
+                 "mean_learned": prior_mean.mean(-1), "mean_q_star": exact.q_star.mean(-1)}
     for name, sd in widths.items():
         per_state[f"coverage_90_{name}"] = (np.abs(prior_mean - exact.q_star)
                                             <= Z90 * sd).mean(-1)
@@ -285,7 +290,7 @@ def darkroom_prior_rows(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str
         raise ValueError(f"env.name={env_cfg.name} has no goal family (a grid darkroom's "
                          "goals and rewards): the darkroom prior read-out does not apply")
     T = np.asarray(data["actions"]).shape[1]
-    lengths = np.array([h for h in hs if h <= T], dtype=np.int64)
+    lengths = np.unique(np.minimum(np.asarray(hs, dtype=np.int64), T - 1))
     cells = env.positions(np.asarray(data["states"]))  # (B, T+1, 2)
     exact = exact_readout(env.goal_family(), data["goal"], cells, data["rewards"], lengths,
                           gamma)
