@@ -213,8 +213,10 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
 
     csv = tmp_path / "readout.csv"
     capsys.readouterr()
-    assert darkroom_prior([str(run_dir), "darkroom_region", "--seeds", "0,1",
-                           "--every-checkpoint", "--csv", str(csv)]) == 0
+    seeds = plan.configs["darkroom_region"].seeds
+    assert darkroom_prior([str(run_dir), "darkroom_region", "--seeds",
+                           ",".join(map(str, seeds)), "--every-checkpoint", "--csv",
+                           str(csv)]) == 0
     assert "by checkpoint:" in capsys.readouterr().out
     every = pd.read_csv(csv)
     epochs = plan.configs["darkroom_region"].train.epochs

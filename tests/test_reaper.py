@@ -47,21 +47,26 @@ time.sleep(3600)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="the reaper reads /proc")
-def test_a_sigkilled_drivers_processes_end_within_seconds() -> None:
+def test_a_sigkilled_drivers_processes_end_within_seconds(tmp_path) -> None:
     """Killed with SIGKILL, a driver that started the reaper leaves nothing running seconds
     later (here a child that would sleep an hour, past the hang guard; with a driver's own Ray,
     its dashboard and runtime-env agents, which lingered a minute without it: measured, 3.4 s
     with it)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    records = tmp_path / "recorded"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), reaper.RECORDS_ENV: str(records)}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
     tree: dict[int, int] = {}
     try:
         assert driver.stdout.readline().strip() == "ready"
-        # the reaper records the tree once a second: three of its records, on a busy machine
-        time.sleep(3 * reaper.POLL_S)
         tree = reaper.descendants(driver.pid)
         assert len(tree) == 2  # the reaper and the sleeper
+        # killed only once the reaper has recorded the whole tree (it starts in its own time
+        # on a busy machine, and a driver gone before its first record leaves it nothing)
+        with hang_guard("the reaper's first record of the tree"):
+            while not records.exists() or set(map(int, records.read_text().split())) < set(
+                    tree):
+                time.sleep(0.1)
         driver.send_signal(signal.SIGKILL)
         driver.wait()
         with hang_guard("the reaper ending the orphaned tree"):  # it polls once a second

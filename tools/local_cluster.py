@@ -37,6 +37,12 @@ class ClusterConfigError(ValueError):
     """A cluster launcher file is not valid YAML, fails Ray's schema, or breaks project policy."""
 
 
+START_TIMEOUT_S = 300.0
+"""How long a node's ``ray start`` may take to report "Ray runtime started": a limit only a hang
+reaches (a quiet 2-core machine takes seconds; beside two busy processes ``ray start`` printed
+nothing for 90 s). The wait ends as soon as the line appears."""
+
+
 def _load_yaml(path: str | Path) -> dict[str, Any]:
     return load_yaml(path, error=ClusterConfigError, allow_empty=False)
 
@@ -226,7 +232,7 @@ def local_multinode_cluster(
     worker_resources: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
     include_dashboard: bool = False,
     object_store_bytes: int = 200 * 1024**2,
-    start_timeout_s: float = 90.0,
+    start_timeout_s: float = START_TIMEOUT_S,
     stop_grace_s: float = 5.0,
     keep_temp: bool = False,
 ) -> Iterator[LocalCluster]:
@@ -302,7 +308,7 @@ def local_autoscaling_cluster(
     *,
     include_dashboard: bool = False,
     object_store_bytes: int = 200 * 1024**2,
-    start_timeout_s: float = 90.0,
+    start_timeout_s: float = START_TIMEOUT_S,
     stop_grace_s: float = 5.0,
     keep_temp: bool = False,
 ) -> Iterator[LocalCluster]:

@@ -221,8 +221,8 @@ def width_sources(fusion: FusionConfig, learned: Mapping[str, np.ndarray], hs: n
     paper = dataclasses.replace(fusion, width_source="ensemble", width_scale=1.0,
                                 width_decay=0.0)
     out = {"ensemble": learned_prior_std(paper, std, h).to(torch.float64).numpy()}
-    if fusion.width_source == "ensemble" and (fusion.width_scale, fusion.width_decay) != (
-            1.0, 0.0):
+    scaled = fusion.width_scale != paper.width_scale or fusion.width_decay != paper.width_decay
+    if fusion.width_source == "ensemble" and scaled:
         out["fusion"] = learned_prior_std(fusion, std, h).to(torch.float64).numpy()
     if pred_var is not None:
         predictive = dataclasses.replace(fusion, width_source="predictive", width_scale=1.0,

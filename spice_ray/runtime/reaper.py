@@ -25,6 +25,10 @@ SETTLE_S = 1.0
 """Seconds Ray's own processes get to end by themselves once the driver is gone."""
 GRACE_S = 2.0
 """Seconds between SIGTERM and SIGKILL."""
+RECORDS_ENV = "SPICE_RAY_REAPER_RECORDS"
+"""For tests: a file the reaper rewrites with the pids it has recorded after each record, so a
+test kills the driver once the reaper knows the tree instead of guessing how long a loaded
+machine takes to start it. Unset (always, outside tests): nothing is written."""
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -84,8 +88,13 @@ def reap(driver: int) -> int:
     """Watch ``driver`` until it is gone, then end what it left; returns how many were."""
     me = os.getpid()
     recorded: dict[int, int] = {}
+    report = os.environ.get(RECORDS_ENV, "")
     while os.getppid() == driver:  # reparented: the driver is gone
         recorded.update(descendants(driver))
+        if report:
+            with open(report + ".tmp", "w") as f:
+                f.write(" ".join(map(str, sorted(recorded))))
+            os.replace(report + ".tmp", report)
         time.sleep(POLL_S)
     recorded.pop(me, None)
     time.sleep(SETTLE_S)
