@@ -29,6 +29,7 @@ import yaml
 
 from spice_ray.common.placement import DATAGEN, LABELS_ENV, TRAINER, resource_labels
 from spice_ray.config import load_yaml
+from spice_ray.runtime.reach import LOCAL_START_WAITS
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,9 @@ class _Launcher:
             raise FileNotFoundError("no `ray` executable beside this Python or on PATH")
         # Short path: Ray's Unix sockets live under it and AF_UNIX paths are limited to 107 B.
         temp_dir = tempfile.mkdtemp(prefix="srmn-", dir="/tmp")
-        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        # Ray's start-up waits raised for a loaded machine, as a run's own local Ray has them
+        self.env = {**LOCAL_START_WAITS,
+                    **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}}
         self.env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
                         **(extra_env or {}))
         self.port = _free_port()

@@ -73,6 +73,9 @@ LOCAL_START_WAITS = {
     # a worker process imports torch and the package before it registers: seconds on a quiet
     # machine, and past Ray's 60 s default on a loaded one
     "RAY_worker_register_timeout_seconds": "300",
+    # the dashboard's ten module processes start in ~4 CPU-seconds on a quiet 2-core machine;
+    # beside two busy processes they missed Ray's 60 s and `ray start` exited with 1
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "300",
 }
 """Ray's own start-up timeouts that are settings (environment variables read by the processes
 a local start spawns), raised for a loaded machine; a variable already set is kept."""
