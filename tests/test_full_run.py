@@ -183,9 +183,11 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert chosen.get("width") == "paper"  # the fusion config's own width: beta alone differs
     point = ",".join(f"{k}={v}" for k, v in chosen.items() if k != "width")
     capsys.readouterr()
-    assert probe([str(run_dir), "bandit", "--chosen", "--point", point]) == 0
+    assert probe([str(run_dir), "bandit", "--chosen", "--point", point, "--on-chosen",
+                  "rule=greedy,beta=0"]) == 0
     scored = {what: float(mean) for what, mean, _, _ in
               (line.rsplit(None, 3) for line in capsys.readouterr().out.splitlines())}
+    assert np.isfinite(scored["SPICE chosen, rule=greedy,beta=0"])  # the same posterior, greedy
     best = next(r["mean"] for r in tuned["SPICE"]["grid"] if r["setting"] == chosen)
     assert scored[f"SPICE chosen {chosen}"] == pytest.approx(best, abs=5e-3)
     assert scored[f"SPICE {point}"] == scored[f"SPICE chosen {chosen}"]

@@ -17,12 +17,15 @@ def test_a_point_is_fixed_beta_fields_and_floats() -> None:
     assert parse_point("beta=4,tau=1,noise_var=1e6", FIELDS) == {
         "beta_schedule": "fixed", "beta": 4.0, "tau": 1.0, "noise_var": 1e6}
     assert parse_point("beta_schedule=sqrt2logt", FIELDS) == {"beta_schedule": "sqrt2logt"}
+    assert parse_point("rule=greedy,beta=0", FIELDS) == {"beta_schedule": "fixed",
+                                                          "rule": "greedy", "beta": 0.0}
 
 
 @pytest.mark.parametrize(("text", "named"), [
     ("beta", "'beta' is not field=value"),
     ("betta=1", "'betta=1' is not field=value"),
     ("tau=__import__('os')", "tau=\"__import__('os')\" is not a number"),
+    ("rule=__import__('os')", "rule=\"__import__('os')\" is not one of greedy, ucb, thompson"),
 ])
 def test_a_bad_point_is_refused_naming_its_pair(text, named) -> None:
     with pytest.raises(ValueError, match="--point") as err:

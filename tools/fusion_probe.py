@@ -2,15 +2,20 @@
 Ray, nothing written. For asking why a method scores what it does, off its tuning grid.
 
     python tools/fusion_probe.py RUN darkroom_continuous --method SPICE \
-        --point beta=0,noise_var=1e6 --point beta=4,tau=1,width_scale=10 --chosen
+        --point beta=0,noise_var=1e6 --point beta=4,tau=1,width_scale=10 --chosen \
+        --on-chosen rule=greedy,beta=0 --on-chosen rule=thompson [--epoch 8] [--split eval]
 
 Each ``--point`` is ``field=value`` pairs of the fusion config (``spice_ray.config.FusionConfig``
 fields; numbers only) applied to the method's tuning base (its config before the grid), with
-``beta_schedule=fixed`` unless given; ``--chosen`` adds every tuned method at its choice in RUN's
-``results/tuning.json``. The method runs online on the experiment's validation tasks with every
+``beta_schedule=fixed`` unless given (``beta_schedule`` and ``rule``, the action rule, take a
+word: ``rule=greedy`` acts on the posterior mean); ``--chosen`` adds every tuned method at its
+choice in RUN's ``results/tuning.json``, and each ``--on-chosen`` point is applied to
+``--method``'s choice (``rule=greedy,beta=0``: the same posterior, acted on greedily). The
+method runs online on the experiment's validation tasks with every
 training seed's checkpoint that RUN's ``checkpoints/index.json`` lists (each checked against its
-own ``meta.json``), in this process with one thread; printed per point: the mean final
-cumulative regret over tasks (seeds averaged per task) and its SEM, the tuning stage's score.
+own ``meta.json``), or with ``--epoch N`` each one's epoch-N checkpoint, in this process with
+one thread; printed per point: the mean final cumulative regret over tasks (seeds averaged per
+task) and its SEM, the tuning stage's score.
 """
 
 from __future__ import annotations
@@ -27,15 +32,20 @@ from spice_ray.agents import AgentSpec
 from spice_ray.config import load_config
 from spice_ray.data import store
 from spice_ray.evaluate.online import online_rows
+from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
 from spice_ray.model.registry import load_model
 from spice_ray.results.schema import NO_SEED
 from spice_ray.study.experiments import EXPERIMENTS
 from spice_ray.study.run_models import checked_entry
 from spice_ray.study.tuning import agent_specs, bases, final_scores, grid_point, read_tuning
 
+WORDS = {"beta_schedule": BETA_SCHEDULES, "rule": tuple(ACTION_RULES)}
+"""The fusion fields a point sets by a word (one of those listed), not a number."""
+
 
 def parse_point(text: str, fields: set[str]) -> dict[str, float | str]:
-    """``"beta=4,tau=1"`` -> {"beta": 4.0, "tau": 1.0}; ``beta_schedule`` keeps its word.
+    """``"beta=4,tau=1"`` -> {"beta": 4.0, "tau": 1.0}; ``beta_schedule`` and ``rule`` keep
+    their word (one of :data:`WORDS`).
 
     Raises:
         ValueError: naming the pair: not ``field=value``, an unknown field or not a number.
@@ -47,7 +57,10 @@ def parse_point(text: str, fields: set[str]) -> dict[str, float | str]:
         if not sep or key not in fields:
             raise ValueError(f"--point {text!r}: {pair!r} is not field=value of a fusion field "
                              f"({', '.join(sorted(fields))})")
-        if key == "beta_schedule":
+        if key in WORDS:
+            if value.strip() not in WORDS[key]:
+                raise ValueError(f"--point {text!r}: {key}={value.strip()[:40]!r} is not one of "
+                                 f"{', '.join(WORDS[key])}")
             out[key] = value.strip()
             continue
         try:
@@ -65,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--method", default="SPICE", help="a tuned method's label (default SPICE)")
     p.add_argument("--point", action="append", default=[], help="field=value,... (repeat)")
     p.add_argument("--chosen", action="store_true", help="every tuned method at its choice")
+    p.add_argument("--on-chosen", action="append", default=[], metavar="POINT",
+                   help="field=value,... applied to --method's choice (repeat): e.g. "
+                        "rule=greedy,beta=0 acts greedily on the chosen posterior")
     p.add_argument("--split", default="validation", choices=("validation", "eval"))
+    p.add_argument("--epoch", type=int, help="each seed's epoch checkpoint of this epoch "
+                   "(1-based) instead of its final one: a shorter step budget of the same run")
     args = p.parse_args(argv)
     run, name = args.run.resolve(), args.experiment
     if name not in EXPERIMENTS or not EXPERIMENTS[name].tuned:
@@ -93,11 +111,22 @@ def main(argv: list[str] | None = None) -> int:
                     spec = dataclasses.replace(base, fusion=dataclasses.replace(base.fusion,
                                                                                 **change))
                     points.append((f"{base.label} {text}", spec, ev_name))
-            if args.chosen and base.label in record.get("methods", {}):
+            want = args.chosen or (args.on_chosen and base.label == args.method)
+            if want and base.label in record.get("methods", {}):
                 chosen = record["methods"][base.label]["chosen"]
                 point = grid_point(base, cfg.eval, record, chosen)
-                if point is not None:
+                if point is not None and args.chosen:
                     points.append((f"{base.label} chosen {chosen}", point.spec, ev_name))
+                for text in args.on_chosen if point is not None and base.label == args.method \
+                        else ():
+                    fields = {f.name for f in dataclasses.fields(point.spec.fusion)}
+                    try:
+                        change = parse_point(text, fields)
+                    except ValueError as exc:
+                        p.error(str(exc))
+                    spec = dataclasses.replace(point.spec, fusion=dataclasses.replace(
+                        point.spec.fusion, **change))
+                    points.append((f"{base.label} chosen, {text}", spec, ev_name))
     if not points:
         p.error(f"nothing to score: no --point for a tuned method {args.method!r} of {name} "
                 "and no --chosen")
@@ -111,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             if model_ref:
                 entry = next(e for e in entries if (e["kind"], e["variant"], e["seed"])
                              == (model_ref.kind, model_ref.variant, seed))
-                model = load_model(str(checked_entry(run, entry)), cfg.env).eval()
+                ckpt = checked_entry(run, entry)
+                if args.epoch is not None:
+                    ckpt = Path(ckpt).parent / "local" / f"epoch-{args.epoch - 1:04d}"
+                    if not ckpt.is_dir():
+                        p.error(f"{ckpt} does not exist: no epoch-{args.epoch} checkpoint")
+                model = load_model(str(ckpt), cfg.env).eval()
             frames.append(online_rows(cfg.env, cfg.eval, data, [spec], model, seed,
                                       final_only=True))
         [score] = final_scores(pd.concat(frames, ignore_index=True)).itertuples()
