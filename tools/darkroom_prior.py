@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import load_config
 from spice_ray.data.store import load_split
 from spice_ray.evaluate.darkroom_prior import darkroom_prior_rows
@@ -123,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         ckpts = (epoch_checkpoints(args.run, env, seed) if args.every_checkpoint
                  else [args.checkpoint])
         for ckpt in ckpts:
-            rows = readout(args.run, args.experiment, seed, args.tasks, args.split, ckpt)
+            try:
+                rows = readout(args.run, args.experiment, seed, args.tasks, args.split, ckpt)
+            except (OSError, ValueError, SpiceRayError) as exc:  # e.g. no final model yet
+                raise SystemExit(f"error: {exc}" + ("" if args.every_checkpoint else
+                                 " (a training under way: --every-checkpoint)")) from None
             frames.append(rows)
             print(f"{args.experiment} SPICE seed {seed}, epoch {rows['epoch'].iloc[0]} "
                   f"({rows['steps'].iloc[0]} steps), {args.split} contexts of {args.run}")
