@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,14 +288,16 @@ def local_multinode_cluster(
         if len(per_worker) != num_workers:
             raise ValueError(f"worker_resources has {len(per_worker)} entries for "
                              f"{num_workers} workers")
-    launcher = _Launcher(include_dashboard, object_store_bytes, start_timeout_s)
-    cluster = launcher.cluster
-    t0 = time.perf_counter()
-    try:
+    def start(launcher: _Launcher) -> None:
         launcher.start_head({"CPU": head_cpus, **head_res})
         for i, res in enumerate(per_worker, start=1):
-            launcher.start(f"{i}-worker", [f"--address={cluster.address}",
+            launcher.start(f"{i}-worker", [f"--address={launcher.cluster.address}",
                                            *_node_args({"CPU": worker_cpus, **res})])
+
+    t0 = time.perf_counter()
+    cluster = started(lambda: _Launcher(include_dashboard, object_store_bytes, start_timeout_s),
+                      start, stop_grace_s, keep_temp).cluster
+    try:
         log.info("local cluster %s up (%d nodes) in %.1f s", cluster.address,
                  1 + num_workers, time.perf_counter() - t0)
         yield cluster
@@ -337,23 +339,57 @@ def local_autoscaling_cluster(
     config = _load_yaml(config_path)
     if (config.get("provider") or {}).get("type") != "fake_multinode":
         raise ClusterConfigError(f"{config_path}: provider.type must be fake_multinode")
-    launcher = _Launcher(include_dashboard, object_store_bytes, start_timeout_s,
-                         extra_env={"RAY_FAKE_CLUSTER": "1"})
-    cluster = launcher.cluster
-    config["provider"]["gcs_address"] = cluster.address
-    autoscaling = Path(cluster.temp_dir) / "autoscaling.yaml"
-    autoscaling.write_text(yaml.safe_dump(config))
     node_types = config["available_node_types"]
-    cluster.declared = tuple(label for label in resource_labels()
-                             if any(label in t.get("resources", {}) for t in node_types.values()))
-    try:
+
+    def start(launcher: _Launcher) -> None:
+        cluster = launcher.cluster
+        config["provider"]["gcs_address"] = cluster.address
+        autoscaling = Path(cluster.temp_dir) / "autoscaling.yaml"
+        autoscaling.write_text(yaml.safe_dump(config))
+        cluster.declared = tuple(label for label in resource_labels() if any(
+            label in t.get("resources", {}) for t in node_types.values()))
         launcher.start_head(node_types[config["head_node_type"]]["resources"],
                             [f"--autoscaling-config={autoscaling}"])
+
+    cluster = started(lambda: _Launcher(include_dashboard, object_store_bytes, start_timeout_s,
+                                        extra_env={"RAY_FAKE_CLUSTER": "1"}),
+                      start, stop_grace_s, keep_temp).cluster
+    try:
         yield cluster
     finally:
         _teardown(cluster, stop_grace_s)
         if not keep_temp:
             shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+
+
+START_TRIES = 2
+"""Cluster start-ups tried before giving up: on a loaded machine a node's ``ray start`` can miss
+Ray's own fixed 30 s wait for its raylet, and a second start from scratch usually makes it."""
+
+
+def started(make: Callable[[], _Launcher], start: Callable[[_Launcher], None], grace_s: float,
+            keep_temp: bool, tries: int = START_TRIES) -> _Launcher:
+    """A launcher from ``make()`` whose nodes ``start`` brought up; when a node fails to start,
+    everything of that try is torn down (and its temp dir removed unless ``keep_temp``) and
+    the cluster started again from a new launcher, up to ``tries`` in all.
+
+    Raises:
+        RuntimeError / TimeoutError: the last try's failure (with its node's log).
+    """
+    for attempt in range(1, tries + 1):
+        launcher = make()
+        try:
+            start(launcher)
+            return launcher
+        except (RuntimeError, TimeoutError) as exc:
+            _teardown(launcher.cluster, grace_s)
+            if not keep_temp:
+                shutil.rmtree(launcher.cluster.temp_dir, ignore_errors=True)
+            if attempt == tries:
+                raise
+            log.warning("local cluster start %d of %d failed (%s); starting it again", attempt,
+                        tries, (str(exc).splitlines() or [type(exc).__name__])[0][:200])
+    raise AssertionError("unreachable")
 
 
 def _teardown(cluster: LocalCluster, grace_s: float) -> None:
