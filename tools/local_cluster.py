@@ -364,7 +364,7 @@ def local_autoscaling_cluster(
 
 START_TRIES = 2
 """Cluster start-ups tried before giving up: on a loaded machine a node's ``ray start`` can miss
-Ray's own fixed 30 s wait for its raylet, and a second start from scratch usually makes it."""
+Ray's own fixed 30 s wait for its raylet, and a second start from scratch gets another try."""
 
 
 def started(make: Callable[[], _Launcher], start: Callable[[_Launcher], None], grace_s: float,

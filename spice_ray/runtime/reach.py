@@ -68,7 +68,7 @@ LOCAL_START_TRIES = 2
 """Local Ray start-ups tried before giving up. Ray's driver waits a fixed 30 s (not a setting in
 Ray 2.60) for its own raylet to register with the GCS; a 2-core machine busy with other work
 can miss that once ("The current node timed out during startup"), and a second start, after
-the first one's processes are shut down, usually makes it."""
+the first one's processes are shut down, gets another 30 s."""
 LOCAL_START_WAITS = {
     # a worker process imports torch and the package before it registers: seconds on a quiet
     # machine, and past Ray's 60 s default on a loaded one
