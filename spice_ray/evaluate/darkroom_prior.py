@@ -37,9 +37,10 @@ import pandas as pd
 import torch
 
 from spice_ray.config import EnvConfig, FusionConfig
-from spice_ray.envs.darkroom import MOVES, all_cells
+from spice_ray.envs.darkroom import MOVES, all_cells, move
 from spice_ray.evaluate.calibration import prior_pseudocounts
 from spice_ray.evaluate.offline import sequence_outputs
+from spice_ray.evaluate.online import cell_index
 from spice_ray.fusion.width import learned_prior_std
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
@@ -57,9 +58,8 @@ Z90 = NormalDist().inv_cdf(0.95)
 
 def next_cells(size: int) -> np.ndarray:
     """The cell index (x-major) each action leads to from each cell, int64 [S, A]."""
-    cells = all_cells(size)  # (S, 2)
-    nxt = np.clip(cells[:, None, :] + MOVES[None], 0, size - 1)  # (S, A, 2)
-    return nxt[..., 0] * size + nxt[..., 1]
+    nxt = move(all_cells(size)[:, None, :], np.arange(len(MOVES))[None, :], size)  # (S, A, 2)
+    return cell_index(nxt, size)
 
 
 def goal_values(arrival_rewards: np.ndarray, size: int, gamma: float, tol: float = 1e-12
@@ -163,8 +163,8 @@ def exact_readout(family: Mapping[str, Any], goals: np.ndarray, cells: np.ndarra
     size = int(family["size"])
     hs = np.asarray(hs, dtype=np.int64)
     values = goal_values(family["arrival_rewards"], size, gamma)  # (G, S, A)
-    index = np.asarray(cells, np.int64) @ np.array([size, 1])  # (B, T+1)
-    goal = np.asarray(goals, np.int64) @ np.array([size, 1])  # (B,)
+    index = cell_index(np.asarray(cells, np.int64), size)  # (B, T+1)
+    goal = cell_index(np.asarray(goals, np.int64), size)  # (B,)
     here = index[:, hs]  # (B, P)
     weights = goal_weights(family["goal_prior"], family["arrival_rewards"], index[:, 1:],
                            rewards, hs)  # (B, P, G)
