@@ -66,6 +66,12 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
         self.resid_dropout = nn.Dropout(dropout)
+        self.plain = False
+        """Attention in plain tensor operations instead of ``scaled_dot_product_attention``
+        (the same function up to rounding): ``torch.func.vmap`` has no batching rule for SDPA's
+        fused kernels and would loop over the mapped models, but batches these into one call
+        over every model's sequences. A population's functional template sets it
+        (:mod:`spice_ray.train.population`)."""
 
     def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
         """[B, L, D] -> [B, L, D]; with a cache, x holds positions cache.length.. (not advanced)."""
@@ -76,7 +82,14 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, L, nh, hs).transpose(1, 2)  # (B, nh, L, hs)
         v = v.view(B, L, nh, hs).transpose(1, 2)  # (B, nh, L, hs)
         dropout_p = self.dropout if self.training else 0.0
-        if cache is None:
+        if cache is None and self.plain:
+            if dropout_p > 0:
+                raise ValueError("plain attention has no dropout: model.dropout must be 0 "
+                                 "to train in a population")
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, L, L)
+            causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+            y = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v  # (B, nh, L, hs)
+        elif cache is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:
             start, end = cache.length, cache.length + L

@@ -1,0 +1,152 @@
+"""Models trained as one population against the same models trained one at a time.
+
+    python benchmarks/bench_population.py [--device cuda] [--models 1 3 8 24 48]
+                                          [--experiments bandit darkroom] [--kinds spice dpt]
+                                          [--steps 10] [--rounds 3] [--threads 2]
+
+Per (experiment, model kind) at the ``small`` config (bandit T = 500, darkroom T = 100, batch
+32), one batch of generated tasks resident on the device:
+
+  - ``alone``: one model's training step as ``spice_ray.train.loop.fit`` takes it (the kind's
+    loss, backward, gradient clip, the per-step finiteness check, fused AdamW; bf16 autocast on
+    a GPU), the path every Train worker runs today; M models trained one after another give
+    the same model-steps per second whatever M is;
+  - ``population M``: one step of M models stacked as one (``spice_ray.train.population``:
+    vmap of the same loss over the stacked weights, per-model clip, one AdamW), M models'
+    steps at once.
+
+Printed per row: ms per step, model-steps per second, the achieved matmul FLOP/s (the dry
+run's count of one model's forward + backward, ``spice_ray.train.rates.step_flops``, times M)
+as a share of the machine's matmul peak measured in this run (fp32 on a CPU, bf16 on a GPU),
+and population / alone in model-steps per second. Alone and population steps alternate in
+``--rounds`` rounds, so a load that comes and goes hits both; each figure is the median.
+Compare figures only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from spice_ray.config import make_config
+from spice_ray.data.tasks import generate_tasks
+from spice_ray.model.registry import build_model
+from spice_ray.model.tokens import make_tokens
+from spice_ray.train import rates
+from spice_ray.train.loop import compute_loss, make_optimizer, optimiser_step
+from spice_ray.train.population import TOKEN_FIELDS, Population
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device) -> float:
+    """FLOP/s of an n^3 matmul (n = 2048 on a CPU, 8192 on a GPU), best of 5 after 2."""
+    n = 8192 if device.type == "cuda" else 2048
+    a, b = torch.randn(n, n).to(device, dtype), torch.randn(n, n).to(device, dtype)
+    times = []
+    for i in range(7):
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / min(times)
+
+
+def median_seconds(steps: dict[str, Callable[[], None]], device: torch.device, n: int,
+                   rounds: int) -> dict[str, float]:
+    """Median seconds per call of each step, the steps alternating in rounds (2 warm-ups)."""
+    for fn in steps.values():
+        fn()
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            for _ in range(n):
+                sync(device)
+                t0 = time.perf_counter()
+                fn()
+                sync(device)
+                times[name].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--models", nargs="+", type=int, default=None,
+                   help="population sizes (default: 1 3 8 on a CPU, 1 3 8 24 48 on a GPU)")
+    p.add_argument("--experiments", nargs="+", default=["bandit", "darkroom"])
+    p.add_argument("--kinds", nargs="+", default=["spice", "dpt"])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    gpu = device.type == "cuda"
+    sizes = args.models or ([1, 3, 8, 24, 48] if gpu else [1, 3, 8])
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"CPU, {args.threads} thread(s)"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    peak = matmul_peak(dtype, device)
+    print(f"torch {torch.__version__}, {name}: {str(dtype).split('.')[-1]} matmul peak "
+          f"{peak / 1e12:.2f} TFLOP/s")
+    summary = []
+    for experiment in args.experiments:
+        cfg = make_config("small", experiment)
+        batch_np = generate_tasks(cfg.env, cfg.data, "train", np.arange(cfg.train.batch_size))
+        batch = {k: torch.as_tensor(v).to(device) for k, v in batch_np.items()}
+        tokens = make_tokens(batch, cfg.env, device=device)
+        fields = [getattr(tokens, f) for f in TOKEN_FIELDS]
+        ids = torch.as_tensor(batch_np["task_id"]).to(device)
+        for kind in args.kinds:
+            flops = rates.step_flops(cfg, kind)
+            model = build_model(kind, cfg, torch.Generator().manual_seed(0)).to(device)
+            params = [q for q in model.parameters() if q.requires_grad]
+            opt = make_optimizer(params, cfg.train)
+
+            def alone(model=model, params=params, opt=opt, kind=kind, cfg=cfg, batch=batch):
+                loss, comp = compute_loss(model, batch, kind, cfg, device)
+                optimiser_step(loss, opt, params, cfg.train.grad_clip, "benchmark", comp)
+
+            steps: dict[str, Callable[[], None]] = {"alone": alone}
+            for M in sizes:
+                pop = Population(kind, cfg, [build_model(kind, cfg, torch.Generator()
+                                                         .manual_seed(s)) for s in range(M)],
+                                 device)
+                stacked = [f.unsqueeze(0).expand(M, *f.shape) for f in fields]
+                ids_m = ids.unsqueeze(0).expand(M, *ids.shape)
+                steps[f"population {M}"] = (
+                    lambda pop=pop, stacked=stacked, ids_m=ids_m: pop.step(stacked, ids_m, 1))
+            sec = median_seconds(steps, device, args.steps, args.rounds)
+            print(f"\n{experiment} {kind} (small: T={cfg.env.horizon}, batch "
+                  f"{cfg.train.batch_size}, {cfg.model.n_layer} layers x {cfg.model.n_embd}): "
+                  f"{flops / 1e9:.2f} GFLOP of matmuls per model-step")
+            base = 1 / sec["alone"]
+            for label, s in sec.items():
+                M = 1 if label == "alone" else int(label.split()[-1])
+                rate = M / s
+                print(f"  {label:14s} {s * 1e3:8.1f} ms {rate:9.1f} model-steps/s "
+                      f"{100 * flops * M / s / peak:6.2f}% of peak  {rate / base:6.2f}x alone")
+                if label != "alone":
+                    summary.append((f"{experiment} {kind} M={M}", rate, rate / base))
+    print("\npopulation / alone, model-steps per second:")
+    for label, rate, ratio in summary:
+        print(f"  {label:24s} {rate:9.1f} model-steps/s  {ratio:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,522 @@
+"""Models of one architecture and one loss trained as one (``train.population``).
+
+A study trains many small models of a handful of shapes: seeds, and the same SPICE on the
+darkroom and the region darkroom. Alone, each step of such a model is a few hundred small kernel
+launches, so a GPU sits mostly idle. Here the M models' parameters are stacked on a leading
+model axis (``torch.func.stack_module_state``) and one step is ``torch.func.vmap`` of the loss
+over that axis: every layer is one batched call for all M models (attention one call over
+``[M*B, heads, T, d]``), so a step costs about what one model's step costs while the GPU is
+launch-bound.
+
+Each model keeps what it has alone (:func:`spice_ray.train.loop.fit`): its initial weights from
+its seed, its own batches (its dataset, in the order its seed gives, :func:`epoch_order`), its
+own AdamW state (AdamW is elementwise, so one optimiser over the stacked tensors is M
+optimisers), its own gradient-norm clip, divergence check, validation loss and checkpoints, in
+the platform's one format in its own run directory (``<run_dir>/local/epoch-*``). So a model
+trained in a population resumes alone and the other way round, and nothing downstream changes.
+What differs is rounding: the batched products and the plain attention (which vmap can batch;
+``CausalSelfAttention.plain``) sum in another order than the alone path, so the weights agree
+within a tolerance (tests), not bit for bit.
+
+Nothing here needs Ray: the batches live on the training device for the whole run (no host
+work per step), and the divergence check reads one flag per model at the end of each epoch
+instead of syncing every step (a bad step's model stops updating at once; the epoch then
+fails naming it and the step, and no checkpoint of it is written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from spice_ray.common.errors import SpiceRayError
+from spice_ray.config import config_hash
+from spice_ray.data import store
+from spice_ray.model import checkpoint as ckpt
+from spice_ray.model.registry import build_model
+from spice_ray.model.tokens import Tokens, make_tokens
+from spice_ray.train.loop import (
+    StepObserver,
+    TrainingDiverged,
+    TrainJob,
+    _lr_lambda,
+    latest_intact,
+    make_optimizer,
+    steps_per_epoch,
+)
+from spice_ray.train.losses import loss_for
+
+log = logging.getLogger(__name__)
+
+TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(Tokens))
+
+SHARED_TRAIN_FIELDS_SKIPPED = ("num_workers", "threads", "use_gpu", "worker_cpus", "worker_gpus",
+                               "together", "population", "max_failures", "checkpoint_every",
+                               "choose")
+"""Train fields that may differ inside a population (how it runs, not what each model
+learns)."""
+
+
+class PopulationError(SpiceRayError, ValueError):
+    """Models that cannot train as one population (names the field that differs)."""
+
+
+def population_key(job: TrainJob) -> str:
+    """What the models of one population share: kind, architecture, loss and schedule, and the
+    shape of their tokens. Seeds and datasets may differ."""
+    c = job.config
+    env = job.cfg.env.environment()
+    train = {k: v for k, v in c["train"].items() if k not in SHARED_TRAIN_FIELDS_SKIPPED}
+    return config_hash({"kind": job.kind, "model": c["model"], "train": train,
+                        "tokens": [env.state_dim, env.num_actions, job.cfg.env.horizon]})
+
+
+def check_population(jobs: Sequence[TrainJob]) -> None:
+    """Raise :class:`PopulationError` unless every job can train beside the first."""
+    if not jobs:
+        raise PopulationError("a population needs at least one model")
+    first = jobs[0]
+    for job in jobs[1:]:
+        if population_key(job) == population_key(first):
+            continue
+        for section in ("model", "train"):
+            for k, v in job.config[section].items():
+                if k in SHARED_TRAIN_FIELDS_SKIPPED:
+                    continue
+                if first.config[section].get(k) != v:
+                    raise PopulationError(
+                        f"{job.kind} seed {job.seed} cannot train beside {first.kind} seed "
+                        f"{first.seed}: {section}.{k} is {v!r} against "
+                        f"{first.config[section].get(k)!r}")
+        raise PopulationError(f"{job.kind} seed {job.seed} cannot train beside {first.kind} "
+                              f"seed {first.seed}: the kind or the token shape differs")
+    if float(first.cfg.model.dropout) > 0:
+        raise PopulationError(f"model.dropout is {first.cfg.model.dropout}: a population "
+                              "trains without dropout (its attention has none)")
+
+
+def epoch_order(chunk_rows: Sequence[int], batch_size: int, rng: np.random.Generator,
+                num_rows: int) -> np.ndarray:
+    """Row indices of one epoch's batches, [steps, batch_size]: the batches that
+    :func:`spice_ray.train.loop.shuffled_batches` makes from chunks of these sizes with this
+    ``rng`` on one worker (each chunk plus the rows left over from the last is permuted and cut
+    into batches), as indices into the split's rows in file order."""
+    rounds = num_rows // batch_size
+    out: list[np.ndarray] = []
+    carry = np.empty(0, dtype=np.int64)
+    start = 0
+    for n_chunk in chunk_rows:
+        idx = np.concatenate([carry, np.arange(start, start + n_chunk, dtype=np.int64)])
+        start += n_chunk
+        perm = rng.permutation(len(idx))
+        full = len(idx) - len(idx) % batch_size
+        for lo in range(0, full, batch_size):
+            if len(out) >= rounds:
+                return np.stack(out)
+            out.append(idx[perm[lo:lo + batch_size]])
+        carry = idx[perm[full:]]
+    return np.stack(out) if out else np.empty((0, batch_size), dtype=np.int64)
+
+
+@dataclasses.dataclass
+class Split:
+    """One dataset split as tokens on the training device, rows in file order."""
+
+    tokens: dict[str, Tensor]
+    task_id: Tensor
+    chunk_rows: list[int]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.task_id.shape[0])
+
+    def take(self, idx: Tensor) -> tuple[list[Tensor], Tensor]:
+        """The token fields and task ids of rows ``idx`` (any shape)."""
+        return [self.tokens[f][idx] for f in TOKEN_FIELDS], self.task_id[idx]
+
+
+def load_split(job: TrainJob, split: str, device: torch.device) -> Split:
+    """``split`` of ``job``'s dataset, read as the loop reads it: in chunks of
+    ``max(data.shard_size, train.batch_size)`` rows in task order (the chunks that fix the
+    shuffle), made into tokens once, and moved to ``device``."""
+    from spice_ray.train.ray_train import in_task_order
+
+    cfg = job.cfg
+    chunks = store.iter_batches(job.dataset_dir, split, max(cfg.data.shard_size,
+                                                            cfg.train.batch_size))
+    parts, sizes, ids = [], [], []
+    for chunk in in_task_order(chunks):
+        tok = make_tokens(chunk, cfg.env)
+        parts.append(tok)
+        ids.append(torch.as_tensor(np.asarray(chunk["task_id"])))
+        sizes.append(int(tok.actions.shape[0]))
+    if not parts:
+        raise store.DatasetError(f"{job.dataset_dir}: split {split} has no rows")
+    tokens = {f: torch.cat([getattr(p, f) for p in parts]).to(device) for f in TOKEN_FIELDS}
+    return Split(tokens, torch.cat(ids).to(device), sizes)
+
+
+class _LossOf(nn.Module):
+    """A model and its kind's training loss as one module, so ``functional_call`` swaps the
+    parameters for the whole loss (the anchor penalty reads them too)."""
+
+    def __init__(self, model: nn.Module, kind: str, train_cfg: Any) -> None:
+        super().__init__()
+        self.m = model
+        self.kind = kind
+        self.train_cfg = train_cfg
+
+    def forward(self, *fields_and_ids: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        *fields, ids = fields_and_ids
+        tokens = Tokens(**dict(zip(TOKEN_FIELDS, fields, strict=True)))
+        out = self.m(tokens)
+        return loss_for(self.kind)(out, tokens, self.m, ids, self.train_cfg)
+
+
+def functional_template(kind: str, cfg: Any) -> _LossOf:
+    """The population's stateless template: the model's code with plain attention and the
+    ensemble's layer-stack path (both batchable by vmap), on the meta device."""
+    model = build_model(kind, cfg).to("meta")
+    for mod in model.modules():
+        if hasattr(mod, "plain"):
+            mod.plain = True
+        if hasattr(mod, "kernel") and hasattr(mod, "ensemble_size"):
+            mod.kernel = "eager"
+    return _LossOf(model, kind, cfg.train)
+
+
+def _initial_model(job: TrainJob) -> nn.Module:
+    """The model ``fit`` starts from: its weights from the job's seed."""
+    torch_seed = int(np.random.SeedSequence([job.seed, 7]).generate_state(1)[0])
+    return build_model(job.kind, job.cfg, generator=torch.Generator().manual_seed(torch_seed))
+
+
+def _model_opt_state(optimizer: torch.optim.Optimizer, names: list[str],
+                     stacked: Mapping[str, Tensor], m: int) -> dict[str, Any]:
+    """Model ``m``'s slice of the stacked AdamW state, as its own AdamW's ``state_dict``
+    (parameters numbered in ``names`` order, as ``fit``'s optimiser numbers them)."""
+    full = optimizer.state_dict()
+    group = {k: v for k, v in full["param_groups"][0].items() if k != "params"}
+    state = {}
+    for i, name in enumerate(names):
+        s = optimizer.state.get(stacked[name])
+        if not s:
+            continue
+        state[i] = {k: (v[m].detach().clone() if k != "step" else v.detach().clone())
+                    for k, v in s.items()}
+    return {"state": state, "param_groups": [{**group, "params": list(range(len(names)))}]}
+
+
+def _stack_opt_state(states: list[dict[str, Any]], optimizer: torch.optim.Optimizer,
+                     names: list[str], stacked: Mapping[str, Tensor]) -> None:
+    """Load M models' own AdamW states into the stacked optimiser."""
+    first = states[0]
+    if any(len(s["state"]) != len(first["state"]) for s in states):
+        raise ckpt.CheckpointError("the models' optimiser states differ in size: they did not "
+                                   "stop at the same step")
+    params = [stacked[n] for n in names]
+    full = {"state": {}, "param_groups": [{**{k: v for k, v in
+                                              first["param_groups"][0].items()
+                                              if k != "params"},
+                                           "params": list(range(len(params)))}]}
+    for i in first["state"]:
+        full["state"][i] = {k: (torch.stack([s["state"][i][k] for s in states])
+                                if k != "step" else first["state"][i][k])
+                            for k in first["state"][i]}
+    optimizer.load_state_dict(full)
+
+
+@dataclasses.dataclass
+class PopulationResult:
+    """What :func:`fit_population` did: each model's last metrics, the epoch it resumed at,
+    and whether it stopped early at ``stop_after`` (resumable) instead of its last epoch."""
+
+    metrics: list[dict[str, float]]
+    start_epoch: int
+    last_epoch: int
+    stopped_early: bool
+    steps_per_s: float
+
+
+class Population:
+    """M models of one kind and config as stacked weights, their one AdamW, and one training
+    step for all of them (:meth:`step`).
+
+    Args:
+        kind, cfg: the models' kind and config (the first job's: they share both).
+        models: the M models, initialised or loaded (their weights are copied in).
+        device: where the stacked weights live and the steps run.
+    """
+
+    def __init__(self, kind: str, cfg: Any, models: Sequence[nn.Module],
+                 device: torch.device) -> None:
+        self.kind, self.cfg, self.device = kind, cfg, device
+        tc = cfg.train
+        self.M = len(models)
+        self.names = [n for n, p in models[0].named_parameters() if p.requires_grad]
+        params, buffers = stack_module_state([m.to(device) for m in models])
+        self.params = {n: v.detach().requires_grad_(n in self.names) for n, v in params.items()}
+        self.buffers = buffers
+        self.trainable = [self.params[n] for n in self.names]
+        self.optimizer = make_optimizer(self.trainable, tc)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(tc.epochs * steps_per_epoch(cfg), tc.cosine_schedule))
+        self.template = functional_template(kind, cfg)
+        self._p = {f"m.{k}": v for k, v in self.params.items()}
+        self._b = {f"m.{k}": v for k, v in self.buffers.items()}
+        template = self.template
+
+        def one_loss(p: dict[str, Tensor], b: dict[str, Tensor], *batch: Tensor):
+            return functional_call(template, (p, b), batch)
+
+        self._loss = vmap(one_loss)
+        self.autocast = dict(device_type=device.type, dtype=torch.bfloat16,
+                             enabled=device.type == "cuda")
+        self.first_bad = torch.full((self.M,), -1, dtype=torch.long, device=device)
+
+    def load_optimizer(self, states: list[dict[str, Any]], scheduler: dict[str, Any]) -> None:
+        """The models' own AdamW states (as ``fit`` saves them) into the stacked one."""
+        _stack_opt_state(states, self.optimizer, self.names, self.params)
+        self.scheduler.load_state_dict(scheduler)
+
+    def step(self, fields: Sequence[Tensor], ids: Tensor, global_step: int
+             ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+        """One optimiser step of every model on its own batch (token fields [M, B, ...] in
+        :data:`TOKEN_FIELDS` order, task ids [M, B]); returns (losses [M], detached loss
+        components [M] each, gradient norms [M]). No host sync."""
+        with torch.autocast(**self.autocast):
+            loss, parts = self._loss(self._p, self._b, *fields, ids)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        norm = _clip_per_model(self.trainable, self.cfg.train.grad_clip, loss, self.first_bad,
+                               global_step)
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss.detach(), parts, norm
+
+    def model_state(self, m: int) -> dict[str, Tensor]:
+        """Model ``m``'s ``state_dict``."""
+        return ({k: v[m].detach() for k, v in self.params.items()}
+                | {k: v[m].detach() for k, v in self.buffers.items()})
+
+
+def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
+                   device: str | torch.device = "cpu", stop_after: float | None = None,
+                   observers: Sequence[StepObserver] = (),
+                   clock=time.perf_counter) -> PopulationResult:
+    """Pretrain ``jobs`` as one population, each into its run directory's ``local/``.
+
+    Resumes from the newest epoch that every model has an intact checkpoint of (or from the
+    start). ``stop_after`` (seconds): after the first epoch that ends past it, write every
+    model's checkpoint of that epoch and return (a later call resumes there).
+
+    Raises:
+        PopulationError: the jobs cannot train as one (names the field).
+        TrainingDiverged: naming each model whose loss or gradient norm became non-finite,
+            with its step; no checkpoint of that epoch is written.
+    """
+    check_population(jobs)
+    device = torch.device(device)
+    t_start = clock()
+    cfg = jobs[0].cfg
+    tc = cfg.train
+    M, B = len(jobs), tc.batch_size
+    per_epoch = steps_per_epoch(cfg)
+    models = [_initial_model(job) for job in jobs]
+    start_epoch, opt_states, sched_state = _resume(jobs, run_dirs, models)
+    pop = Population(jobs[0].kind, cfg, models, device)
+    if opt_states is not None:
+        pop.load_optimizer(opt_states, sched_state)
+    train = _load_all(jobs, "train", device)
+    val = _load_all(jobs, "validation", device)
+    metrics: list[dict[str, float]] = [{} for _ in jobs]
+    steps_done, t_steps = 0, 0.0
+    epoch = start_epoch - 1
+    stopped = False
+    for epoch in range(start_epoch, tc.epochs):
+        t0 = clock()
+        order = torch.as_tensor(np.stack([
+            epoch_order(train[job.dataset_dir].chunk_rows, B,
+                        np.random.default_rng([job.seed, epoch]),
+                        train[job.dataset_dir].num_rows)
+            for job in jobs]), device=device)  # (M, steps, B)
+        sums: dict[str, Tensor] = {}
+        for step in range(order.shape[1]):
+            fields, ids = _population_batch(jobs, train, order[:, step])
+            _, parts, norm = pop.step(fields, ids, epoch * per_epoch + step + 1)
+            for k, v in parts.items():
+                sums[k] = sums[k] + v.float() if k in sums else v.float()
+            for obs in observers:
+                obs.step(epoch * per_epoch + step + 1, tc.epochs * per_epoch, epoch,
+                         {k: v[0] for k, v in parts.items()} | {"grad_norm": norm[0]})
+        steps = order.shape[1]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = clock() - t0
+        steps_done += steps
+        t_steps += elapsed
+        bad = pop.first_bad.tolist()
+        if any(s >= 0 for s in bad):
+            raise TrainingDiverged("training diverged: " + "; ".join(
+                f"{job.kind} seed {job.seed} at step {s} (epoch {epoch + 1}/{tc.epochs}): its "
+                "loss or gradient norm was not finite" for job, s in zip(jobs, bad, strict=True)
+                if s >= 0))
+        _check_params_finite(pop.params, jobs, epoch)
+        val_parts = _validate(pop, jobs, val, B)
+        last = epoch == tc.epochs - 1
+        stopped = (stop_after is not None and not last and clock() - t_start > stop_after)
+        train_means = {k: (v / max(1, steps)).tolist() for k, v in sums.items()}
+        for m, job in enumerate(jobs):
+            mets = {f"train_{k}": v[m] for k, v in train_means.items()}
+            mets |= {f"val_{k}": v[m] for k, v in val_parts.items()}
+            nonfinite = sorted(k for k, v in mets.items() if not math.isfinite(v))
+            if nonfinite:
+                raise TrainingDiverged(f"training diverged at {job.kind} seed {job.seed} epoch "
+                                       f"{epoch + 1}/{tc.epochs}: {', '.join(nonfinite)} not "
+                                       "finite")
+            mets |= {"epoch": float(epoch), "samples_per_s": steps * B / elapsed,
+                     "lr": float(pop.scheduler.get_last_lr()[0])}
+            metrics[m] = mets
+        for obs in observers:
+            obs.epoch(epoch, metrics[0])
+        if last or stopped or (epoch + 1) % tc.checkpoint_every == 0:
+            _save_all(pop, jobs, run_dirs, models, epoch, metrics)
+        log.info("population of %d (%s): epoch %d/%d, %.0f model-steps/s, val loss %s",
+                 M, jobs[0].kind, epoch + 1, tc.epochs, M * steps / elapsed,
+                 ", ".join(f"{m['val_loss']:.4f}" for m in metrics))
+        if stopped:
+            break
+    return PopulationResult(metrics, start_epoch, epoch, stopped,
+                            steps_done / t_steps if t_steps else 0.0)
+
+
+def _load_all(jobs: Sequence[TrainJob], split: str, device: torch.device) -> dict[str, Split]:
+    """Each distinct dataset's split once (models of one dataset share it)."""
+    out: dict[str, Split] = {}
+    for job in jobs:
+        if job.dataset_dir not in out:
+            out[job.dataset_dir] = load_split(job, split, device)
+    return out
+
+
+def _population_batch(jobs: Sequence[TrainJob], data: Mapping[str, Split], idx: Tensor
+                      ) -> tuple[list[Tensor], Tensor]:
+    """The M models' batches ([M, B, ...] per token field, ids [M, B]) for row indices
+    ``idx`` [M, B] into each model's own dataset; one gather per field when they share one."""
+    sources = {job.dataset_dir for job in jobs}
+    if len(sources) == 1:
+        return data[jobs[0].dataset_dir].take(idx)
+    per = [data[job.dataset_dir].take(idx[m]) for m, job in enumerate(jobs)]
+    fields = [torch.stack([p[0][i] for p in per]) for i in range(len(TOKEN_FIELDS))]
+    return fields, torch.stack([p[1] for p in per])
+
+
+def _clip_per_model(grads_of: list[Tensor], clip: float, loss: Tensor, first_bad: Tensor,
+                    step: int) -> Tensor:
+    """Each model's gradient norm [M]; clips each model's gradients to ``clip`` (0: measure
+    only) as ``clip_grad_norm_`` does alone, and zeroes the gradients of a model whose loss or
+    norm is not finite, recording the step in ``first_bad`` (no host sync)."""
+    grads = [p.grad for p in grads_of]
+    M = loss.shape[0]
+    sq = torch.stack([g.detach().float().pow(2).reshape(M, -1).sum(1) for g in grads]).sum(0)
+    norm = sq.sqrt()  # (M,)
+    bad = ~torch.isfinite(norm) | ~torch.isfinite(loss.detach().float())
+    first_bad.copy_(torch.where(bad & (first_bad < 0), step, first_bad))
+    coef = (clip / (norm + 1e-6)).clamp(max=1.0) if clip > 0 else torch.ones_like(norm)
+    coef = torch.where(bad, 0.0, coef)
+    for g in grads:
+        shape = (M,) + (1,) * (g.dim() - 1)
+        g.copy_(torch.where(bad.view(shape), 0.0, g * coef.view(shape).to(g.dtype)))
+    return norm
+
+
+@torch.no_grad()
+def _check_params_finite(params: Mapping[str, Tensor], jobs: Sequence[TrainJob], epoch: int
+                         ) -> None:
+    """Raise :class:`TrainingDiverged` naming the first model and parameter that is not
+    finite."""
+    M = len(jobs)
+    ok = torch.stack([torch.isfinite(p).reshape(M, -1).all(1) for p in params.values()])
+    if bool(ok.all()):
+        return
+    for m, job in enumerate(jobs):
+        for (name, _), good in zip(params.items(), ok[:, m].tolist(), strict=True):
+            if not good:
+                raise TrainingDiverged(f"training diverged at {job.kind} seed {job.seed} "
+                                       f"epoch {epoch + 1}: parameter {name} is not finite")
+
+
+@torch.no_grad()
+def _validate(pop: Population, jobs: Sequence[TrainJob], val: Mapping[str, Split],
+              batch_size: int) -> dict[str, list[float]]:
+    """Each model's mean loss components over its validation split in file order, in batches
+    of ``batch_size`` (the last one short), as ``fit`` scores it."""
+    out: dict[str, list[float]] = {}
+    for m, job in enumerate(jobs):
+        split = val[job.dataset_dir]
+        p = {k: v[m] for k, v in pop._p.items()}
+        b = {k: v[m] for k, v in pop._b.items()}
+        parts = []
+        for lo in range(0, split.num_rows, batch_size):
+            idx = torch.arange(lo, min(lo + batch_size, split.num_rows),
+                               device=split.task_id.device)
+            fields, ids = split.take(idx)
+            with torch.autocast(**pop.autocast):
+                parts.append(functional_call(pop.template, (p, b), (*fields, ids))[1])
+        for k in parts[0]:
+            out.setdefault(k, []).append(float(torch.stack([q[k].float() for q in parts])
+                                               .mean()))
+    return out
+
+
+def _save_all(pop: Population, jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
+              models: list[nn.Module], epoch: int, metrics: list[dict[str, float]]) -> None:
+    """Every model's checkpoint of ``epoch``, as ``fit`` writes it alone."""
+    for m, (job, run_dir, model) in enumerate(zip(jobs, run_dirs, models, strict=True)):
+        model.load_state_dict(pop.model_state(m))
+        ckpt.save_checkpoint(
+            Path(run_dir) / "local" / f"epoch-{epoch:04d}", model, job.cfg, job.dataset_hash,
+            epoch, metrics[m],
+            optimizer_state={"optimizer": _model_opt_state(pop.optimizer, pop.names,
+                                                           pop.params, m),
+                             "scheduler": pop.scheduler.state_dict()},
+            extra={"identity": job.identity(), "seed": job.seed})
+
+
+def _resume(jobs: Sequence[TrainJob], run_dirs: Sequence[Path], models: list[nn.Module]
+            ) -> tuple[int, list[dict[str, Any]] | None, dict[str, Any] | None]:
+    """Load the newest epoch every model has an intact checkpoint of into ``models``; returns
+    (the epoch to start at, the models' optimiser states, the scheduler's state)."""
+    found: list[dict[int, Path]] = []
+    for job, run_dir in zip(jobs, run_dirs, strict=True):
+        mine: dict[int, Path] = {}
+        for path in sorted((Path(run_dir) / "local").glob("epoch-*"), reverse=True):
+            if latest_intact([path], job) is not None:
+                mine[int(ckpt.read_meta(path)["epoch"])] = path
+        found.append(mine)
+    common = set(found[0]).intersection(*found[1:]) if found else set()
+    if not common:
+        return 0, None, None
+    epoch = max(common)
+    opt_states, sched = [], None
+    for model, mine in zip(models, found, strict=True):
+        _, weights, opt = ckpt.load_training_state(mine[epoch])
+        model.load_state_dict(weights)
+        if opt is None:
+            raise ckpt.CheckpointError(f"{mine[epoch]} has no optimiser state to resume from")
+        opt_states.append(opt["optimizer"])
+        sched = opt["scheduler"]
+    log.info("population resumes at epoch %d from %s", epoch + 1,
+             ", ".join(str(found[i][epoch]) for i in range(len(jobs))))
+    return epoch + 1, opt_states, sched
+
