@@ -31,29 +31,29 @@ import torch
 
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import load_config
-from spice_ray.data.store import load_split
+from spice_ray.data.store import dataset_dir, load_split
 from spice_ray.evaluate.darkroom_prior import darkroom_prior_rows
 from spice_ray.model.checkpoint import read_meta
 from spice_ray.model.registry import load_model, torch_threads
 from spice_ray.study.run_models import model_and_dataset
+from spice_ray.train.ray_train import plan_job
 
 SHOWN_FROM = 10
 """The budget's score pools the goal-shown rows at h >= this (at h = 0 nothing is shown)."""
 
 
-def epoch_checkpoints(run: Path, env: str, seed: int) -> list[Path]:
-    """Every ``epoch-*`` checkpoint of the SPICE training of ``seed`` on ``env``'s dataset in
-    ``run``'s checkpoints, in epoch order.
-
-    Raises:
-        SystemExit: none, or trainings on more than one dataset of that environment (name one
-            with ``--checkpoint``).
-    """
-    models = sorted((run / "checkpoints").glob(f"{env}-*/spice-*-seed{seed}"))
-    if len({m.parent for m in models}) != 1:
-        raise SystemExit(f"error: {len(models)} SPICE trainings of seed {seed} on {env} "
-                         f"under {run / 'checkpoints'}: pass --checkpoint")
-    return sorted(models[0].glob("local/epoch-*"), key=lambda p: int(p.name.split("-")[1]))
+def epoch_checkpoints(run: Path, experiment: str, seed: int) -> list[Path]:
+    """Every ``epoch-*`` checkpoint of the experiment's own SPICE training of ``seed`` (not a
+    weight-ablation variant's on the same dataset) in ``run``'s checkpoints, in epoch order:
+    the run directory the study's pretraining stage gives that model."""
+    cfg = load_config(run / "configs" / f"{experiment}.yaml")
+    dataset = dataset_dir(run / "datasets", cfg)
+    _, model_dir = plan_job(cfg, "spice", seed, dataset, run / "checkpoints")
+    found = sorted(model_dir.glob("local/epoch-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not found:
+        raise SystemExit(f"error: no epoch checkpoint of {experiment} SPICE seed {seed} in "
+                         f"{model_dir}")
+    return found
 
 
 def readout(run: Path, experiment: str, seed: int, tasks: int, split: str,
@@ -118,10 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"\d+(,\d+)*", args.seeds):
         raise SystemExit(f"error: --seeds {args.seeds[:80]!r} is invalid: e.g. 0,1,2")
     seeds = [int(s) for s in args.seeds.split(",")]
-    env = load_config(args.run / "configs" / f"{args.experiment}.yaml").env.name
     frames = []
     for seed in seeds:
-        ckpts = (epoch_checkpoints(args.run, env, seed) if args.every_checkpoint
+        ckpts = (epoch_checkpoints(args.run, args.experiment, seed) if args.every_checkpoint
                  else [args.checkpoint])
         for ckpt in ckpts:
             try:

@@ -18,8 +18,9 @@ set -u
 RUN=${1:?usage: tools/device_run.sh RUN SECONDS [OUT]}
 SECONDS_ALLOWED=${2:?usage: tools/device_run.sh RUN SECONDS [OUT]}
 OUT=${3:-${OUT:?no OUT given and none in the environment}}
-# DEVICE, RECIPE_ARGS and BENCH_MODELS change the device, the training settings and the
-# benchmark's population sizes (a CPU rehearsal: DEVICE=cpu RECIPE_ARGS="--preset smoke").
+# DEVICE, RECIPE_ARGS, BENCH_MODELS, BENCH=0 and POPULATIONS ("experiment kind variant;...")
+# change the device, the training settings, the benchmark's population sizes (or skip it) and
+# what trains (a CPU rehearsal: DEVICE=cpu RECIPE_ARGS="--preset smoke").
 DEVICE=${DEVICE:-cuda}
 if [ -n "${RECIPE_ARGS:-}" ]; then read -r -a RECIPE <<< "$RECIPE_ARGS"; else
 RECIPE=(--set data.num_train_tasks=80000 --set train.batch_size=64 --set model.n_layer=4
@@ -33,7 +34,7 @@ left() { echo $(( SECONDS_ALLOWED - ($(date +%s) - T0) )); }
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-timeout 100 python3 benchmarks/bench_population.py --device "$DEVICE" --threads 1 \
+[ "${BENCH:-1}" = 1 ] && timeout 100 python3 benchmarks/bench_population.py --device "$DEVICE" --threads 1 \
     --models ${BENCH_MODELS:-1 3 8 24 48} --steps 5 --rounds 2 > "$OUT/bench.txt" 2>&1
 echo "benchmark: exit $?, $(left) s left"; tail -25 "$OUT/bench.txt"
 
@@ -42,9 +43,11 @@ STOP=$(( $(left) - 150 ))
 HARD=$(( $(left) - 40 ))
 echo "training: --stop-after $STOP s, killed at $HARD s"
 pids=()
-for spec in "darkroom spice main" "darkroom spice none" "darkroom spice adv" \
-            "darkroom spice epi" "darkroom dpt main" "darkroom_region spice main" \
-            "darkroom_continuous spice main" "darkroom_continuous dpt main"; do
+POPULATIONS=${POPULATIONS:-"darkroom spice main;darkroom spice none;darkroom spice adv;\
+darkroom spice epi;darkroom dpt main;darkroom_region spice main;darkroom_continuous spice main;\
+darkroom_continuous dpt main"}
+IFS=';' read -r -a SPECS <<< "$POPULATIONS"
+for spec in "${SPECS[@]}"; do
   set -- $spec
   timeout "$HARD" python3 tools/population_train.py "$RUN" --experiments "$1" --kinds "$2" \
       --variants "$3" "${RECIPE[@]}" --device "$DEVICE" --stop-after "$STOP" \

@@ -192,6 +192,24 @@ DARKROOM = Experiment(
 """Darkroom; ``Select("ppo")`` takes the single-task PPO reference's rows when
 ``eval.ppo_episodes > 0`` (the ``ppo`` extra)."""
 
+DARKROOM_SCALE = dataclasses.replace(
+    DARKROOM,
+    name="darkroom_scale",
+    models=(ModelRef("spice"), ModelRef("dpt")),
+    evaluations=tuple(e for e in DARKROOM.evaluations
+                      if e.name in ("spice", "dpt", "flat", "count", "random")),
+    tables=tuple(dataclasses.replace(t, name=t.name.replace("darkroom", "darkroom_scale", 1),
+                                     title=f"{t.title} (SPICE and DPT only)")
+                 for t in DARKROOM.tables if not t.name.startswith("darkroom_weights")),
+    notes=(DARKROOM.notes[0], DARKROOM.notes[2],
+           "darkroom_scale: the darkroom experiment without its weight ablation (SPICE and "
+           "DPT only, the same dataset and the same checkpoints as `darkroom` under the same "
+           "settings), for budgets where training the ablation's three extra models per seed "
+           "costs more than the question is worth."),
+)
+"""Darkroom, SPICE and DPT only: the same tasks, models and tables as ``darkroom`` less the
+weight ablation. Not in the default study."""
+
 DARKROOM_CONTINUOUS = Experiment(
     name="darkroom_continuous",
     env="darkroom_continuous",
@@ -322,6 +340,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "darkroom": DARKROOM,
     "darkroom_continuous": DARKROOM_CONTINUOUS,
     "darkroom_dpt_star": DARKROOM_DPT_STAR,
+    "darkroom_scale": DARKROOM_SCALE,
     "bandit_template": prior_family("bandit_template", "template bandit A=5",
                                     ("ucb", "ts", "bayes-ts", "random")),
     "bandit_latent": prior_family("bandit_latent", "latent-phase bandit A=5",
