@@ -13,7 +13,7 @@ from spice_ray.config import make_config
 from spice_ray.data import store
 from spice_ray.data.generate import generate_dataset
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.model.registry import build_model, load_model
+from spice_ray.model.registry import build_model, load_model, torch_threads
 from spice_ray.model.tokens import Tokens
 from spice_ray.train import population as pop_module
 from spice_ray.train.loop import LocalContext, TrainingDiverged, fit, shuffled_batches
@@ -24,6 +24,7 @@ from spice_ray.train.population import (
     functional_template,
 )
 from spice_ray.train.ray_train import plan_job, settle_final, shard_batches, val_shard_batches
+from spice_ray.train.together import ModelSpec, pretrain_many
 
 TOL = 1e-5
 """Largest weight difference allowed between a model trained in a population and alone after
@@ -197,3 +198,47 @@ def test_the_template_batches_what_vmap_cannot() -> None:
     assert all(m.plain for m in template.modules() if hasattr(m, "plain"))
     assert template.m.ensemble.kernel == "eager"
     assert all(p.device.type == "meta" for p in template.parameters())
+
+
+def _direct(dataset: Path, out: Path, kind: str, seeds: tuple[int, ...]) -> list[Path]:
+    planned = [plan_job(_cfg(out), kind, s, dataset) for s in seeds]
+    with torch_threads(1):
+        fit_population([j for j, _ in planned], [d for _, d in planned])
+    return [_last(d) for _, d in planned]
+
+
+def _specs(out: Path, *extra: str) -> list[ModelSpec]:
+    cfg = _cfg(out, "train.population=true", *extra)
+    return [ModelSpec(cfg, "spice", s, f"spice seed {s}") for s in (0, 1)] + [
+        ModelSpec(cfg, "dpt", 0, "dpt seed 0")]
+
+
+def test_the_study_trains_populations_in_the_driver(dataset, tmp_path) -> None:
+    """``train.population`` with ``num_workers=0``: the seeds of one kind train as one
+    population in the driver, the same weights as the population trained directly; a re-run
+    finds them current."""
+    with torch_threads(1):
+        finals, timing = pretrain_many(_specs(tmp_path / "study"), dataset)
+    assert timing["worker"] == {"spice seed 0": 0, "spice seed 1": 0, "dpt seed 0": 0}
+    want = _direct(dataset, tmp_path / "direct", "spice", (0, 1)) + _direct(
+        dataset, tmp_path / "direct", "dpt", (0,))
+    for got, ref in zip(finals, want, strict=True):
+        a, b = _weights(got), _weights(ref)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    _, again = pretrain_many(_specs(tmp_path / "study"), dataset)
+    assert again["jobs"] == 0
+
+
+@pytest.mark.ray
+def test_a_ray_train_worker_trains_whole_populations(ray_local, dataset, tmp_path) -> None:
+    """With Ray Train workers each worker trains whole populations on one thread: the same
+    weights as the population trained directly on one thread."""
+    finals, timing = pretrain_many(_specs(tmp_path / "ray", "train.num_workers=2",
+                                          "train.threads=1", "train.worker_cpus=0.5"), dataset)
+    assert timing["jobs"] == 1
+    assert timing["worker"] == {"spice seed 0": 0, "spice seed 1": 0, "dpt seed 0": 1}
+    want = _direct(dataset, tmp_path / "direct", "spice", (0, 1)) + _direct(
+        dataset, tmp_path / "direct", "dpt", (0,))
+    for got, ref in zip(finals, want, strict=True):
+        a, b = _weights(got), _weights(ref)
+        assert all(torch.equal(a[k], b[k]) for k in a)

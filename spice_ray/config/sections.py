@@ -169,6 +169,7 @@ class DataConfig:
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
                                              "fusion": {"width_source": "ensemble"},
                                              "train": {"h0_prior": "paper", "choose": (),
+                                                       "population": False,
                                                        "lambda_shrink": 1.0,
                                                        "value_target": "reward"}}
 """Fields added to a section after results were made with it, left out of what identifies
@@ -329,6 +330,14 @@ class TrainConfig:
     model. Each model's weights equal, bit for bit, those of the model trained alone on one
     worker with the same threads (``train.together=false train.num_workers=1
     train.threads=<the together worker's>``; with ``num_workers=1``: the same job)."""
+    population: bool = False
+    """Train the models of one kind and config (an experiment's seeds, a variant's seeds) as
+    one population (``spice_ray.train.population``): their weights stacked and stepped as one,
+    one step about one model's cost while a GPU is launch-bound. Each model's weights equal
+    its alone training's within a stated tolerance (rounding), its checkpoints are the same
+    format. In the driver with ``num_workers=0``, else one Ray Train job whose workers each
+    train whole populations. On a CPU the SPICE step is slower this way (the value heads
+    cannot take their compiled kernel under vmap)."""
     use_gpu: bool = False
     """Train on GPUs (``worker_gpus`` of one per Train worker), bf16 autocast."""
     worker_gpus: float = 1.0

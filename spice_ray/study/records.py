@@ -185,8 +185,8 @@ def write_timing(run_dir: Path, timings: dict[str, float], units: list[dict[str,
 
 _HOW_NOT_WHAT = {"out_dir": True, "track": True, "track_uri": True, "track_project": True,
                  "sweep": True, "data": store.EXECUTION_FIELDS + ("shard_size", "compression"),
-                 "train": ("num_workers", "threads", "together", "use_gpu", "worker_cpus",
-                           "worker_gpus", "checkpoint_every", "max_failures"),
+                 "train": ("num_workers", "threads", "together", "population", "use_gpu",
+                           "worker_cpus", "worker_gpus", "checkpoint_every", "max_failures"),
                  "eval": ("num_actors", "actor_cpus", "actor_gpus")}
 """Config fields that change how a study computes, not what its tables say (where it runs,
 on how many workers, shards and trackers): a re-run may change them."""

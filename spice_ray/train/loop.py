@@ -67,7 +67,7 @@ class TrainJob:
         scaling ladder's rungs) and ``settle_final`` still tells them apart by epoch."""
         c = self.config
         skip = {"num_workers", "threads", "use_gpu", "worker_cpus", "worker_gpus", "together",
-                "max_failures", "checkpoint_every", "choose"}
+                "population", "max_failures", "checkpoint_every", "choose"}
         if not c["train"].get("cosine_schedule", False):
             skip.add("epochs")
         if not c["model"].get("var_head", False):

@@ -195,6 +195,143 @@ def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = N
                                        "checkpoint")
 
 
+def train_population_group(members: list[tuple[str, TrainJob, Path]], device: torch.device,
+                           observers: list[StepObserver] | None = None) -> None:
+    """Train one population (``spice_ray.train.population``) unless every member's final is
+    current, and publish each member's ``final``. A divergence is written to each member's
+    run directory (:data:`DIVERGED`), as a together worker does, for the driver to raise."""
+    from spice_ray.train.population import fit_population
+
+    jobs = [job for _, job, _ in members]
+    dirs = [run_dir for _, _, run_dir in members]
+    if all(settle_final(d / "final", j) for j, d in zip(jobs, dirs, strict=True)):
+        return
+    for d in dirs:
+        (d / DIVERGED).unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    try:
+        fit_population(jobs, dirs, device, observers=observers or [])
+    except TrainingDiverged as exc:
+        for d in dirs:
+            atomic_write_text(d / DIVERGED, str(exc))
+        return
+    for d in dirs:
+        last = sorted((d / "local").glob("epoch-*"))
+        if not last:
+            raise ckpt.CheckpointError(f"training {d} finished without a checkpoint")
+        publish_final(last[-1], d / "final")
+        # each member's share, so a worker's fits add up to its busy time
+        atomic_write_text(d / FIT_TIMING, json.dumps(
+            {"fit_seconds": (time.perf_counter() - t0) / len(members),
+             "population": len(members)}))
+
+
+def train_populations_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """``train_loop_per_worker`` of a population job: this worker trains the populations
+    ``config["populations"][rank::world_size]`` one after another on its device."""
+    import ray.train
+    import ray.train.torch
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    torch.set_num_threads(int(config["threads"]))
+    tctx = ray.train.get_context()
+    rank, world = tctx.get_world_rank(), tctx.get_world_size()
+    offset = 0
+    for group in config["populations"][rank::world]:
+        members = [(item["name"], TrainJob(**item["job"]), Path(item["run_dir"]))
+                   for item in group]
+        cfg = members[0][1].cfg
+        observers: list[StepObserver] = []
+        if rank == 0 and config.get("progress") is not None:
+            observers.append(ProgressReporter(config["progress"].put_nowait, cfg.train.epochs,
+                                              offset=offset,
+                                              model=f"{members[0][0]} +{len(members) - 1}"))
+        train_population_group(members, ray.train.torch.get_device(), observers)
+        offset += cfg.train.epochs * steps_per_epoch(cfg)
+    return {}
+
+
+def population_groups(models: list[tuple[str, TrainJob, Path]]
+                      ) -> list[list[tuple[str, TrainJob, Path]]]:
+    """``models`` grouped into populations of one kind and config, in first-seen order."""
+    from spice_ray.train.population import population_key
+
+    groups: dict[str, list[tuple[str, TrainJob, Path]]] = {}
+    for item in models:
+        groups.setdefault(population_key(item[1]), []).append(item)
+    return list(groups.values())
+
+
+def train_populations(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = None
+                      ) -> None:
+    """Train ``models`` as populations (:func:`population_groups`): in this process with
+    ``train.num_workers=0`` (on the GPU with ``train.use_gpu`` when there is one), else in one
+    Ray Train job of ``min(populations, num_workers)`` workers, population i on worker i mod
+    n. Each model's ``final`` is published.
+
+    Raises:
+        TrainingDiverged: naming every population whose training diverged.
+    """
+    groups = population_groups(models)
+    tc = models[0][1].cfg.train
+    if not tc.on_ray_train:
+        device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
+        for group in groups:
+            observers = ([ProgressReporter(TrainBar(bar), tc.epochs,
+                                           model=f"{group[0][0]} +{len(group) - 1}")]
+                         if bar is not None else [])
+            train_population_group(group, device, observers)
+    else:
+        _population_job(groups, bar)
+    diverged = sorted({(run_dir / DIVERGED).read_text() for _, _, run_dir in models
+                       if (run_dir / DIVERGED).exists()})
+    if diverged:
+        raise TrainingDiverged("; ".join(diverged))
+    for _, job, run_dir in models:
+        if not settle_final(run_dir / "final", job):
+            raise ckpt.CheckpointError(f"training {run_dir} finished without a final "
+                                       "checkpoint")
+
+
+def _population_job(groups: list[list[tuple[str, TrainJob, Path]]], bar: Bar | None) -> None:
+    """One TorchTrainer whose workers train whole populations."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Queue
+
+    cfg = groups[0][0][1].cfg
+    tc = cfg.train
+    workers = min(len(groups), max(1, tc.num_workers))
+    use_gpu = gpus_available(tc.use_gpu)
+    verify_dataset(groups[0][0][1].dataset_dir)
+    queue = Queue(actor_options={"num_cpus": 0}) if bar is not None else None
+    trainer = TorchTrainer(
+        train_populations_worker,
+        train_loop_config={"populations": [[{"name": name, "job": dataclasses.asdict(job),
+                                             "run_dir": str(run_dir.resolve())}
+                                            for name, job, run_dir in group]
+                                           for group in groups],
+                           "threads": threads_per_worker(cfg, workers), "progress": queue},
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu,
+                                               resources_per_worker=worker_resources(
+                                                   tc, use_gpu)),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=ray.train.RunConfig(
+            name=TOGETHER_DIR, storage_path=str(groups[0][0][2].resolve()),
+            failure_config=ray.train.FailureConfig(max_failures=tc.max_failures)),
+    )
+    try:
+        if queue is not None and bar is not None:
+            with QueueDrain(queue, TrainBar(bar)):
+                fit_trainer(trainer)
+        else:
+            fit_trainer(trainer)
+    finally:
+        if queue is not None:
+            queue.shutdown()
+
+
 TOGETHER_DIR = "ray-together"
 """Ray Train's run name of a together job, under its first model's run directory."""
 
@@ -229,7 +366,7 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
     planned = [(m, *plan_job(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root))
                for m in models]
     tc = models[0].cfg.train
-    if not tc.together or not tc.on_ray_train:
+    if not tc.population and (not tc.together or not tc.on_ray_train):
         finals = [pretrain(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root, console,
                            f"{label} {m.name}".strip()) for m in models]
         return finals, {"seconds": time.perf_counter() - t0, "models": {}, "worker": {},
@@ -244,13 +381,23 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
     for _, job, run_dir in todo:
         run_dir.mkdir(parents=True, exist_ok=True)
         job.cfg.write(run_dir)  # as trained: data-derived values filled in
-    workers = min(len(todo), max(1, tc.num_workers))
-    steps = sum(job.cfg.train.epochs * steps_per_epoch(job.cfg) for _, job, _ in todo[::workers])
     skipped = len(models) - len(todo)
-    bar = console.bar(f"{label}: {count(len(todo), 'model')} in one job"
-                      + (f" ({skipped} current)" if skipped else ""), steps, "step")
+    if tc.population:
+        groups = population_groups(todo)
+        workers = min(len(groups), max(1, tc.num_workers)) if tc.on_ray_train else 1
+        steps = sum(g[0][1].cfg.train.epochs * steps_per_epoch(g[0][1].cfg)
+                    for g in groups[::workers])
+        what = (f"{count(len(todo), 'model')} as {count(len(groups), 'population')}"
+                + (" in one job" if tc.on_ray_train else ""))
+    else:
+        workers = min(len(todo), max(1, tc.num_workers))
+        steps = sum(job.cfg.train.epochs * steps_per_epoch(job.cfg)
+                    for _, job, _ in todo[::workers])
+        what = f"{count(len(todo), 'model')} in one job"
+    bar = console.bar(f"{label}: {what}" + (f" ({skipped} current)" if skipped else ""), steps,
+                      "step")
     try:
-        train_together(todo, bar)
+        (train_populations if tc.population else train_together)(todo, bar)
     except BaseException as exc:
         bar.abort(exc)
         raise
@@ -265,6 +412,8 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
         except (OSError, ValueError, KeyError, TypeError):
             pass
     return finals, {"seconds": time.perf_counter() - t0, "models": fit_seconds,
-                    "worker": {name: i % workers for i, (name, _, _) in enumerate(todo)},
-                    "jobs": 1}
+                    "worker": ({name: i % workers for i, g in enumerate(groups)
+                                for name, _, _ in g} if tc.population else
+                               {name: i % workers for i, (name, _, _) in enumerate(todo)}),
+                    "jobs": 1 if tc.on_ray_train or not tc.population else 0}
 
