@@ -8,7 +8,12 @@ one-worker job with the same threads, so its weights are the same bit for bit (t
 cores, two one-thread workers side by side make 1.31x the model-steps per second of one
 two-thread worker on the darkroom's models and 1.10x on the bandit's (``benchmarks/
 bench_cores.py``); a batch three times larger costs about three times one seed's step, so
-seeds are not vectorised into one model.
+on a CPU seeds are not vectorised into one model.
+
+With ``train.population`` the models of one kind and config train instead as populations
+(``spice_ray.train.population``): their weights stacked, one step for all, which is what fills
+a launch-bound GPU; here only the Ray side of that (workers that each train whole populations)
+and the driver's in-process path.
 """
 
 from __future__ import annotations
