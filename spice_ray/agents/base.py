@@ -130,7 +130,8 @@ class Method:
     """Acts on the Normal-Normal posterior of ``spice_ray.fusion`` (its settings matter)."""
     prior: str = ""
     """Model-free fused methods: where the prior comes from: "flat" (one constant prior,
-    ``AgentSpec.prior``) or "oracle" (the environment's exact task posterior)."""
+    ``AgentSpec.prior``), "oracle" (the environment's exact task posterior) or "context-free"
+    (that posterior before any context)."""
     requires: str = ""
     """An attribute the environment must have (e.g. ``task_posterior``, ``arm_features``,
     ``grid``): the method applies only there."""

@@ -9,6 +9,8 @@ Normal-Normal posterior, the action rule) plus one :class:`Prior`:
   and the count-based explorer: no network);
 - :class:`ExactPrior`: the environment's exact task posterior given the whole context (the
   oracle prior, the best any learned prior could give);
+- :class:`ContextFreePrior`: that posterior before any context, at the current state (the
+  family's h = 0 marginal: knowing the population without reading the context);
 - :class:`LearnedMeanExactSd`: the ensemble's mean with the exact posterior's sd (a diagnostic:
   does a calibrated width let the fusion use the mean?).
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -142,6 +145,33 @@ class ExactPrior:
                          "online context)")
 
 
+class ContextFreePrior(ExactPrior):
+    """The family's exact prior before any context, at the current state: the h = 0 marginal
+    of the task posterior, never conditioned on what the rollout shows (what knowing the
+    population gives without reading the context; the fusion's own evidence is then the only
+    thing that reads it). It keeps the next states it is shown only for the n-step targets'
+    V(s'), the context-free prior's own values there."""
+
+    def __init__(self, posterior: TaskPosterior) -> None:
+        super().__init__(posterior)
+        self._next: list[np.ndarray] = []
+
+    def reset(self, num_tasks: int) -> None:
+        self.posterior.reset(num_tasks)
+        self._next = []
+
+    def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
+                ) -> None:
+        self._next.append(to_numpy(next_states))
+
+    def next_values(self, view: ContextView, fusion: FusionConfig) -> Tensor:
+        B = view.rewards.shape[0]
+        if not self._next:
+            return torch.zeros((B, 0), dtype=STATS_DTYPE)
+        values = [self.posterior.moments(s)[0].max(-1) for s in self._next]  # T x (B,)
+        return torch.from_numpy(np.stack(values, 1)).to(STATS_DTYPE)  # (B, T)
+
+
 class LearnedMeanExactSd(ExactPrior):
     """The learned prior's mean with the exact task posterior's sd (a diagnostic)."""
 
@@ -160,11 +190,12 @@ class LearnedMeanExactSd(ExactPrior):
                          "sd follows an online context)")
 
 
-def make_prior(fusion: FusionConfig, model: Any, prior: FlatPrior | TaskPosterior | None,
+def make_prior(fusion: FusionConfig, model: Any,
+               prior: FlatPrior | ContextFreePrior | TaskPosterior | None,
                exact_width: TaskPosterior | None) -> Prior:
-    """The strategy of a SpiceAgent's arguments (a model, a flat prior or an exact posterior,
-    and the exact-width diagnostic)."""
-    if isinstance(prior, FlatPrior):
+    """The strategy of a SpiceAgent's arguments (a model, a flat or context-free prior or an
+    exact posterior, and the exact-width diagnostic)."""
+    if isinstance(prior, FlatPrior | ContextFreePrior):
         return prior
     if prior is not None:
         return ExactPrior(prior)

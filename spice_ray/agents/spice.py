@@ -28,7 +28,7 @@ from spice_ray.agents.base import (
     OfflineContexts,
     register_method,
 )
-from spice_ray.agents.priors import FlatPrior, make_prior
+from spice_ray.agents.priors import ContextFreePrior, FlatPrior, make_prior
 from spice_ray.agents.runner import ContextRunner, ContextView, _Growing
 from spice_ray.config import FusionConfig
 from spice_ray.envs.bayes import TaskPosterior
@@ -93,9 +93,10 @@ class SpiceAgent:
         fusion: kernel, kernel space, targets, noise_var, v_min, beta (+ schedule), the rule.
         model: a SpiceModel for the learned prior (anything whose heads return prior_mean,
             prior_std and latent), or None with ``prior``.
-        prior: instead of the model (kernels on raw states only): a :class:`FlatPrior`, or
-            the environment's exact task posterior (``envs.bayes.TaskPosterior``: the oracle
-            prior, its mean and variance at the current state given the whole context).
+        prior: instead of the model (kernels on raw states only): a :class:`FlatPrior`, a
+            :class:`ContextFreePrior`, or the environment's exact task posterior
+            (``envs.bayes.TaskPosterior``: the oracle prior, its mean and variance at the
+            current state given the whole context).
         stateless: the environment has one constant state (KV cache allowed).
         use_cache: stateless environments: KV-cache decoding (see ``ContextRunner``).
         name: the method name.
@@ -104,7 +105,8 @@ class SpiceAgent:
     """
 
     def __init__(self, fusion: FusionConfig, model: TrunkModel | None = None,
-                 prior: FlatPrior | TaskPosterior | None = None, stateless: bool = False,
+                 prior: FlatPrior | ContextFreePrior | TaskPosterior | None = None,
+                 stateless: bool = False,
                  use_cache: bool = True, name: str = "spice",
                  exact_width: TaskPosterior | None = None, num_states: int = 1) -> None:
         if (model is None) == (prior is None):
@@ -286,8 +288,12 @@ def _learned_exact_width(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
 def _model_free(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
     """SPICE's fusion and rule without a network: a constant prior (``AgentSpec.prior``) or
     the environment's exact task posterior (the oracle prior)."""
-    prior = (env.task_posterior(spec.fusion.gamma) if spec.info.prior == "oracle"
-             else FlatPrior(*spec.prior))
+    if spec.info.prior == "oracle":
+        prior = env.task_posterior(spec.fusion.gamma)
+    elif spec.info.prior == "context-free":
+        prior = ContextFreePrior(env.task_posterior(spec.fusion.gamma))
+    else:
+        prior = FlatPrior(*spec.prior)
     return SpiceAgent(spec.fusion, prior=prior, stateless=env.stateless, name=spec.method,
                       num_states=env.num_states)
 
@@ -307,5 +313,12 @@ register_method("spice-oracle", Method("SPICE (oracle prior)", _model_free, fuse
                                        prior="oracle", requires="task_posterior"))
 """SPICE's fusion and rule fed the exact task posterior as its prior: the best any learned
 prior could give."""
+register_method("spice-context-free", Method("SPICE (context-free prior)", _model_free,
+                                             fused=True, prior="context-free",
+                                             requires="task_posterior"))
+"""SPICE's fusion and rule fed the family's exact prior before any context (its h = 0
+marginal at the current state), never conditioned on the context: what knowing the population
+gives without reading the context. SPICE below it is in-context inference, not population
+knowledge."""
 register_method("count", Method("Count-UCB", _model_free, fused=True, prior="flat"))
 """Tabular posterior-UCB over exact states with the constant prior (a count-based explorer)."""

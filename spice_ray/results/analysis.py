@@ -85,6 +85,9 @@ def prior_contribution(df: pd.DataFrame) -> list[str]:
 
 
 ORACLE = "SPICE (oracle prior)"
+CONTEXT_FREE = "SPICE (context-free prior)"
+"""The family's exact prior before any context under SPICE's fusion: the in-context share's
+baseline (what knowing the population gives without reading the context)."""
 GAP_STEP = 50
 """The early step at which the prior gap is also reported (besides the final step)."""
 
@@ -276,6 +279,17 @@ def tuned_comparison(df: pd.DataFrame, groups: Mapping[int, int] | None = None) 
                       "flat one by 2 SEMs"]
         out.append("Gap closed at the tuned settings, (flat - SPICE) / (flat - oracle) paired "
                    "by task: " + "; ".join(shares) + ".")
+        if CONTEXT_FREE in wide:
+            shares = [("" if r.method == LEARNED else f"{r.method}: ")
+                      + (f"{r.in_context_share:.2f} (95% bootstrap interval {r.in_context_lo:.2f}"
+                         f" to {r.in_context_hi:.2f})" if r.in_context_defined else
+                         "none can be stated (the oracle prior does not beat the context-free "
+                         "one by 2 SEMs)")
+                      for r in gaps.itertuples()]
+            out.append("In-context share at the tuned settings, (context-free - SPICE) / "
+                       "(context-free - oracle) paired by task, the part of the oracle's gain "
+                       "over knowing the population that SPICE gets by reading the context: "
+                       + "; ".join(shares) + ".")
     return out
 
 
@@ -293,11 +307,17 @@ def tuned_gap(wide: pd.DataFrame) -> pd.DataFrame:
     """The share of the flat-to-oracle gap that SPICE and SPICE (paper) close at their tuned
     settings, from per-task final regrets (one column per method, seeds averaged per task).
 
+    With the context-free row (:data:`CONTEXT_FREE`) also the **in-context share**,
+    (context-free - SPICE) / (context-free - oracle) paired by task: the part of what the
+    oracle adds over knowing the population that SPICE gets by reading the context.
+
     Returns:
         One row per learned method present: flat_minus_spice (mean, SEM), gap_closed with its
         95% bootstrap interval lo / hi (seeded), n tasks, and ``defined``: whether the oracle
-        prior beats the flat one by 2 paired SEMs (otherwise the share means nothing). Empty
-        without the flat and oracle columns.
+        prior beats the flat one by 2 paired SEMs (otherwise the share means nothing); with
+        the context-free row, in_context_share with in_context_lo / in_context_hi and
+        ``in_context_defined`` (the oracle beats the context-free prior by 2 paired SEMs);
+        NaN without it. Empty without the flat and oracle columns.
     """
     if not {FLAT, ORACLE} <= set(wide.columns):
         return pd.DataFrame()
@@ -308,10 +328,22 @@ def tuned_gap(wide: pd.DataFrame) -> pd.DataFrame:
         d_oracle = (both[FLAT] - both[ORACLE]).to_numpy()
         ratio, lo, hi = _gap_share(d_spice, d_oracle, np.random.default_rng(0), 2000)
         n = len(d_spice)
-        out.append({"method": learned, "n": n, "flat_minus_spice": d_spice.mean(),
-                    "flat_minus_spice_sem": d_spice.std(ddof=1) / np.sqrt(n),
-                    "gap_closed": ratio, "lo": lo, "hi": hi,
-                    "defined": bool(d_oracle.mean() > 2 * d_oracle.std(ddof=1) / np.sqrt(n))})
+        row = {"method": learned, "n": n, "flat_minus_spice": d_spice.mean(),
+               "flat_minus_spice_sem": d_spice.std(ddof=1) / np.sqrt(n),
+               "gap_closed": ratio, "lo": lo, "hi": hi,
+               "defined": bool(d_oracle.mean() > 2 * d_oracle.std(ddof=1) / np.sqrt(n)),
+               "in_context_share": np.nan, "in_context_lo": np.nan, "in_context_hi": np.nan,
+               "in_context_defined": False}
+        if CONTEXT_FREE in wide:
+            free = wide[[learned, CONTEXT_FREE, ORACLE]].dropna()
+            d_learned = (free[CONTEXT_FREE] - free[learned]).to_numpy()
+            d_best = (free[CONTEXT_FREE] - free[ORACLE]).to_numpy()
+            share, s_lo, s_hi = _gap_share(d_learned, d_best, np.random.default_rng(0), 2000)
+            m = len(d_best)
+            row |= {"in_context_share": share, "in_context_lo": s_lo, "in_context_hi": s_hi,
+                    "in_context_defined": bool(m > 1 and d_best.mean()
+                                               > 2 * d_best.std(ddof=1) / np.sqrt(m))}
+        out.append(row)
     return pd.DataFrame(out)
 
 

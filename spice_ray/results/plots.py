@@ -31,6 +31,7 @@ from spice_ray.results.summary import summarise  # noqa: E402
 from spice_ray.results.tables import load  # noqa: E402
 
 METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
+                "SPICE (context-free prior)",
                 "SPICE (learned mean, exact sd)", "Bayes posterior-UCB", "Count-UCB", "DPT",
                 "AD-BC", "UCB", "TS", "TS (true prior)", "LinUCB", "LinTS (true prior)", "Emp",
                 "LCB", "Nearest-unvisited", "Hill-climbing", "Random", "PPO", "Optimal")

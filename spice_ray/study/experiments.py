@@ -289,12 +289,14 @@ def _methods(*names: str) -> Callable[[ExperimentConfig], list[AgentSpec]]:
 
 def prior_family(name: str, title: str, references: tuple[str, ...], count: bool = False
                  ) -> Experiment:
-    """A family where the prior must matter: SPICE, the flat and the oracle prior under SPICE's
-    fusion, Bayes posterior-UCB on the exact posterior (each at beta 1 and 2), and classical
-    references; one online table whose analysis is the share of the flat-to-oracle gap SPICE
-    closes. In the bandit families "SPICE (learned mean, exact sd)" is a diagnostic: the
-    learned prior's mean with the exact posterior's width (is the mean learned but the width
-    too wide for the fusion to use it?)."""
+    """A family where the prior must matter: SPICE, the flat, the oracle and the context-free
+    prior (the family's h = 0 marginal, never reading the context) under SPICE's fusion, Bayes
+    posterior-UCB on the exact posterior (each at beta 1 and 2), and classical references; one
+    online table whose analysis is the share of the flat-to-oracle gap SPICE closes (and, in
+    the tuned table, the in-context share against the context-free row). In the bandit
+    families "SPICE (learned mean, exact sd)" is a diagnostic: the learned prior's mean with
+    the exact posterior's width (is the mean learned but the width too wide for the fusion to
+    use it?)."""
     stateless = envs.env_class(name).stateless
     learned = _at_betas("spice")
     if stateless:  # the diagnostic row: the learned mean with the exact posterior's width
@@ -303,6 +305,8 @@ def prior_family(name: str, title: str, references: tuple[str, ...], count: bool
         Evaluation("spice", learned, ("online",), ModelRef("spice")),
         Evaluation("flat", _at_betas("spice-flat", state_kernel=True), ("online",)),
         Evaluation("oracle", _at_betas("spice-oracle", state_kernel=True), ("online",)),
+        Evaluation("context_free", _at_betas("spice-context-free", state_kernel=True),
+                   ("online",)),
         Evaluation("bayes", _at_betas("bayes-ucb"), ("online",)),
         Evaluation("references", _methods(*references), ("online",)),
         *((Evaluation("count", _count_at_betas, ("online",)),) if count else ()),
@@ -323,7 +327,12 @@ def prior_family(name: str, title: str, references: tuple[str, ...], count: bool
                             ("calibration",), f"{title} prior", analysis=prior_fit))
     return Experiment(name, name, (ModelRef("spice"),), evaluations, tuple(tables),
                       tuned=tuple(e.name for e in evaluations if e.name != "prior_fit"),
-                      notes=(f"{title}: SPICE (oracle prior) is SPICE's own fusion and action "
+                      notes=(f"{title}: SPICE (context-free prior) is SPICE's fusion and "
+                             "action rule fed the family's exact prior before any context (its "
+                             "h = 0 marginal at the current state), never conditioned on the "
+                             "context: SPICE below it reads the context, not only the "
+                             "population.",
+                             f"{title}: SPICE (oracle prior) is SPICE's own fusion and action "
                              "rule fed the exact Bayes posterior of the task family given the "
                              "context as its prior; Bayes posterior-UCB acts on that posterior "
                              "directly, without fusing the context a second time.",))
