@@ -242,3 +242,32 @@ def test_a_ray_train_worker_trains_whole_populations(ray_local, dataset, tmp_pat
     for got, ref in zip(finals, want, strict=True):
         a, b = _weights(got), _weights(ref)
         assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_population_tool_trains_a_study_without_ray_and_resumes(tmp_path) -> None:
+    """``tools/population_train.py``: a study's models from the datasets already in the run,
+    stopped at a deadline (checkpoints written, exit 0), then resumed to finals the study's
+    pretraining stage takes as current; a missing dataset is one error line."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "population_train", Path(__file__).parents[1] / "tools" / "population_train.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    run = tmp_path / "run"
+    args = [str(run), "--preset", "smoke", "--experiments", "darkroom_region", "--device",
+            "cpu", "--set", "train.epochs=2", "--set", "train.checkpoint_every=1"]
+    assert tool.cli(args) == 1  # no dataset yet
+    cfg = make_config("smoke", "darkroom_region", overrides=["train.epochs=2",
+                                                              f"out_dir={run}"])
+    generate_dataset(cfg, store.dataset_dir(run / "datasets", cfg))
+    with torch_threads(1):
+        assert tool.cli([*args, "--stop-after", "0"]) == 0
+        dirs = sorted((run / "checkpoints").glob("*/spice-*-seed*"))
+        assert dirs and all(not (d / "final").exists() for d in dirs)
+        assert tool.cli(args) == 0
+    for d in dirs:
+        job, run_dir = plan_job(cfg, "spice", int(d.name.rsplit("seed", 1)[1]),
+                                store.dataset_dir(run / "datasets", cfg))
+        assert run_dir == d and settle_final(d / "final", job)
+        assert ckpt.read_meta(d / "final")["epoch"] == 1

@@ -22,7 +22,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,43 +153,13 @@ def train_together(models: list[tuple[str, TrainJob, Path]], bar: Bar | None = N
     Raises:
         TrainingDiverged: naming every model whose training diverged (after the others ran).
     """
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.util.queue import Queue
-
     cfg = models[0][1].cfg
-    tc = cfg.train
-    workers = min(len(models), max(1, tc.num_workers))
-    use_gpu = gpus_available(tc.use_gpu)
-    verify_dataset(models[0][1].dataset_dir)
-    queue = Queue(actor_options={"num_cpus": 0}) if bar is not None else None
-    resources = worker_resources(tc, use_gpu)
-    first_dir = models[0][2]
-    trainer = TorchTrainer(
-        train_models_worker,
-        train_loop_config={"models": [{"name": name, "job": dataclasses.asdict(job),
-                                       "run_dir": str(run_dir.resolve())}
-                                      for name, job, run_dir in models],
-                           "threads": threads_per_worker(cfg, workers),
-                           "fault_epoch": fault_epoch_from_env(), "progress": queue},
-        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu,
-                                               resources_per_worker=resources),
-        # the workers never communicate, and NCCL refuses two ranks on one GPU
-        # (train.worker_gpus < 1): the process group Ray Train sets up is gloo's
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=ray.train.RunConfig(
-            name=TOGETHER_DIR, storage_path=str(first_dir.resolve()),
-            failure_config=ray.train.FailureConfig(max_failures=tc.max_failures)),
-    )
-    try:
-        if queue is not None and bar is not None:
-            with QueueDrain(queue, TrainBar(bar)):
-                fit_trainer(trainer)
-        else:
-            fit_trainer(trainer)
-    finally:
-        if queue is not None:
-            queue.shutdown()
+    workers = min(len(models), max(1, cfg.train.num_workers))
+    run_job(train_models_worker,
+            {"models": [{"name": name, "job": dataclasses.asdict(job),
+                         "run_dir": str(run_dir.resolve())} for name, job, run_dir in models],
+             "threads": threads_per_worker(cfg, workers), "fault_epoch": fault_epoch_from_env()},
+            cfg, workers, models[0][1].dataset_dir, models[0][2], bar)
     diverged = [(run_dir / DIVERGED).read_text() for _, _, run_dir in models
                 if (run_dir / DIVERGED).exists()]
     if diverged:
@@ -301,29 +271,41 @@ def train_populations(models: list[tuple[str, TrainJob, Path]], bar: Bar | None 
 
 def _population_job(groups: list[list[tuple[str, TrainJob, Path]]], bar: Bar | None) -> None:
     """One TorchTrainer whose workers train whole populations."""
+    cfg = groups[0][0][1].cfg
+    workers = min(len(groups), max(1, cfg.train.num_workers))
+    run_job(train_populations_worker,
+            {"populations": [[{"name": name, "job": dataclasses.asdict(job),
+                               "run_dir": str(run_dir.resolve())}
+                              for name, job, run_dir in group] for group in groups],
+             "threads": threads_per_worker(cfg, workers)},
+            cfg, workers, groups[0][0][1].dataset_dir, groups[0][0][2], bar)
+
+
+def run_job(loop: Callable[[dict[str, Any]], dict[str, Any]], loop_config: dict[str, Any],
+            cfg: ExperimentConfig, workers: int, dataset_dir: str, storage: Path,
+            bar: Bar | None) -> None:
+    """One TorchTrainer of ``workers`` workers running ``loop`` (each trains whole models or
+    populations, never talking to the others) on the dataset's verified shards, its Ray
+    state under ``storage``, its progress drained to ``bar``."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Queue
 
-    cfg = groups[0][0][1].cfg
     tc = cfg.train
-    workers = min(len(groups), max(1, tc.num_workers))
     use_gpu = gpus_available(tc.use_gpu)
-    verify_dataset(groups[0][0][1].dataset_dir)
+    verify_dataset(dataset_dir)
     queue = Queue(actor_options={"num_cpus": 0}) if bar is not None else None
     trainer = TorchTrainer(
-        train_populations_worker,
-        train_loop_config={"populations": [[{"name": name, "job": dataclasses.asdict(job),
-                                             "run_dir": str(run_dir.resolve())}
-                                            for name, job, run_dir in group]
-                                           for group in groups],
-                           "threads": threads_per_worker(cfg, workers), "progress": queue},
+        loop,
+        train_loop_config={**loop_config, "progress": queue},
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu,
                                                resources_per_worker=worker_resources(
                                                    tc, use_gpu)),
+        # the workers never communicate, and NCCL refuses two ranks on one GPU
+        # (train.worker_gpus < 1): the process group Ray Train sets up is gloo's
         torch_config=TorchConfig(backend="gloo"),
         run_config=ray.train.RunConfig(
-            name=TOGETHER_DIR, storage_path=str(groups[0][0][2].resolve()),
+            name=TOGETHER_DIR, storage_path=str(storage.resolve()),
             failure_config=ray.train.FailureConfig(max_failures=tc.max_failures)),
     )
     try:
