@@ -338,6 +338,10 @@ def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
     if opt_states is not None:
         pop.load_optimizer(opt_states, sched_state)
     train = _load_all(jobs, "train", device)
+    rows = {job.dataset_dir: train[job.dataset_dir].num_rows for job in jobs}
+    if len(set(rows.values())) > 1:  # a population steps together: equal epochs
+        raise PopulationError("the models' training splits differ in size: "
+                              + ", ".join(f"{d} {n} rows" for d, n in rows.items()))
     val = _load_all(jobs, "validation", device)
     metrics: list[dict[str, float]] = [{} for _ in jobs]
     steps_done, t_steps = 0, 0.0
