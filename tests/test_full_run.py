@@ -284,6 +284,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
         if family != "darkroom_region":
             extra = extra | {"SPICE (learned mean, exact sd)"}
         assert set(rows["method"]) == {"SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
+                                       "SPICE (context-free prior)",
                                        "Bayes posterior-UCB"} | extra, family
         assert f"Prior gap at beta=2, t={rows['x'].max()}" in text
     template = load(run_dir, "bandit_template_online")

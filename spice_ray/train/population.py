@@ -41,10 +41,9 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import config_hash
-from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model
-from spice_ray.model.tokens import Tokens, make_tokens
+from spice_ray.model.tokens import Tokens
 from spice_ray.train.loop import (
     StepObserver,
     TrainingDiverged,
@@ -55,10 +54,15 @@ from spice_ray.train.loop import (
     steps_per_epoch,
 )
 from spice_ray.train.losses import loss_for
+from spice_ray.train.population_data import (
+    TOKEN_FIELDS,
+    Split,
+    epoch_order,
+    load_all,
+    population_batch,
+)
 
 log = logging.getLogger(__name__)
-
-TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(Tokens))
 
 SHARED_TRAIN_FIELDS_SKIPPED = ("num_workers", "threads", "use_gpu", "worker_cpus", "worker_gpus",
                                "together", "population", "max_failures", "checkpoint_every",
@@ -103,67 +107,6 @@ def check_population(jobs: Sequence[TrainJob]) -> None:
     if float(first.cfg.model.dropout) > 0:
         raise PopulationError(f"model.dropout is {first.cfg.model.dropout}: a population "
                               "trains without dropout (its attention has none)")
-
-
-def epoch_order(chunk_rows: Sequence[int], batch_size: int, rng: np.random.Generator,
-                num_rows: int) -> np.ndarray:
-    """Row indices of one epoch's batches, [steps, batch_size]: the batches that
-    :func:`spice_ray.train.loop.shuffled_batches` makes from chunks of these sizes with this
-    ``rng`` on one worker (each chunk plus the rows left over from the last is permuted and cut
-    into batches), as indices into the split's rows in file order."""
-    rounds = num_rows // batch_size
-    out: list[np.ndarray] = []
-    carry = np.empty(0, dtype=np.int64)
-    start = 0
-    for n_chunk in chunk_rows:
-        idx = np.concatenate([carry, np.arange(start, start + n_chunk, dtype=np.int64)])
-        start += n_chunk
-        perm = rng.permutation(len(idx))
-        full = len(idx) - len(idx) % batch_size
-        for lo in range(0, full, batch_size):
-            if len(out) >= rounds:
-                return np.stack(out)
-            out.append(idx[perm[lo:lo + batch_size]])
-        carry = idx[perm[full:]]
-    return np.stack(out) if out else np.empty((0, batch_size), dtype=np.int64)
-
-
-@dataclasses.dataclass
-class Split:
-    """One dataset split as tokens on the training device, rows in file order."""
-
-    tokens: dict[str, Tensor]
-    task_id: Tensor
-    chunk_rows: list[int]
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.task_id.shape[0])
-
-    def take(self, idx: Tensor) -> tuple[list[Tensor], Tensor]:
-        """The token fields and task ids of rows ``idx`` (any shape)."""
-        return [self.tokens[f][idx] for f in TOKEN_FIELDS], self.task_id[idx]
-
-
-def load_split(job: TrainJob, split: str, device: torch.device) -> Split:
-    """``split`` of ``job``'s dataset, read as the loop reads it: in chunks of
-    ``max(data.shard_size, train.batch_size)`` rows in task order (the chunks that fix the
-    shuffle), made into tokens once, and moved to ``device``."""
-    from spice_ray.train.ray_train import in_task_order
-
-    cfg = job.cfg
-    chunks = store.iter_batches(job.dataset_dir, split, max(cfg.data.shard_size,
-                                                            cfg.train.batch_size))
-    parts, sizes, ids = [], [], []
-    for chunk in in_task_order(chunks):
-        tok = make_tokens(chunk, cfg.env)
-        parts.append(tok)
-        ids.append(torch.as_tensor(np.asarray(chunk["task_id"])))
-        sizes.append(int(tok.actions.shape[0]))
-    if not parts:
-        raise store.DatasetError(f"{job.dataset_dir}: split {split} has no rows")
-    tokens = {f: torch.cat([getattr(p, f) for p in parts]).to(device) for f in TOKEN_FIELDS}
-    return Split(tokens, torch.cat(ids).to(device), sizes)
 
 
 class _LossOf(nn.Module):
@@ -337,12 +280,12 @@ def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
     pop = Population(jobs[0].kind, cfg, models, device)
     if opt_states is not None:
         pop.load_optimizer(opt_states, sched_state)
-    train = _load_all(jobs, "train", device)
+    train = load_all(jobs, "train", device)
     rows = {job.dataset_dir: train[job.dataset_dir].num_rows for job in jobs}
     if len(set(rows.values())) > 1:  # a population steps together: equal epochs
         raise PopulationError("the models' training splits differ in size: "
                               + ", ".join(f"{d} {n} rows" for d, n in rows.items()))
-    val = _load_all(jobs, "validation", device)
+    val = load_all(jobs, "validation", device)
     metrics: list[dict[str, float]] = [{} for _ in jobs]
     steps_done, t_steps = 0, 0.0
     epoch = start_epoch - 1
@@ -356,7 +299,7 @@ def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
             for job in jobs]), device=device)  # (M, steps, B)
         sums: dict[str, Tensor] = {}
         for step in range(order.shape[1]):
-            fields, ids = _population_batch(jobs, train, order[:, step])
+            fields, ids = population_batch(jobs, train, order[:, step])
             _, parts, norm = pop.step(fields, ids, epoch * per_epoch + step + 1)
             for k, v in parts.items():
                 sums[k] = sums[k] + v.float() if k in sums else v.float()
@@ -402,27 +345,6 @@ def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
             break
     return PopulationResult(metrics, start_epoch, epoch, stopped,
                             steps_done / t_steps if t_steps else 0.0)
-
-
-def _load_all(jobs: Sequence[TrainJob], split: str, device: torch.device) -> dict[str, Split]:
-    """Each distinct dataset's split once (models of one dataset share it)."""
-    out: dict[str, Split] = {}
-    for job in jobs:
-        if job.dataset_dir not in out:
-            out[job.dataset_dir] = load_split(job, split, device)
-    return out
-
-
-def _population_batch(jobs: Sequence[TrainJob], data: Mapping[str, Split], idx: Tensor
-                      ) -> tuple[list[Tensor], Tensor]:
-    """The M models' batches ([M, B, ...] per token field, ids [M, B]) for row indices
-    ``idx`` [M, B] into each model's own dataset; one gather per field when they share one."""
-    sources = {job.dataset_dir for job in jobs}
-    if len(sources) == 1:
-        return data[jobs[0].dataset_dir].take(idx)
-    per = [data[job.dataset_dir].take(idx[m]) for m, job in enumerate(jobs)]
-    fields = [torch.stack([p[0][i] for p in per]) for i in range(len(TOKEN_FIELDS))]
-    return fields, torch.stack([p[1] for p in per])
 
 
 def _clip_per_model(grads_of: list[Tensor], clip: float, loss: Tensor, first_bad: Tensor,
