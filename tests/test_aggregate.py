@@ -319,3 +319,25 @@ def test_aggregate_panels_leave_out_random_and_group_improvement_by_shared_exper
                 if line.get_color() == "#999999"]
     assert dividers == [shared.index(2) - 0.5]  # one line, between the 1- and 2- groups
     plt.close(drawn["fig"])
+
+
+def test_the_results_cli_exits_quietly_when_its_reader_goes_away() -> None:
+    """``python -m spice_ray.results RUN | head``: once the pipe's reader has gone, the rest of
+    the output is dropped with exit 0 and no traceback (the listing's writes stand in here)."""
+    import subprocess
+    import sys
+
+    script = ("import spice_ray.results.__main__ as cli\n"
+              "def main():\n"
+              "    for i in range(200000):\n"
+              "        print(f'table_{i:06d}   a line of the listing')\n"
+              "    return 0\n"
+              "cli.main = main\n"
+              "raise SystemExit(cli._piped_main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"table_000000")
+    proc.stdout.close()  # the reader goes away mid-listing (as `head -1` does)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()[-2000:]

@@ -194,5 +194,21 @@ def compare(run_dir: str, methods: list[str], table: str | None = None) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def _piped_main() -> int:
+    """:func:`main`, quiet when its reader goes away (``... | head``): the rest of the
+    output is not wanted, so exit 0 without a traceback, as a shell tool would."""
+    import os
+    import sys
+
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # stdout's buffer would fail again when Python closes it at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_piped_main())
