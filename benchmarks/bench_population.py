@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from bench_throughput import matmul_peak, sync  # beside this script
 
 from spice_ray.config import make_config
 from spice_ray.data.tasks import generate_tasks
@@ -39,26 +40,6 @@ from spice_ray.model.tokens import make_tokens
 from spice_ray.train import rates
 from spice_ray.train.loop import compute_loss, make_optimizer, optimiser_step
 from spice_ray.train.population import TOKEN_FIELDS, Population
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_peak(dtype: torch.dtype, device: torch.device) -> float:
-    """FLOP/s of an n^3 matmul (n = 2048 on a CPU, 8192 on a GPU), best of 5 after 2."""
-    n = 8192 if device.type == "cuda" else 2048
-    a, b = torch.randn(n, n).to(device, dtype), torch.randn(n, n).to(device, dtype)
-    times = []
-    for i in range(7):
-        sync(device)
-        t0 = time.perf_counter()
-        a @ b
-        sync(device)
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / min(times)
 
 
 def median_seconds(steps: dict[str, Callable[[], None]], device: torch.device, n: int,

@@ -207,6 +207,14 @@ def _direct(dataset: Path, out: Path, kind: str, seeds: tuple[int, ...]) -> list
     return [_last(d) for _, d in planned]
 
 
+def _assert_equal_to_direct(finals: list[Path], dataset: Path, out: Path) -> None:
+    """``finals`` of :func:`_specs`' models are bit for bit the populations trained directly."""
+    want = _direct(dataset, out, "spice", (0, 1)) + _direct(dataset, out, "dpt", (0,))
+    for got, ref in zip(finals, want, strict=True):
+        a, b = _weights(got), _weights(ref)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def _specs(out: Path, *extra: str) -> list[ModelSpec]:
     cfg = _cfg(out, "train.population=true", *extra)
     return [ModelSpec(cfg, "spice", s, f"spice seed {s}") for s in (0, 1)] + [
@@ -220,11 +228,7 @@ def test_the_study_trains_populations_in_the_driver(dataset, tmp_path) -> None:
     with torch_threads(1):
         finals, timing = pretrain_many(_specs(tmp_path / "study"), dataset)
     assert timing["worker"] == {"spice seed 0": 0, "spice seed 1": 0, "dpt seed 0": 0}
-    want = _direct(dataset, tmp_path / "direct", "spice", (0, 1)) + _direct(
-        dataset, tmp_path / "direct", "dpt", (0,))
-    for got, ref in zip(finals, want, strict=True):
-        a, b = _weights(got), _weights(ref)
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    _assert_equal_to_direct(finals, dataset, tmp_path / "direct")
     _, again = pretrain_many(_specs(tmp_path / "study"), dataset)
     assert again["jobs"] == 0
 
@@ -237,11 +241,7 @@ def test_a_ray_train_worker_trains_whole_populations(ray_local, dataset, tmp_pat
                                           "train.threads=1", "train.worker_cpus=0.5"), dataset)
     assert timing["jobs"] == 1
     assert timing["worker"] == {"spice seed 0": 0, "spice seed 1": 0, "dpt seed 0": 1}
-    want = _direct(dataset, tmp_path / "direct", "spice", (0, 1)) + _direct(
-        dataset, tmp_path / "direct", "dpt", (0,))
-    for got, ref in zip(finals, want, strict=True):
-        a, b = _weights(got), _weights(ref)
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    _assert_equal_to_direct(finals, dataset, tmp_path / "direct")
 
 
 def test_the_population_tool_trains_a_study_without_ray_and_resumes(tmp_path) -> None:

@@ -149,27 +149,26 @@ class ContextFreePrior(ExactPrior):
     """The family's exact prior before any context, at the current state: the h = 0 marginal
     of the task posterior, never conditioned on what the rollout shows (what knowing the
     population gives without reading the context; the fusion's own evidence is then the only
-    thing that reads it). It keeps the next states it is shown only for the n-step targets'
-    V(s'), the context-free prior's own values there."""
+    thing that reads it). Of the transitions it is shown it keeps only V(s') for the n-step
+    targets, the context-free prior's own max value at each next state, computed once as the
+    transition arrives (the prior never changes, so neither does that value)."""
 
     def __init__(self, posterior: TaskPosterior) -> None:
         super().__init__(posterior)
-        self._next: list[np.ndarray] = []
+        self._values: list[np.ndarray] = []
 
     def reset(self, num_tasks: int) -> None:
         self.posterior.reset(num_tasks)
-        self._next = []
+        self._values = []
 
     def observe(self, actions: Tensor, rewards: Tensor, states: Tensor, next_states: Tensor
                 ) -> None:
-        self._next.append(to_numpy(next_states))
+        self._values.append(self.posterior.moments(to_numpy(next_states))[0].max(-1))  # (B,)
 
     def next_values(self, view: ContextView, fusion: FusionConfig) -> Tensor:
-        B = view.rewards.shape[0]
-        if not self._next:
-            return torch.zeros((B, 0), dtype=STATS_DTYPE)
-        values = [self.posterior.moments(s)[0].max(-1) for s in self._next]  # T x (B,)
-        return torch.from_numpy(np.stack(values, 1)).to(STATS_DTYPE)  # (B, T)
+        if not self._values:
+            return torch.zeros((view.rewards.shape[0], 0), dtype=STATS_DTYPE)
+        return torch.from_numpy(np.stack(self._values, 1)).to(STATS_DTYPE)  # (B, T)
 
 
 class LearnedMeanExactSd(ExactPrior):

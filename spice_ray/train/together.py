@@ -94,19 +94,26 @@ FIT_TIMING = "fit.json"
 (``train.together``), to tell a job's start-up from its compute."""
 
 
-def train_models_worker(config: dict[str, Any]) -> dict[str, Any]:
-    """``train_loop_per_worker`` of a together job: this worker trains the models
-    ``config["models"][rank::world_size]`` whole, one after another, each skipped when its
-    final checkpoint is current (a retried worker resumes the unfinished one from its
-    checkpoints). Rank 0 reports its steps to the driver's bar.
-    """
+def _worker_start(config: dict[str, Any]) -> tuple[int, int]:
+    """A Train worker of a together or population job: its log format and torch threads;
+    returns (rank, world size)."""
     import ray.train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     torch.set_num_threads(int(config["threads"]))
     tctx = ray.train.get_context()
-    rank, world = tctx.get_world_rank(), tctx.get_world_size()
+    return tctx.get_world_rank(), tctx.get_world_size()
+
+
+def train_models_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """``train_loop_per_worker`` of a together job: this worker trains the models
+    ``config["models"][rank::world_size]`` whole, one after another, each skipped when its
+    final checkpoint is current (a retried worker resumes the unfinished one from its
+    checkpoints). Rank 0 reports its steps to the driver's bar.
+    """
+
+    rank, world = _worker_start(config)
     offset = 0
     for item in config["models"][rank::world]:
         job, run_dir = TrainJob(**item["job"]), Path(item["run_dir"])
@@ -204,14 +211,9 @@ def train_population_group(members: list[tuple[str, TrainJob, Path]], device: to
 def train_populations_worker(config: dict[str, Any]) -> dict[str, Any]:
     """``train_loop_per_worker`` of a population job: this worker trains the populations
     ``config["populations"][rank::world_size]`` one after another on its device."""
-    import ray.train
     import ray.train.torch
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    torch.set_num_threads(int(config["threads"]))
-    tctx = ray.train.get_context()
-    rank, world = tctx.get_world_rank(), tctx.get_world_size()
+    rank, world = _worker_start(config)
     offset = 0
     for group in config["populations"][rank::world]:
         members = [(item["name"], TrainJob(**item["job"]), Path(item["run_dir"]))
