@@ -59,6 +59,10 @@ def test_iqm_mean_and_improvement_over_tasks_after_averaging_seeds() -> None:
     imp = agg.improvement_table(scores, reps=200).set_index("other")
     # vs flat: a: 0.75 < 0.75? tie, 0.75 < 0.875 loses; b: 1 > 0.75 wins, tie, 0.75 < 1 loses
     assert imp.loc["SPICE (flat prior)", "P(better)"] == pytest.approx((0.5 + 0 + 1 + 0.5 + 0) / 5)
+    # each experiment once: a's 0.25 and b's 0.5 averaged, not its 2 + 3 tasks pooled
+    each = imp.loc["SPICE (flat prior)"]
+    assert each["P(better), per experiment"] == pytest.approx((0.25 + 0.5) / 2)
+    assert each["per experiment low"] <= 0.375 <= each["per experiment high"]
     assert imp.loc["UCB", "P(better)"] == 1.0 and imp.loc["UCB", "experiments"] == 1
     assert agg.probability_of_improvement(np.array([1.0, 2.0]), np.array([0.0, 2.0])) == 0.75
 

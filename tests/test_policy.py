@@ -349,6 +349,7 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
     import json
 
     from spice_ray.common.artifacts import write_checked_text
+    from spice_ray.results.choices import resolution
     from spice_ray.study.records import write_checkpoint_index
 
     cfg = make_config("smoke", "darkroom")
@@ -358,8 +359,9 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
                     "hash", 1, extra={"identity": "aaaaaaaa11111111", "seed": 0})
     write_checkpoint_index(run, {("darkroom", "spice", "", 0): final})
     chosen = {"beta": 2.0, "tau": 0.3, "width": "fitted"}
+    grid = [{"setting": chosen, "mean": 1.0, "paired_se": 0.0}]
     record = {"darkroom": {"noise_var": {"fitted": 4.0, "config": 0.09}, "methods": {"SPICE": {
-        "grid": [{"setting": chosen, "mean": 1.0}], "chosen": chosen,
+        "grid": grid, "chosen": chosen, "resolution": resolution(grid),
         "width": {"scale": 0.25}}}}}
     path = run / "results" / "tuning.json"
     write_checked_text(path, json.dumps(record))

@@ -274,3 +274,77 @@ def test_several_x_in_a_group_are_refused_unless_pooled_and_the_iqm_is_inside_it
     assert list(by_x["n"]) == [16, 16, 16]
     pooled = summarise(df, ["method"], "iqm", pool=True).iloc[0]
     assert pooled["n"] == 16 and pooled["ci_low"] <= pooled["iqm"] <= pooled["ci_high"]
+
+
+def test_hierarchical_weights_equal_an_explicit_resample() -> None:
+    """The weighted statistic of one resample equals the obvious computation on the drawn
+    seeds and tasks written out (seed means per drawn task, then the mean of the drawn
+    tasks), and clustered draws only take tasks of drawn clusters, as many as the clusters
+    hold."""
+    from spice_ray.results.summary import (
+        _seed_means,
+        hierarchical_draws,
+        mean_ratio,
+        weighted_mean,
+    )
+
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(3, 1, (12, 3)), rng.normal(5, 1, (12, 3))
+    a[4, 1] = np.nan  # a seed without this task
+    groups = np.repeat(np.arange(4), 3)
+    w, v = hierarchical_draws(12, 3, groups, 50, np.random.default_rng(0))
+    assert w.shape == (50, 12) and v.shape == (50, 3) and (v.sum(1) == 3).all()
+    per_cluster = w.reshape(50, 4, 3).sum(2)  # each drawn cluster brings its 3 tasks' worth
+    assert (w.sum(1) == 12).all() and (per_cluster % 3 == 0).all()
+    assert (per_cluster == 0).any()  # some resamples leave a cluster out entirely
+    got_mean = weighted_mean(_seed_means(a, v), w)
+    got_ratio = mean_ratio([_seed_means(a, v), _seed_means(b, v)], w)
+    for r in range(50):
+        seeds = np.repeat(np.arange(3), v[r].astype(int))
+        tasks = np.repeat(np.arange(12), w[r].astype(int))
+        per_task = [np.nanmean(a[t, seeds]) if np.isfinite(a[t, seeds]).any() else np.nan
+                    for t in tasks]
+        kept = [i for i, x in enumerate(per_task) if np.isfinite(x)]
+        assert got_mean[r] == pytest.approx(np.mean([per_task[i] for i in kept]))
+        num = np.mean([per_task[i] for i in kept])
+        den = np.mean([np.mean(b[tasks[i], seeds]) for i in kept])
+        assert got_ratio[r] == pytest.approx(num / den)
+
+
+def test_hierarchical_interval_holds_the_spread_between_trainings() -> None:
+    """Three trainings that disagree (one closes the whole gap, two close none): resampling
+    tasks with seeds averaged gives a tight interval around a third; the two-level bootstrap
+    also draws the trainings, so its interval spans most of 0..1. With trainings that agree,
+    the two-level interval is narrow too (at most twice the tasks-only one: drawing three
+    seeds with replacement repeats a seed's task-level noise)."""
+    from spice_ray.results.analysis import FLAT, LEARNED, ORACLE, tuned_gap
+    from spice_ray.results.summary import TaskSeedValues
+
+    rng = np.random.default_rng(2)
+    flat = 10 + rng.normal(0, 1, (300, 1)).repeat(3, 1)
+    oracle = flat - 4
+    spice = flat - np.array([4.0, 0.0, 0.0]) + rng.normal(0, 0.3, (300, 3))
+    values = TaskSeedValues(np.arange(300), (0, 1, 2),
+                            {FLAT: flat, ORACLE: oracle, LEARNED: spice})
+    (two,) = tuned_gap(values).itertuples()
+    (one,) = tuned_gap(values.wide()).itertuples()
+    assert two.gap_closed == pytest.approx(one.gap_closed) and 0.3 < one.gap_closed < 0.37
+    assert one.hi - one.lo < 0.02 and two.lo < 0.05 and two.hi > 0.95
+    agree = flat - 1.3 + rng.normal(0, 0.3, (300, 3))
+    values = TaskSeedValues(np.arange(300), (0, 1, 2),
+                            {FLAT: flat, ORACLE: oracle, LEARNED: agree})
+    (two,) = tuned_gap(values).itertuples()
+    (one,) = tuned_gap(values.wide()).itertuples()
+    assert one.hi - one.lo <= two.hi - two.lo < 2 * (one.hi - one.lo) < 0.03
+    assert tuned_gap(values).equals(tuned_gap(values))  # seeded
+
+
+def test_task_seed_values_repeat_a_seedless_method_in_every_seed() -> None:
+    from spice_ray.results.summary import TaskSeedValues
+
+    rows = pd.concat([_rows({"SPICE": np.arange(4.0)}, seeds=3),
+                      _rows({"Random": np.full(4, 9.0)}).assign(seed=-1)])
+    values = TaskSeedValues.from_rows(rows[["method", "seed", "task_id", "value"]])
+    assert values.seeds == (0, 1, 2) and (values.values["Random"] == 9.0).all()
+    assert values.values["SPICE"][:, 2] == pytest.approx(np.arange(4.0) + 0.2)
+    assert values.wide()["SPICE"].to_numpy() == pytest.approx(np.arange(4.0) + 0.1)

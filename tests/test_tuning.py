@@ -13,6 +13,7 @@ import pytest
 from spice_ray.agents import AgentSpec
 from spice_ray.config import make_config
 from spice_ray.results import write
+from spice_ray.results.choices import resolution
 from spice_ray.study import tune_grid, tuning
 from spice_ray.study.tuning import TAUS, WIDTHS, candidates, choose, final_scores
 
@@ -90,7 +91,11 @@ def _rows(method: str, config: str, values: dict[tuple[int, int], float]) -> pd.
     return pd.DataFrame(rows)
 
 
-def test_choice_is_the_lowest_mean_final_regret_first_on_ties() -> None:
+def test_choice_is_the_lowest_mean_where_resolved_else_the_first_tied_point() -> None:
+    """On two tasks the validation set cannot tell the three points apart (beta 0.5 is 0.5
+    worse with a paired SEM of 1.5): unresolved, the choice falls back to the first point in
+    grid order, and the record says so. On 40 tasks where beta 1 is better than every other
+    point by many paired SEMs, it is chosen, resolved, with its margin."""
     grid = candidates(AgentSpec("spice-flat", fusion=BANDIT.fusion), BANDIT.eval)[:3]
     # the protocol's noise level in a row's config is not the agent's: it is stripped
     with_sigma = [c.key[1][:-1] + ',"sigma":0.3}' for c in grid]
@@ -106,8 +111,25 @@ def test_choice_is_the_lowest_mean_final_regret_first_on_ties() -> None:
     assert scores["n"].tolist() == [2, 2, 2]  # tasks, after averaging the seeds per task
     assert scores["sem"].tolist() == pytest.approx([1.5, 0.0, 0.0])  # tasks 5 and 2
     best, records = choose(grid, scores)
-    assert best is grid[1]  # tied with grid[2] at 3.0: the first in grid order
+    assert best is grid[0]
     assert [r["setting"] for r in records] == [{"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}]
+    # per task (5, 2), (3, 3), (3, 3): differences from the best (grid[1]) and their SEMs
+    assert [r["paired_se"] for r in records] == pytest.approx([1.5, 0.0, 0.0])
+    made = resolution(records)
+    assert made == {"chosen": {"beta": 0.5}, "best": {"beta": 1.0}, "runner_up": {"beta": 2.0},
+                    "margin": 0.0, "se": 0.0, "tied": 3, "resolved": False}
+    rng = np.random.default_rng(0)
+    base = rng.normal(5.0, 1.0, 40)
+    per_point = [base + 1.0 + rng.normal(0, 0.1, 40), base, base + 0.5 + rng.normal(0, 0.1, 40)]
+    rows = pd.concat([_rows(grid[0].key[0], with_sigma[i],
+                            {(0, task): float(v) for task, v in enumerate(values)})
+                      for i, values in enumerate(per_point)])
+    best, records = choose(grid, final_scores(rows))
+    made = resolution(records)
+    assert best is grid[1] and made["resolved"] and made["tied"] == 1
+    assert made["runner_up"] == {"beta": 2.0} and made["margin"] == pytest.approx(
+        (per_point[2] - base).mean()) and made["se"] == pytest.approx(
+        (per_point[2] - base).std(ddof=1) / np.sqrt(40))
     with pytest.raises(ValueError, match="no validation rows for SPICE \\(flat prior\\) at "
                                          "\\{'beta': 4.0\\}"):
         choose(candidates(AgentSpec("spice-flat", fusion=BANDIT.fusion), BANDIT.eval), scores)
@@ -132,7 +154,7 @@ def test_tuned_table_sentences_rank_and_pair_by_task() -> None:
     # UCB - SPICE per task: 1, 1, 0, 2 -> mean 1, SEM 0.408; flat - SPICE: 4, 2, 4, 4
     assert "UCB +1 +- 0.41" in paired and "SPICE (flat prior) +3.5 +- 0.5" in paired
     # (flat - SPICE) / (flat - oracle) = 3.5 / 5; SPICE (paper): (0 + 1 + 0 + 2) / 4 / 5
-    assert gap.startswith("Gap closed at the tuned settings") and "paired by task: 0.70" in gap
+    assert gap.startswith("Gap closed at the tuned settings") and "then tasks): 0.70" in gap
     assert "; SPICE (paper): 0.15 (" in gap
 
 
@@ -222,9 +244,17 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
     edited = json.loads(json.dumps(record))
     worst = max(edited["methods"]["SPICE"]["grid"], key=lambda g: g["mean"])["setting"]
     edited["methods"]["SPICE"]["chosen"] = worst
-    assert tuning.record_problem(edited).startswith(f"says SPICE chose {worst}, not its grid")
+    assert tuning.record_problem(edited).startswith(f"says SPICE chose {worst}, not the choice")
     again = tune_grid.tune_experiment("bandit", cfg, "/data", finals, edited)
     assert again is not edited and again == record
+    # every point differs from the best by a constant on each task: paired SEM 0, resolved
+    made = record["methods"]["SPICE"]["resolution"]
+    assert made["resolved"] and made["se"] == 0.0 and made["chosen"] == made["best"]
+    # a record written before choices were resolved (no paired SEMs) is tuned again
+    old = json.loads(json.dumps(record))
+    for point in old["methods"]["UCB"]["grid"]:
+        del point["paired_se"]
+    assert "without their paired standard errors" in tuning.record_problem(old)
     edited["methods"]["SPICE"] = {"chosen": {}}
     assert tuning.record_problem(edited).startswith("is not a tuning record (KeyError")
 

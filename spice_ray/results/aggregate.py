@@ -97,6 +97,18 @@ def _resamples(shapes: list[tuple[int, int]], reps: int, seed: int
     return [(rng.integers(0, s, (reps, s)), rng.integers(0, t, (reps, t))) for s, t in shapes]
 
 
+def _draws(arrays: list[list[np.ndarray]], reps: int, seed: int
+           ) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
+    """Per method, per experiment: each task's seed mean [tasks] and its resampled seed means
+    [reps, tasks] (each experiment's tasks and seeds drawn with replacement, the same draw for
+    every method: paired)."""
+    idx = _resamples([a.shape for a in arrays[0]], reps, seed)
+    point = [[a.mean(axis=0) for a in per_exp] for per_exp in arrays]
+    drawn = [[a[si[:, :, None], ti[:, None, :]].mean(axis=1)  # [reps, tasks]
+              for a, (si, ti) in zip(per_exp, idx, strict=True)] for per_exp in arrays]
+    return point, drawn
+
+
 def _interval(arrays: list[list[np.ndarray]], statistic: Callable[..., np.ndarray], reps: int,
               seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Point estimate and 95% percentile interval of ``statistic(*task_scores)``.
@@ -105,13 +117,23 @@ def _interval(arrays: list[list[np.ndarray]], statistic: Callable[..., np.ndarra
     score per task (its mean over the seeds), pooled over experiments, along the last axis
     (it reduces that axis: [..., tasks] -> [...] or [..., k]); a resample draws each
     experiment's tasks and seeds with replacement, the same draw for every method (paired)."""
-    idx = _resamples([a.shape for a in arrays[0]], reps, seed)
-    point = [np.concatenate([a.mean(axis=0) for a in per_exp]) for per_exp in arrays]
-    drawn = [np.concatenate([a[si[:, :, None], ti[:, None, :]].mean(axis=1)  # [reps, tasks]
-                             for a, (si, ti) in zip(per_exp, idx, strict=True)], axis=1)
-             for per_exp in arrays]
-    lo, hi = np.percentile(np.asarray(statistic(*drawn), dtype=np.float64), [2.5, 97.5], axis=0)
-    return np.asarray(statistic(*point), dtype=np.float64), lo, hi
+    point, drawn = _draws(arrays, reps, seed)
+    lo, hi = np.percentile(np.asarray(statistic(*[np.concatenate(d, axis=1) for d in drawn]),
+                                      dtype=np.float64), [2.5, 97.5], axis=0)
+    return np.asarray(statistic(*[np.concatenate(p) for p in point]), dtype=np.float64), lo, hi
+
+
+def _per_experiment_interval(arrays: list[list[np.ndarray]],
+                             statistic: Callable[..., np.ndarray], reps: int, seed: int
+                             ) -> tuple[float, float, float]:
+    """As :func:`_interval`, but the statistic is taken within each experiment and then
+    averaged over experiments, so each experiment counts once whatever its task count."""
+    point, drawn = _draws(arrays, reps, seed)
+    n = len(arrays[0])
+    est = np.mean([statistic(*[p[e] for p in point]) for e in range(n)])
+    boot = np.mean([statistic(*[d[e] for d in drawn]) for e in range(n)], axis=0)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(est), float(lo), float(hi)
 
 
 def aggregate_table(scores: Scores, reps: int = RESAMPLES, seed: int = 0) -> pd.DataFrame:
@@ -139,7 +161,10 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
 def improvement_table(scores: Scores, method: str = "SPICE", reps: int = RESAMPLES,
                       seed: int = 0) -> pd.DataFrame:
     """P(``method`` scores higher than X) for every other method X, over the tasks of the
-    experiments both are in (their count is a column), with a 95% interval."""
+    experiments both are in (their count is a column), with a 95% interval: pooled over
+    tasks (``P(better)``: an experiment with more tasks weighs more) and per experiment
+    (``P(better), per experiment``: each experiment's own P, averaged, so each counts
+    once)."""
     rows = []
     others = dict.fromkeys(m for s in scores.by_experiment.values() for m in s if m != method)
     for other in others:
@@ -148,8 +173,12 @@ def improvement_table(scores: Scores, method: str = "SPICE", reps: int = RESAMPL
             continue
         arrays = [[scores.by_experiment[e][m] for e in exps] for m in (method, other)]
         point, lo, hi = _interval(arrays, probability_of_improvement, reps, seed)
+        each, each_lo, each_hi = _per_experiment_interval(arrays, probability_of_improvement,
+                                                          reps, seed)
         rows.append({"method": method, "other": other, "experiments": len(exps),
-                     "P(better)": float(point), "low": float(lo), "high": float(hi)})
+                     "P(better)": float(point), "low": float(lo), "high": float(hi),
+                     "P(better), per experiment": each, "per experiment low": each_lo,
+                     "per experiment high": each_hi})
     if not rows:
         return pd.DataFrame(rows)
     return pd.DataFrame(rows).sort_values("P(better)", ascending=False, ignore_index=True)
@@ -235,8 +264,11 @@ def study_aggregate(run_dir: Path, experiments: list[str], reps: int = RESAMPLES
         "experiments": agg["experiments"]}).sort_values("method", key=_rank)
     imp_shown = pd.DataFrame({
         "SPICE vs": imp["other"],
-        "P(SPICE better) [95% CI]": [fmt(*r) for r in imp[["P(better)", "low",
-                                                           "high"]].to_numpy()],
+        "P(SPICE better), each experiment once [95% CI]": [
+            fmt(*r) for r in imp[["P(better), per experiment", "per experiment low",
+                                  "per experiment high"]].to_numpy()],
+        "P(SPICE better), each task once [95% CI]": [
+            fmt(*r) for r in imp[["P(better)", "low", "high"]].to_numpy()],
         "experiments": imp["experiments"]}) if len(imp) else imp
     rel = path.relative_to(run_dir).as_posix()
     names = ", ".join(tables)
@@ -250,8 +282,10 @@ def study_aggregate(run_dir: Path, experiments: list[str], reps: int = RESAMPLES
             + f"\n\n![aggregate]({rel})")
     return [("Across experiments (normalised scores)", text, agg_shown),
             ("Probability of improvement", "P(SPICE scores higher than X) on a random eval "
-             "task (seeds averaged per task, ties count half), pooled over the experiments "
-             "where X is evaluated; 0.5 = no better than X.", imp_shown)]
+             "task (seeds averaged per task, ties count half) over the experiments where X is "
+             "evaluated: each experiment's P averaged (every experiment counts once), and "
+             "pooled over their tasks (an experiment with more tasks weighs more); 0.5 = no "
+             "better than X.", imp_shown)]
 
 
 def _rank(labels: pd.Series) -> pd.Series:

@@ -15,10 +15,12 @@ import pandas as pd
 from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
 from spice_ray.results.schema import settings_columns
 from spice_ray.results.summary import (
-    bootstrap_ci,
-    cluster_bootstrap_ci,
+    TaskSeedValues,
     final_values,
+    hierarchical_interval,
+    mean_ratio,
     task_means,
+    win_share,
 )
 
 LEARNED, FLAT = "SPICE", "SPICE (flat prior)"
@@ -92,26 +94,23 @@ GAP_STEP = 50
 """The early step at which the prior gap is also reported (besides the final step)."""
 
 
-def _gap_share(d_spice: np.ndarray, d_oracle: np.ndarray, rng: np.random.Generator,
-               resamples: int) -> tuple[float, float, float]:
-    """mean(d_spice) / mean(d_oracle) over tasks and its 95% percentile bootstrap interval
-    (resamples whose gap is exactly 0 are left out of the interval)."""
-    n = len(d_spice)
-    idx = rng.integers(0, n, size=(resamples, n))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        boot = d_spice[idx].mean(1) / d_oracle[idx].mean(1)
-        ratio = float(d_spice.mean() / d_oracle.mean())
-    boot = boot[np.isfinite(boot)]
-    lo, hi = np.percentile(boot, [2.5, 97.5]) if len(boot) else (np.nan, np.nan)
-    return ratio, float(lo), float(hi)
+def _gap_share(values: TaskSeedValues, learned: str, base: str, best: str,
+               groups: Mapping[int, int] | None) -> tuple[float, float, float]:
+    """mean(base - learned) / mean(base - best) over tasks (seeds averaged per task), with
+    its 95% interval from the two-level bootstrap (:func:`hierarchical_interval`: training
+    seeds, then tasks, by goal where ``groups`` maps task ids to goals)."""
+    v = values.values
+    cluster = None if groups is None else np.array([groups[t] for t in values.task_ids])
+    return hierarchical_interval(mean_ratio, [v[base] - v[learned], v[base] - v[best]],
+                                 cluster)
 
 
-def gap_closed(df: pd.DataFrame, metric: str = "cumulative_regret", resamples: int = 2000,
-               seed: int = 0) -> pd.DataFrame:
+def gap_closed(df: pd.DataFrame, metric: str = "cumulative_regret") -> pd.DataFrame:
     """The share of the flat-to-oracle gap the learned prior closes, per beta, at step
     :data:`GAP_STEP` and at the final step: (flat - SPICE) / (flat - oracle), the three rows
-    paired by task (training seeds averaged per task first), with a percentile bootstrap
-    interval over tasks (seeded, so the same rows give the same interval).
+    paired by task (training seeds averaged per task first), with a percentile interval of
+    the two-level bootstrap over training seeds and tasks (:func:`hierarchical_interval`;
+    seeded, so the same rows give the same interval).
 
     Returns:
         One row per (beta, x): flat_minus_spice and flat_minus_oracle (mean and SEM over
@@ -128,16 +127,16 @@ def gap_closed(df: pd.DataFrame, metric: str = "cumulative_regret", resamples: i
     sub = sub[sub["schedule"] == "fixed"]
     final = int(sub["x"].max())
     out = []
-    rng = np.random.default_rng(seed)
     for (beta, x), rows in sub[sub["x"].isin([GAP_STEP, final])].groupby(["beta", "x"]):
-        wide = rows.groupby(["task_id", "method"])["value"].mean().unstack("method")
-        if not {LEARNED, FLAT, ORACLE} <= set(wide.columns):
+        values = TaskSeedValues.from_rows(rows[["method", "seed", "task_id", "value"]])
+        if not {LEARNED, FLAT, ORACLE} <= set(values.values):
             continue
-        wide = wide[[LEARNED, FLAT, ORACLE]].dropna()
+        values = _complete(values, (LEARNED, FLAT, ORACLE))
+        wide = values.wide()
         d_spice = (wide[FLAT] - wide[LEARNED]).to_numpy()
         d_oracle = (wide[FLAT] - wide[ORACLE]).to_numpy()
         n = len(d_spice)
-        ratio, lo, hi = _gap_share(d_spice, d_oracle, rng, resamples)
+        ratio, lo, hi = _gap_share(values, LEARNED, FLAT, ORACLE, None)
         sem = np.sqrt(1.0 / n) if n > 1 else np.nan
         out.append({"beta": float(beta), "x": int(x), "n": n,
                     "flat_minus_spice": d_spice.mean(),
@@ -233,15 +232,18 @@ def tuned_comparison(df: pd.DataFrame, groups: Mapping[int, int] | None = None) 
     """The tuned table in sentences: the methods ranked by final cumulative regret, and every
     other method minus SPICE, paired by task (seeds averaged per task first), with P(SPICE
     beats it on a task). Each method appears once, at its own validation-chosen setting, so
-    pairs are by task only.
+    pairs are by task only. Every interval is the two-level bootstrap's
+    (:func:`hierarchical_interval`): training seeds, then tasks, so it holds the spread between
+    trainings as well as between tasks.
 
     Args:
-        groups: task id -> cluster (the darkroom's goal): then the intervals resample goals,
-            then tasks within a goal (:func:`cluster_bootstrap_ci`), and say so.
+        groups: task id -> cluster (the darkroom's goal): then the tasks are resampled by
+            goal, then within a goal, and the sentences say so.
     """
-    wide = final_by_task(df)
-    if wide.empty:
+    values = final_task_seeds(df)
+    if values is None:
         return []
+    wide = values.wide()
     ranked = wide.mean().sort_values()
     out = ["Ranked by final cumulative regret (each method at its validation-chosen setting): "
            + ", ".join(f"{m} {v:.3g}" for m, v in ranked.items()) + "."]
@@ -251,37 +253,37 @@ def tuned_comparison(df: pd.DataFrame, groups: Mapping[int, int] | None = None) 
     for method in ranked.index:
         if method == LEARNED:
             continue
-        d = (wide[method] - wide[LEARNED]).dropna()
-        if len(d) < 2:
+        pair = _complete(values, (LEARNED, method))
+        if len(pair.task_ids) < 2:
             continue
-        wins = 0.5 * (1 + np.sign(d.to_numpy()))  # SPICE beats it: 1, tie 0.5
-        if groups is None:
-            lo, hi = bootstrap_ci(wins)
-        else:
-            lo, hi = cluster_bootstrap_ci(wins, d.index.map(groups).to_numpy())
+        d = pair.wide()
+        d = d[method] - d[LEARNED]
+        cluster = None if groups is None else np.array([groups[t] for t in pair.task_ids])
+        wins, lo, hi = hierarchical_interval(win_share, [pair.values[LEARNED],
+                                                         pair.values[method]], cluster)
         diffs.append(f"{method} {d.mean():+.3g} +- {d.std(ddof=1) / np.sqrt(len(d)):.2g} "
-                     f"(P(SPICE better) {wins.mean():.2f}, {lo:.2f} to {hi:.2f})")
+                     f"(P(SPICE better) {wins:.2f}, {lo:.2f} to {hi:.2f})")
+    clusters = ("" if groups is None else
+                f", the {len(set(groups.values()))} goals resampled, then tasks within a goal")
     if diffs:
-        clusters = ("" if groups is None else
-                    f"; the intervals resample the {len(set(groups.values()))} goals, then "
-                    "tasks within a goal")
         out.append(f"Each method minus {LEARNED}, paired by task (mean +- SEM over "
                    f"{len(wide)} tasks, positive: SPICE has less regret; P(SPICE has less "
-                   f"regret on a task) with its 95% bootstrap interval{clusters}): "
-                   + "; ".join(diffs) + ".")
-    gaps = tuned_gap(wide)
+                   "regret on a task) with its 95% interval resampling training seeds, then "
+                   f"tasks{clusters}): " + "; ".join(diffs) + ".")
+    gaps = tuned_gap(values, groups)
     if not gaps.empty:
         shares = [("" if r.method == LEARNED else f"{r.method}: ")
-                  + f"{r.gap_closed:.2f} (95% bootstrap interval {r.lo:.2f} to {r.hi:.2f})"
+                  + f"{r.gap_closed:.2f} (95% interval {r.lo:.2f} to {r.hi:.2f})"
                   for r in gaps.itertuples()]
         if not gaps["defined"].all():
             shares = ["no share can be stated: the tuned oracle prior does not beat the tuned "
                       "flat one by 2 SEMs"]
         out.append("Gap closed at the tuned settings, (flat - SPICE) / (flat - oracle) paired "
-                   "by task: " + "; ".join(shares) + ".")
+                   "by task (intervals resample training seeds, then tasks"
+                   f"{clusters}): " + "; ".join(shares) + ".")
         if CONTEXT_FREE in wide:
             shares = [("" if r.method == LEARNED else f"{r.method}: ")
-                      + (f"{r.in_context_share:.2f} (95% bootstrap interval {r.in_context_lo:.2f}"
+                      + (f"{r.in_context_share:.2f} (95% interval {r.in_context_lo:.2f}"
                          f" to {r.in_context_hi:.2f})" if r.in_context_defined else
                          "none can be stated (the oracle prior does not beat the context-free "
                          "one by 2 SEMs)")
@@ -296,37 +298,63 @@ def tuned_comparison(df: pd.DataFrame, groups: Mapping[int, int] | None = None) 
 def final_by_task(df: pd.DataFrame) -> pd.DataFrame:
     """A tuned table's final cumulative regret, one row per task and one column per method
     (training seeds averaged per task; variants left out). Empty without that metric."""
+    values = final_task_seeds(df)
+    return pd.DataFrame() if values is None else values.wide()
+
+
+def final_task_seeds(df: pd.DataFrame) -> TaskSeedValues | None:
+    """A tuned table's final cumulative regret per task and training seed for each method
+    (variants left out; a method without training seeds repeats its value for every seed);
+    None without that metric."""
     final = final_values(df, "cumulative_regret")
+    final = final[final["variant"] == ""]
     if final.empty:
-        return pd.DataFrame()
-    per_task = task_means(final[final["variant"] == ""].drop(columns=["config", "rule"]))
-    return per_task.pivot_table(index="task_id", columns="method", values="value")
+        return None
+    return TaskSeedValues.from_rows(final[["method", "seed", "task_id", "value"]])
 
 
-def tuned_gap(wide: pd.DataFrame) -> pd.DataFrame:
+def _complete(values: TaskSeedValues, methods: tuple[str, ...]) -> TaskSeedValues:
+    """``methods`` of ``values`` on the tasks where each has a value for some seed."""
+    keep = np.all([np.isfinite(values.values[m]).any(axis=1) for m in methods], axis=0)
+    return TaskSeedValues(values.task_ids[keep], values.seeds,
+                          {m: values.values[m][keep] for m in methods})
+
+
+def tuned_gap(values: TaskSeedValues | pd.DataFrame,
+              groups: Mapping[int, int] | None = None) -> pd.DataFrame:
     """The share of the flat-to-oracle gap that SPICE and SPICE (paper) close at their tuned
-    settings, from per-task final regrets (one column per method, seeds averaged per task).
+    settings, from per-task final regrets.
 
     With the context-free row (:data:`CONTEXT_FREE`) also the **in-context share**,
     (context-free - SPICE) / (context-free - oracle) paired by task: the part of what the
     oracle adds over knowing the population that SPICE gets by reading the context.
 
+    Args:
+        values: per task and training seed (:func:`final_task_seeds`), or per task with seeds
+            already averaged (one column per method): then the intervals resample tasks only.
+        groups: task id -> cluster (the darkroom's goal), or None.
+
     Returns:
-        One row per learned method present: flat_minus_spice (mean, SEM), gap_closed with its
-        95% bootstrap interval lo / hi (seeded), n tasks, and ``defined``: whether the oracle
-        prior beats the flat one by 2 paired SEMs (otherwise the share means nothing); with
-        the context-free row, in_context_share with in_context_lo / in_context_hi and
-        ``in_context_defined`` (the oracle beats the context-free prior by 2 paired SEMs);
-        NaN without it. Empty without the flat and oracle columns.
+        One row per learned method present: flat_minus_spice (mean, SEM over tasks of the
+        seed means), gap_closed with its 95% interval lo / hi (the two-level bootstrap of
+        :func:`hierarchical_interval`: seeds, then tasks or goals; seeded), n tasks, and
+        ``defined``: whether the oracle prior beats the flat one by 2 paired SEMs (otherwise
+        the share means nothing); with the context-free row, in_context_share with
+        in_context_lo / in_context_hi and ``in_context_defined`` (the oracle beats the
+        context-free prior by 2 paired SEMs); NaN without it. Empty without the flat and
+        oracle columns.
     """
-    if not {FLAT, ORACLE} <= set(wide.columns):
+    if isinstance(values, pd.DataFrame):
+        values = TaskSeedValues.from_wide(values)
+    if not {FLAT, ORACLE} <= set(values.values):
         return pd.DataFrame()
     out = []
-    for learned in (m for m in (LEARNED, PAPER) if m in wide):
-        both = wide[[learned, FLAT, ORACLE]].dropna()
-        d_spice = (both[FLAT] - both[learned]).to_numpy()
-        d_oracle = (both[FLAT] - both[ORACLE]).to_numpy()
-        ratio, lo, hi = _gap_share(d_spice, d_oracle, np.random.default_rng(0), 2000)
+    for learned in (m for m in (LEARNED, PAPER) if m in values.values):
+        both = _complete(values, (learned, FLAT, ORACLE))
+        wide = both.wide()
+        d_spice = (wide[FLAT] - wide[learned]).to_numpy()
+        d_oracle = (wide[FLAT] - wide[ORACLE]).to_numpy()
+        ratio, lo, hi = _gap_share(both, learned, FLAT, ORACLE, groups)
         n = len(d_spice)
         row = {"method": learned, "n": n, "flat_minus_spice": d_spice.mean(),
                "flat_minus_spice_sem": d_spice.std(ddof=1) / np.sqrt(n),
@@ -334,11 +362,10 @@ def tuned_gap(wide: pd.DataFrame) -> pd.DataFrame:
                "defined": bool(d_oracle.mean() > 2 * d_oracle.std(ddof=1) / np.sqrt(n)),
                "in_context_share": np.nan, "in_context_lo": np.nan, "in_context_hi": np.nan,
                "in_context_defined": False}
-        if CONTEXT_FREE in wide:
-            free = wide[[learned, CONTEXT_FREE, ORACLE]].dropna()
-            d_learned = (free[CONTEXT_FREE] - free[learned]).to_numpy()
-            d_best = (free[CONTEXT_FREE] - free[ORACLE]).to_numpy()
-            share, s_lo, s_hi = _gap_share(d_learned, d_best, np.random.default_rng(0), 2000)
+        if CONTEXT_FREE in values.values:
+            free = _complete(values, (learned, CONTEXT_FREE, ORACLE))
+            d_best = (free.wide()[CONTEXT_FREE] - free.wide()[ORACLE]).to_numpy()
+            share, s_lo, s_hi = _gap_share(free, learned, CONTEXT_FREE, ORACLE, groups)
             m = len(d_best)
             row |= {"in_context_share": share, "in_context_lo": s_lo, "in_context_hi": s_hi,
                     "in_context_defined": bool(m > 1 and d_best.mean()

@@ -21,6 +21,43 @@ def best_index(grid: list[dict[str, Any]]) -> int:
     return min(range(len(grid)), key=lambda i: (float(grid[i]["mean"]), i))
 
 
+RESOLVE_SES = 2.0
+"""A grid point within this many standard errors of the best (its paired difference over the
+validation tasks) is one the validation set cannot tell from it."""
+FALLBACK = ("the first of them in grid order (smaller beta, then the paper's width before a "
+            "fitted one)")
+"""What an unresolved choice falls back to: a stated order, not the noise of one draw of the
+validation set, decides among points the validation set cannot tell apart."""
+
+
+def resolution(grid: list[dict[str, Any]]) -> dict[str, Any]:
+    """How firmly the validation set makes a choice (``grid``: records {"setting", "mean",
+    "paired_se"} in grid order, non-empty; ``paired_se`` is the SEM over tasks of the point's
+    difference from the lowest-mean point, 0 for that point).
+
+    The points within :data:`RESOLVE_SES` paired SEs of the lowest mean are "tied" with it;
+    the choice is resolved when none is, and then it is the lowest mean (the first in grid
+    order on an exact tie); unresolved, it falls back to the first tied point in grid order
+    (:data:`FALLBACK`).
+
+    Returns:
+        {"chosen", "best", "runner_up" (the second-lowest mean, None for a one-point grid),
+        "margin" (runner-up mean - best mean), "se" (its paired SEM), "tied" (how many points
+        the validation set cannot tell from the best, the best included), "resolved"}.
+    """
+    best = best_index(grid)
+    low = float(grid[best]["mean"])
+    tied = [i for i, g in enumerate(grid)
+            if i == best or float(g["mean"]) - low <= RESOLVE_SES * float(g["paired_se"])]
+    others = [i for i in range(len(grid)) if i != best]
+    runner = min(others, key=lambda i: (float(grid[i]["mean"]), i)) if others else None
+    return {"chosen": dict(grid[tied[0]]["setting"]), "best": dict(grid[best]["setting"]),
+            "runner_up": None if runner is None else dict(grid[runner]["setting"]),
+            "margin": None if runner is None else float(grid[runner]["mean"]) - low,
+            "se": None if runner is None else float(grid[runner]["paired_se"]),
+            "tied": len(tied), "resolved": len(tied) == 1}
+
+
 def paper_choice(method: dict[str, Any]) -> dict[str, Any] | None:
     """The setting a width-tuned method's record chose among its paper-width points
     (:func:`best_index` of them), or None for a method without a width axis: "SPICE (paper)"
@@ -59,15 +96,21 @@ def fitted_noise(record: dict[str, Any] | None) -> float | None:
 
 def record_problem(record: dict[str, Any]) -> str | None:
     """Why an experiment's record of ``tuning.json`` cannot be used as it is (a choice that is
-    not its grid's lowest validation score, the first in grid order on a tie; a paper-width
-    choice that is not the best paper-width point; a record that is not the shape
-    :func:`tune_experiment` writes), or None."""
+    not the one :func:`resolution` makes of its grid's validation scores; a record from before
+    choices were resolved; a paper-width choice that is not the best paper-width point; a
+    record that is not the shape :func:`tune_experiment` writes), or None."""
     try:
         for label, method in record["methods"].items():
             grid = method["grid"]
-            best = grid[best_index(grid)]["setting"] if grid else {}
-            if grid and best != method["chosen"]:
-                return (f"says {label} chose {method['chosen']}, not its grid's best {best}")
+            if grid and any("paired_se" not in g for g in grid):
+                return (f"holds {label}'s scores without their paired standard errors (written "
+                        "before choices were resolved)")
+            made = resolution(grid) if grid else {"chosen": {}}
+            if made["chosen"] != method["chosen"]:
+                return (f"says {label} chose {method['chosen']}, not the choice its grid's "
+                        f"scores make, {made['chosen']}")
+            if grid and method.get("resolution") != made:
+                return f"says {label}'s choice is {method.get('resolution')}, not {made}"
             paper = paper_choice(method)
             if method.get("paper", paper) != paper:
                 return f"says {label}'s paper-width choice is {method['paper']}, not its best"
@@ -77,16 +120,25 @@ def record_problem(record: dict[str, Any]) -> str | None:
 
 
 def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
-    """One row per experiment and method: the chosen setting and its validation score."""
+    """One row per experiment and method: the chosen setting, its validation score, and how
+    firmly the validation set makes the choice (:func:`resolution`: the runner-up's margin
+    over the best with its paired SEM; "unresolved" where other points are within
+    :data:`RESOLVE_SES` paired SEs, and the choice is then the stated fallback)."""
     rows = []
 
     def row(exp: str, label: str, grid: list[dict[str, Any]], chosen: dict[str, Any],
-            note: str = "") -> None:
+            note: str = "", made: dict[str, Any] | None = None) -> None:
         best = next(g for g in grid if g["setting"] == chosen)
+        firm = "-"
+        if made is not None and made["runner_up"] is not None:
+            firm = (f"{made['margin']:.3g} +- {made['se']:.2g}: "
+                    + ("resolved" if made["resolved"] else
+                       f"unresolved ({made['tied']} points tied; fallback)"))
         rows.append({"experiment": exp, "method": label,
                      "chosen": (", ".join(f"{k}={v}" for k, v in chosen.items()) or "-") + note,
                      "grid points": len(grid),
-                     "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}"})
+                     "validation regret": f"{best['mean']:.3g} +- {best['sem']:.2g}",
+                     "runner-up margin": firm})
 
     for exp, rec in tuning.items():
         noise = fitted_noise(rec)
@@ -97,14 +149,15 @@ def choices_table(tuning: dict[str, Any]) -> pd.DataFrame:
             rows.append({"experiment": exp, "method": "SPICE's loss weights",
                          "chosen": ", ".join(f"{k}={v:g}" for k, v in model["chosen"].items())
                          + f" (log-lik {best['log_lik']:+.4f} per reward, no label read)",
-                         "grid points": len(model["grid"]), "validation regret": "-"})
+                         "grid points": len(model["grid"]), "validation regret": "-",
+                         "runner-up margin": "-"})
         for label, m in rec.get("methods", {}).items():
             note = ""
             if m["chosen"].get("width") == "fitted":
                 note = f" (s={m['width']['scale']:.3g}" + (f", {sigma2})" if sigma2 else ")")
             elif m["chosen"].get("noise") == "fitted":
                 note = f" ({sigma2})"
-            row(exp, label, m["grid"], m["chosen"], note)
+            row(exp, label, m["grid"], m["chosen"], note, m.get("resolution"))
             paper = paper_choice(m)
             if paper is not None:  # the paper's width, its beta chosen on the same grid
                 row(exp, f"{label} (paper)", [g for g in m["grid"]

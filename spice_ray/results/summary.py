@@ -12,12 +12,13 @@ The report, the figures, the results CLI and the sweeps all call :func:`summaris
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from spice_ray.results.schema import KEY
+from spice_ray.results.schema import KEY, NO_SEED
 from spice_ray.results.tables import ResultsError
 
 
@@ -113,6 +114,167 @@ def cluster_bootstrap_ci(values: np.ndarray, groups: np.ndarray, statistic=np.me
     alpha = (1 - confidence) / 2
     low, high = np.quantile(out, [alpha, 1 - alpha])
     return float(low), float(high)
+
+
+def hierarchical_draws(n_tasks: int, n_seeds: int, groups: np.ndarray | None,
+                       resamples: int, rng: np.random.Generator
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Resampling weights of a two-level bootstrap: training seeds drawn with replacement,
+    and, independently, tasks drawn with replacement, by cluster where tasks come in clusters
+    (the clusters drawn with replacement, then each drawn cluster's tasks with replacement
+    among its members).
+
+    Drawing a cluster c times and n_g of its tasks each time is c * n_g uniform draws among
+    its members, so a cluster's task counts are one multinomial of that size.
+
+    Args:
+        groups: [T] each task's cluster, or None (each task its own).
+
+    Returns:
+        (W [R, T], V [R, S]): how often each task and each seed is drawn in each resample.
+    """
+    seeds = rng.multinomial(n_seeds, np.full(n_seeds, 1.0 / n_seeds), size=resamples)
+    if groups is None:
+        tasks = rng.multinomial(n_tasks, np.full(n_tasks, 1.0 / n_tasks), size=resamples)
+        return tasks.astype(np.float64), seeds.astype(np.float64)
+    groups = np.asarray(groups)
+    members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
+    drawn = rng.multinomial(len(members), np.full(len(members), 1.0 / len(members)),
+                            size=resamples)  # [R, G]
+    tasks = np.zeros((resamples, n_tasks))
+    for g, idx in enumerate(members):
+        tasks[:, idx] = rng.multinomial(drawn[:, g] * len(idx), np.full(len(idx), 1 / len(idx)))
+    return tasks, seeds.astype(np.float64)
+
+
+def _seed_means(values: np.ndarray, seed_weights: np.ndarray) -> np.ndarray:
+    """Each task's mean over the drawn seeds: values [T, S] (NaN where a seed has no value),
+    seed_weights [R, S] -> [R, T] (NaN where no drawn seed has a value)."""
+    have = np.isfinite(values)
+    total = np.where(have, values, 0.0) @ seed_weights.T  # (T, R)
+    count = have.astype(np.float64) @ seed_weights.T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (total / count).T
+
+
+def hierarchical_interval(statistic, arrays: Sequence[np.ndarray],
+                          groups: np.ndarray | None = None, resamples: int = RESAMPLES,
+                          seed: int = 0, confidence: float = 0.95
+                          ) -> tuple[float, float, float]:
+    """A statistic of paired per-task values and its percentile interval under the two-level
+    bootstrap of :func:`hierarchical_draws`: the spread between trainings (seeds) and between
+    tasks (or clusters of tasks) both count.
+
+    Args:
+        statistic: ``statistic(means, weights) -> [R]``: ``means`` one [R, T] array per input
+            (each task's mean over the drawn seeds), ``weights`` [R, T] how often each task is
+            drawn (0 where left out); NaN means carry zero weight.
+        arrays: [T, S] values per task and training seed, tasks and seeds in the same order in
+            every array (a method without training seeds repeats its value in every column).
+        groups: [T] each task's cluster (e.g. the darkroom goal it shares), or None.
+
+    Returns:
+        (point, low, high): the statistic of the seed means over all tasks, and its interval
+        (NaN without two tasks; resamples whose statistic is not finite are left out).
+    """
+    arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+    n_tasks, n_seeds = arrays[0].shape
+    ones_s, ones_t = np.ones((1, n_seeds)), np.ones((1, n_tasks))
+    point = float(np.asarray(statistic([_seed_means(a, ones_s) for a in arrays], ones_t))[0])
+    clusters = n_tasks if groups is None else len(np.unique(groups))
+    if n_tasks < 2 or clusters < 2:
+        return point, float("nan"), float("nan")
+    weights, seed_weights = hierarchical_draws(n_tasks, n_seeds, groups, resamples,
+                                               np.random.default_rng(seed))
+    boot = np.asarray(statistic([_seed_means(a, seed_weights) for a in arrays], weights),
+                      dtype=np.float64)
+    boot = boot[np.isfinite(boot)]
+    if not len(boot):
+        return point, float("nan"), float("nan")
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(boot, [alpha, 1 - alpha])
+    return point, float(low), float(high)
+
+
+def weighted_mean(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per resample, the mean of [R, T] ``values`` under [R, T] draw ``weights`` (NaN values
+    carry no weight)."""
+    have = np.isfinite(values)
+    w = np.where(have, weights, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (np.where(have, values, 0.0) * w).sum(1) / w.sum(1)
+
+
+def mean_ratio(means: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarray:
+    """mean(a) / mean(b) per resample over the tasks both have (:func:`hierarchical_interval`
+    statistic of ``[a, b]``)."""
+    a, b = means
+    both = np.isfinite(a) & np.isfinite(b)
+    w = np.where(both, weights, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (np.where(both, a, 0.0) * w).sum(1) / (np.where(both, b, 0.0) * w).sum(1)
+
+
+def win_share(means: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarray:
+    """P(a < b on a task) per resample, ties counting half (:func:`hierarchical_interval`
+    statistic of ``[a, b]``: a wins with the lower value)."""
+    a, b = means
+    wins = 0.5 * (1.0 + np.sign(b - a))  # NaN where either is missing
+    return weighted_mean(wins, weights)
+
+
+@dataclass(frozen=True)
+class TaskSeedValues:
+    """One value per task and training seed for each method (e.g. final cumulative regret),
+    tasks and seeds in the same order for every method: what :func:`hierarchical_interval`
+    resamples."""
+
+    task_ids: np.ndarray
+    """[T] the tasks, in row order."""
+    seeds: tuple[int, ...]
+    """The training seeds, in column order."""
+    values: dict[str, np.ndarray]
+    """method -> [T, S]; a method without a training seed has its one value in every column,
+    so it moves with the tasks only."""
+
+    @classmethod
+    def from_rows(cls, rows: pd.DataFrame) -> TaskSeedValues:
+        """From rows of one metric at one x (``method``, ``seed``, ``task_id``, ``value``):
+        a method's rows at seed :data:`spice_ray.results.schema.NO_SEED` fill every seed's
+        column."""
+        seeds = tuple(sorted(int(s) for s in rows["seed"].unique() if int(s) != NO_SEED)) \
+            or (NO_SEED,)
+        tasks = np.sort(rows["task_id"].unique())
+        values = {}
+        for method, sub in rows.groupby("method", sort=False, observed=True):
+            grid = sub.pivot_table(index="task_id", columns="seed", values="value",
+                                   aggfunc="mean").reindex(index=tasks)
+            if list(grid.columns) == [NO_SEED]:
+                values[str(method)] = np.repeat(grid.to_numpy(np.float64), len(seeds), axis=1)
+            else:
+                values[str(method)] = grid.reindex(columns=list(seeds)).to_numpy(np.float64)
+        return cls(tasks, seeds, values)
+
+    @classmethod
+    def from_wide(cls, wide: pd.DataFrame) -> TaskSeedValues:
+        """From per-task values already averaged over seeds (one column per method, tasks as
+        the index): one pseudo-seed, so intervals resample tasks only."""
+        return cls(wide.index.to_numpy(), (0,),
+                   {str(m): wide[m].to_numpy(np.float64)[:, None] for m in wide.columns})
+
+    def wide(self) -> pd.DataFrame:
+        """Per task, each method's mean over seeds (the tables' convention)."""
+        return pd.DataFrame({m: _nanmean_rows(v) for m, v in self.values.items()},
+                            index=pd.Index(self.task_ids, name="task_id"))
+
+
+def _nanmean_rows(v: np.ndarray) -> np.ndarray:
+    """Row means ignoring NaN, NaN for an all-NaN row (without numpy's warning)."""
+    have = np.isfinite(v)
+    count = have.sum(1)
+    out = np.full(len(v), np.nan)
+    out[count > 0] = np.where(have, v, 0.0).sum(1)[count > 0] / count[count > 0]
+    return out
 
 
 def _task_by_seed(rows: pd.DataFrame) -> np.ndarray:

@@ -47,7 +47,15 @@ from spice_ray.config import EvalConfig, ExperimentConfig
 from spice_ray.evaluate.actors import ModelCache
 from spice_ray.study.experiments import EXPERIMENTS
 from spice_ray.study.records import Finals
-from spice_ray.study.tuning import TUNING_FILE, Pending, finish, prepare, read_tuning, score_point
+from spice_ray.study.tuning import (
+    SCORE_FIELDS,
+    TUNING_FILE,
+    Pending,
+    finish,
+    prepare,
+    read_tuning,
+    score_point,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +152,7 @@ def score_grid(pending: Sequence[Pending], eval_cfg: EvalConfig,
     """Score every point of every experiment in ``pending`` on Ray Tune (needs a running Ray),
     :func:`points_per_trial` consecutive points of one experiment a trial;
     ``on_done(i, scores)`` as soon as ``pending[i]``'s last point is in, with one row per
-    point in grid order (method, config, mean, sem, n).
+    point in grid order (method, config, mean, sem, n, per_task).
 
     Raises:
         RuntimeError: a point has no score after :data:`MAX_FAILURES` re-runs, or scored a
@@ -174,7 +182,7 @@ def score_grid(pending: Sequence[Pending], eval_cfg: EvalConfig,
                 raise RuntimeError(f"tuning {pending[exp].name}: {cand.key[0]} at "
                                    f"{dict(cand.setting)} scored {result['n']} of {tasks} tasks")
             scores[index] = {"method": cand.key[0], "config": cand.key[1],
-                             **{k: result[k] for k in ("mean", "sem", "n")}}
+                             **{k: result[k] for k in SCORE_FIELDS}}
             left[exp] -= 1
         exp = points[chunks[chunk][0]][0]
         bar.update(len(results), status=pending[exp].name)

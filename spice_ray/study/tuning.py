@@ -3,8 +3,12 @@
 For each experiment, every method of its tuned evaluations (``Experiment.tuned``) runs online
 on the validation split over one grid -- the same grid for SPICE and for every reference that
 has the hyperparameter -- and the setting with the lowest mean final cumulative regret (over
-validation tasks and training seeds) is chosen. The choices, the grid and every validation
-score go to ``results/tuning.json``; then each method runs once, at its choice, on the eval
+validation tasks and training seeds) is chosen where the validation set resolves it: where
+other points are within two paired standard errors of it (their difference over the same
+tasks), the choice is marked unresolved and falls back to the first of those points in grid
+order (``spice_ray.results.choices.resolution``), so the noise of one validation draw does not
+decide. The choices, their margins, the grid and every validation score go to
+``results/tuning.json``; then each method runs once, at its choice, on the eval
 tasks: the ``<experiment>_tuned`` table, the study's headline (``spice_ray.study.tuned``).
 
 The grid (:func:`candidates`):
@@ -54,7 +58,13 @@ from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool, ModelCache, evaluate_parallel, evaluate_tasks
 from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES, needs_nstep
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.results.choices import best_index, fitted_noise, paper_choice, record_problem
+from spice_ray.results.choices import (
+    best_index,
+    fitted_noise,
+    paper_choice,
+    record_problem,
+    resolution,
+)
 from spice_ray.results.choices import headline as choices_headline
 from spice_ray.results.schema import NO_SEED
 from spice_ray.study.experiments import EXPERIMENTS, Experiment
@@ -76,6 +86,8 @@ WIDTH_FIT = "scale, decay; constant"  # what fit_width fits: a record fitted oth
 NOISES = GRIDS["noise_var"].tuning
 """sigma^2 of the other fused methods where targets are n-step returns (``config.grids``)."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
+SCORE_FIELDS = ("mean", "sem", "n", "per_task")
+"""What a tuning trial returns of a grid point (:func:`score_point`)."""
 
 TUNING_FILE = "results/tuning.json"
 
@@ -164,34 +176,43 @@ def _agent_config(config: str) -> str:
 
 def final_scores(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (method, config): mean, SEM (over tasks, seeds averaged per task) and n of the
-    final cumulative regret."""
+    final cumulative regret, and ``per_task``: the task values themselves in task-id order
+    (what pairs two points task by task)."""
     sub = rows[rows["metric"] == "cumulative_regret"]
     sub = sub[sub["x"] == sub["x"].max()]
     sub = sub.assign(config=sub["config"].map(_agent_config))
     per_task = sub.groupby(["method", "config", "task_id"], sort=False)["value"].mean()
     g = per_task.groupby(level=["method", "config"], sort=False)
     out = pd.DataFrame({"mean": g.mean(), "sem": g.std(ddof=1) / np.sqrt(g.count()),
-                        "n": g.count()})
+                        "n": g.count(),
+                        "per_task": g.apply(lambda v: v.sort_index(level="task_id").tolist())})
     return out.reset_index()
 
 
 def choose(grid: list[Candidate], scores: pd.DataFrame) -> tuple[Candidate, list[dict]]:
-    """The candidate with the lowest mean score (the first in grid order on a tie), and every
-    candidate's score as plain records.
+    """The candidate :func:`~spice_ray.results.choices.resolution` chooses (the lowest mean
+    score where the validation set resolves it, else the stated fallback among the points it
+    cannot tell apart), and every candidate's score as plain records, each with
+    ``paired_se``: the SEM over tasks of its difference from the lowest-mean point.
 
     Raises:
         ValueError: if a candidate has no score (its rows are missing).
     """
     table = {(r.method, r.config): r for r in scores.itertuples(index=False)}
-    records = []
+    records, tasks = [], []
     for c in grid:
         if c.key not in table:
             raise ValueError(f"tuning: no validation rows for {c.key[0]} at {dict(c.setting)}")
         r = table[c.key]
         records.append({"setting": dict(c.setting), "mean": float(r.mean),
                         "sem": float(r.sem), "n": int(r.n)})
+        tasks.append(np.asarray(r.per_task, dtype=np.float64))
     best = best_index(records)
-    return grid[best], records
+    for rec, values in zip(records, tasks, strict=True):
+        d = values - tasks[best]
+        rec["paired_se"] = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    chosen = resolution(records)["chosen"]
+    return next(c for c in grid if dict(c.setting) == chosen), records
 
 
 def fit_width(spec: AgentSpec, cfg: ExperimentConfig, data: dict[str, Any],
@@ -235,12 +256,13 @@ def score_point(point: Candidate, sources: Mapping[int, str], seeds: Sequence[in
                 env: EnvConfig, data: Mapping[str, Any], models: ModelCache) -> dict[str, Any]:
     """One grid point's validation score (what a tuning trial computes): its online run on
     every task of ``data`` under each seed's model (``sources``; none for a model-free
-    method), the final cumulative regret's mean, SEM and n as :func:`final_scores` gives them."""
+    method), the final cumulative regret's mean, SEM, n and per-task values as
+    :func:`final_scores` gives them."""
     frames = [evaluate_tasks(env, point.eval_cfg, data, [point.spec],
                              models.get(sources.get(seed), env), ("final",), seed)
               for seed in seeds]
     [score] = final_scores(pd.concat(frames, ignore_index=True)).to_dict("records")
-    return {k: score[k] for k in ("mean", "sem", "n")}
+    return {k: score[k] for k in SCORE_FIELDS}
 
 
 def run_candidates(cands: list[Candidate], source: str | None, cfg: ExperimentConfig,
@@ -322,15 +344,17 @@ def prepare(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals,
 
 def finish(pending: Pending, scores: pd.DataFrame) -> dict[str, Any]:
     """The experiment's record of ``tuning.json`` from its points' ``scores`` (method, config,
-    mean, sem, n): {"inputs", "split", "tasks", "seeds", "score", "methods": {label:
-    {"evaluation", "grid": [{"setting", "mean", "sem", "n"}], "chosen"}}}."""
+    mean, sem, n, per_task): {"inputs", "split", "tasks", "seeds", "score", "methods": {label:
+    {"evaluation", "grid": [{"setting", "mean", "sem", "n", "paired_se"}], "chosen",
+    "resolution"}}} (``resolution``: the runner-up's margin, its paired SEM, and whether the
+    choice is resolved; ``spice_ray.results.choices.resolution``)."""
     methods: dict[str, Any] = {}
     for ev_name, grids, _, _ in pending.groups:
         for grid in grids:
             best, records = choose(grid, scores)
             label = best.spec.label
             methods[label] = {"evaluation": ev_name, "grid": records,
-                              "chosen": dict(best.setting)}
+                              "chosen": dict(best.setting), "resolution": resolution(records)}
             if label in pending.widths:
                 methods[label]["width"] = pending.widths[label]
                 methods[label]["paper"] = paper_choice(methods[label])
