@@ -169,7 +169,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     from spice_ray.study.policy import DptPolicy
     from tools.dpt_star_episode import EXPERIMENT, STAY, episode_inputs, play
 
-    model, env, data, horizon = episode_inputs(run_dir, seed=0)
+    model, env, data, horizon = episode_inputs(run_dir, seed=0, split="eval")
     star = load(run_dir, EXPERIMENT)
     star = star[(star.method == "DPT") & (star.seed == 0) & (star.x == star.x.max())
                 & (star.metric == "cumulative_return")].sort_values("task_id")
@@ -178,7 +178,8 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert (stays["return"] >= as_acts["return"]).all()
     assert stays["on_goal"].sum() == stays["on_goal"][STAY]
     final = DptPolicy.checkpoint_of(run_dir, EXPERIMENT, "dpt", 0)  # named by --checkpoint
-    named = play(episode_inputs(run_dir, checkpoint=final)[0], env, data, horizon, False)
+    named = play(episode_inputs(run_dir, checkpoint=final, split="eval")[0], env, data,
+                 horizon, False)
     np.testing.assert_array_equal(named["return"], as_acts["return"])
     # the fusion probe scores a method's chosen point as the tuning stage did
     from tools.fusion_probe import main as probe
@@ -205,13 +206,13 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     cal = cal[cal.config == cal.config.iloc[0]]
     n = plan.configs["bandit_template"].eval.num_tasks
     rows = [line.split() for line in
-            follow_table(run_dir, "bandit_template", 0, n).splitlines()[2:]]
+            follow_table(run_dir, "bandit_template", 0, n, split="eval").splitlines()[2:]]
     matched = [(float(rmse), np.sqrt((cal[cal.x == int(h)]["value"] ** 2).mean()))
                for h, _, rmse, _ in rows if int(h) in set(cal.x)]
     assert len(matched) >= 3 and all(got == pytest.approx(want, abs=1e-4)
                                      for got, want in matched), matched
     # on the validation split it reads other contexts: where a setting may be chosen from it
-    held = follow_table(run_dir, "bandit_template", 0, n, split="validation").splitlines()
+    held = follow_table(run_dir, "bandit_template", 0, n).splitlines()  # validation by default
     assert "validation tasks)" in held[0] and [line.split() for line in held[2:]] != rows
     # the darkroom read-out reads each epoch checkpoint of a training on validation contexts;
     # the last is the final model's
@@ -296,6 +297,32 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     final = template[template["x"] == template["x"].max()].groupby("method")["value"].mean()
     assert final["SPICE (oracle prior)"] < final["SPICE (flat prior)"]
     assert final["Bayes posterior-UCB"] < final["UCB"]
+    # the confirmation split: the tuned methods at their choices on fresh eval-distribution
+    # tasks (ids no dataset holds), written once, then read back; beside the eval numbers
+    import runpy
+
+    from spice_ray.study.confirm import CONFIRM_OFFSET
+
+    confirm = runpy.run_path(str(ROOT / "pipelines" / "confirm.py"))["main"]
+
+    capsys.readouterr()
+    assert confirm(["--out", str(run_dir), "--experiments", "bandit_template"]) == 0
+    checked = load(run_dir, "bandit_template_confirm")
+    tuned = load(run_dir, "bandit_template_tuned")
+    n = plan.configs["bandit_template"].eval.num_tasks
+    assert sorted(checked["task_id"].unique()) == list(range(CONFIRM_OFFSET, CONFIRM_OFFSET + n))
+    assert set(checked["method"]) == set(tuned["method"]) and np.isfinite(checked["value"]).all()
+    assert set(checked["metric"]) == {"cumulative_regret"}
+    shown = (run_dir / "confirm.md").read_text()
+    assert "| SPICE (oracle prior) |" in shown and "| in-context share |" in shown
+    assert "scoring" in capsys.readouterr().out
+    stamp = (run_dir / "results" / "bandit_template_confirm.parquet").stat().st_mtime_ns
+    assert confirm(["--out", str(run_dir), "--experiments", "bandit_template"]) == 0
+    assert "read back" in capsys.readouterr().out
+    assert (run_dir / "results" / "bandit_template_confirm.parquet").stat().st_mtime_ns == stamp
+    with pytest.raises(SystemExit):
+        confirm(["--out", str(run_dir), "--experiments", "bandit_nope"])
+    assert "no tuned table with a usable tuning record for bandit_nope" in capsys.readouterr().err
     # a second run with the same config does no work
     before = _mtimes(run_dir)
     drawn = (run_dir / "figures" / "aggregate.png").stat().st_mtime_ns

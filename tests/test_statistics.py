@@ -348,3 +348,30 @@ def test_task_seed_values_repeat_a_seedless_method_in_every_seed() -> None:
     assert values.seeds == (0, 1, 2) and (values.values["Random"] == 9.0).all()
     assert values.values["SPICE"][:, 2] == pytest.approx(np.arange(4.0) + 0.2)
     assert values.wide()["SPICE"].to_numpy() == pytest.approx(np.arange(4.0) + 0.1)
+
+
+def test_confirmation_tasks_are_fresh_draws_of_the_eval_distribution() -> None:
+    """The confirmation split: ids from CONFIRM_OFFSET on, the eval split's columns, the
+    same tasks for the same config, none equal to an eval task; on the darkroom its goals
+    are the eval split's held-out ones."""
+    from spice_ray.config import make_config
+    from spice_ray.data.tasks import generate_tasks
+    from spice_ray.study.confirm import CONFIRM_OFFSET, confirmation_tasks
+
+    for env in ("bandit_latent", "darkroom"):
+        cfg = make_config("smoke", env)
+        fresh = confirmation_tasks(cfg, 20)
+        held = generate_tasks(cfg.env, cfg.data, "eval", np.arange(200))
+        assert fresh.keys() == held.keys()
+        assert (fresh["task_id"] == CONFIRM_OFFSET + np.arange(20)).all()
+        again = confirmation_tasks(cfg, 20)
+        assert all(np.array_equal(fresh[k], again[k]) for k in fresh)
+        def rows(cols):  # each task's whole context (actions, rewards, states, ...)
+            keys = sorted(k for k in cols if k != "task_id")
+            return [b"".join(np.asarray(cols[k][i]).tobytes() for k in keys)
+                    for i in range(len(cols["task_id"]))]
+
+        assert not set(rows(fresh)) & set(rows(held))
+        if env == "darkroom":
+            goals = {tuple(g) for g in np.asarray(held["goal"])}
+            assert {tuple(g) for g in np.asarray(fresh["goal"])} <= goals

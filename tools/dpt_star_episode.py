@@ -1,10 +1,11 @@
 """Where a DPT* darkroom episode loses its return: the DPT paper's protocol, then one action fixed.
 
-    python tools/dpt_star_episode.py RUN [--seed 0] [--checkpoint DIR]
+    python tools/dpt_star_episode.py RUN [--seed 0] [--checkpoint DIR] [--split validation|eval]
 
-For the ``darkroom_dpt_star`` model of a study's run: the DPT paper's offline protocol (the
-eval task's own fixed context, one greedy episode of ``eval.online_horizon`` steps from (0, 0),
-its own transitions not added), played twice on the same tasks:
+For the ``darkroom_dpt_star`` model of a study's run, on validation tasks unless ``--split``
+says otherwise: the DPT paper's offline protocol (the task's own fixed context, one greedy
+episode of ``eval.online_horizon`` steps from (0, 0), its own transitions not added), played
+twice on the same tasks:
   1. as the model acts (the study's ``darkroom_dpt_star`` table, up to its random tie-breaks);
   2. the same, but "stay" forced whenever the agent stands on the goal: an oracle correction
      of one action, to tell "does not find the goal" from "finds it and walks off".
@@ -62,7 +63,7 @@ def play(model, env, data: dict[str, np.ndarray], horizon: int, stay_on_goal: bo
                                    minlength=darkroom.NUM_ACTIONS)}
 
 
-def episode_inputs(run: Path, seed: int = 0, split: str = "eval",
+def episode_inputs(run: Path, seed: int = 0, split: str = "validation",
                    checkpoint: Path | None = None):
     """(model, env config, tasks of ``split``, horizon) of the run's DPT* of training seed
     ``seed`` (or of ``checkpoint``, a checkpoint under the run's ``checkpoints/``)."""
@@ -77,8 +78,9 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", type=Path, help="a study's run directory")
     p.add_argument("--seed", type=int, default=0, help="training seed of the model")
-    p.add_argument("--split", choices=("train", "validation", "eval"), default="eval",
-                   help="whose tasks: held-out goals (eval, validation) or the training goals")
+    p.add_argument("--split", choices=("train", "validation", "eval"), default="validation",
+                   help="whose tasks: held-out goals (validation, the default: where a step "
+                        "budget may be chosen; eval only to report) or the training goals")
     p.add_argument("--checkpoint", type=Path, help="another checkpoint of the run's model")
     args = p.parse_args()
     model, env, data, horizon = episode_inputs(args.run, args.seed, args.split, args.checkpoint)

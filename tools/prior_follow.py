@@ -1,14 +1,14 @@
 """Does a run's learned prior follow the context? The prior's mean against the exact posterior's.
 
     python tools/prior_follow.py RUN bandit_template [--seed 0] [--tasks 500] [--checkpoint DIR]
-                                 [--split eval|validation]
+                                 [--split validation|eval]
 
 For a structured bandit family with an exact posterior (``bandit_latent``, ``bandit_template``,
 ``linear_bandit``), the SPICE model of training seed ``--seed`` reads the first ``--tasks``
-contexts of the eval split (``--split validation``: of the validation split, where what it
-shows may choose a setting), and at h = 0, 5, 10, 20, 50, 100 and 200 transitions (those within
-the horizon) prints (``spice_ray.evaluate.calibration.context_follow``): the slope of the
-prior's move away from the family's mean on the exact posterior's move (1: it follows the
+contexts of the validation split (the default: what it shows may choose a setting; ``--split
+eval`` only to report, never to choose), and at h = 0, 5, 10, 20, 50, 100 and 200 transitions
+(those within the horizon) prints (``spice_ray.evaluate.calibration.context_follow``): the slope
+of the prior's move away from the family's mean on the exact posterior's move (1: it follows the
 context, 0: it ignores it), the prior's RMSE against the exact posterior mean over tasks and
 arms, and the RMSE of a prior that reads nothing of the context (the family's mean).
 ``--checkpoint`` reads another checkpoint of the run's model instead (an ``epoch-*`` one: when
@@ -33,7 +33,7 @@ LENGTHS = (0, 5, 10, 20, 50, 100, 200)
 
 
 def follow_table(run: Path, experiment: str, seed: int = 0, tasks: int = 500,
-                 checkpoint: Path | None = None, split: str = "eval") -> str:
+                 checkpoint: Path | None = None, split: str = "validation") -> str:
     """The printed table for the run's SPICE model of ``seed`` in ``experiment`` (or for
     ``checkpoint``, a checkpoint under the run's ``checkpoints/``), on ``split``'s contexts."""
     cfg = load_config(Path(run) / "configs" / f"{experiment}.yaml")
@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="training seed of the model")
     p.add_argument("--tasks", type=int, default=500, help="contexts to read")
     p.add_argument("--checkpoint", type=Path, help="another checkpoint of the run's model")
-    p.add_argument("--split", choices=("eval", "validation"), default="eval",
-                   help="whose contexts (default: %(default)s)")
+    p.add_argument("--split", choices=("eval", "validation"), default="validation",
+                   help="whose contexts (default: %(default)s, where what it shows may choose "
+                        "a setting; eval only to report)")
     args = p.parse_args(argv)
     print(follow_table(args.run, args.experiment, args.seed, args.tasks, args.checkpoint,
                        args.split))
