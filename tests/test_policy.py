@@ -460,3 +460,44 @@ def test_predict_is_act_in_stable_baselines3_form(tmp_path) -> None:
     assert 0 <= thompson.predict(states[0], deterministic=False)[0] < env.num_actions
     dpt = spice_ray.DptPolicy.from_checkpoint(_checkpoint(tmp_path, cfg, "dpt"), sample=True)
     assert 0 <= dpt.predict(states[0], deterministic=False)[0] < env.num_actions
+
+
+def test_an_index_entry_outside_the_run_or_of_the_wrong_shape_is_refused(tmp_path) -> None:
+    """A re-signed index whose entry path is absolute or climbs out with ``..`` loaded that
+    checkpoint (exit 0); one re-signed as a JSON list, or with an entry missing a key, was a
+    TypeError or KeyError. Each is now one error naming the index and the field."""
+    import json
+
+    from spice_ray.common.artifacts import write_checked_text
+    from spice_ray.study.records import (
+        CHECKPOINT_INDEX,
+        CheckpointIndexError,
+        write_checkpoint_index,
+    )
+
+    cfg = make_config("smoke", "darkroom")
+    run, outside = tmp_path / "run", tmp_path / "outside" / "final"
+    model = build_model("spice", cfg, torch.Generator().manual_seed(0))
+    identity = {"identity": "aaaaaaaa11111111", "seed": 0}
+    save_checkpoint(outside, model, cfg, "hash", 1, extra=identity)
+    final = run / "checkpoints" / "ds" / "spice-aaaaaaaa-seed0" / "final"
+    save_checkpoint(final, model, cfg, "hash", 1, extra=identity)
+    write_checkpoint_index(run, {("darkroom", "spice", "", 0): final})
+    good = json.loads((run / CHECKPOINT_INDEX).read_text())
+    assert spice_ray.SpicePolicy.from_run(run, "darkroom").env.name == "darkroom"
+    for path in (str(outside), "checkpoints/../../outside/final"):
+        bad = json.loads(json.dumps(good))
+        bad["checkpoints"][0]["path"] = path
+        write_checked_text(run / CHECKPOINT_INDEX, json.dumps(bad))  # re-signed
+        with pytest.raises(CheckpointIndexError, match=r"index.json: an entry's path .* is "
+                                                       r"outside the run's checkpoints/"):
+            spice_ray.SpicePolicy.from_run(run, "darkroom")
+    write_checked_text(run / CHECKPOINT_INDEX, json.dumps(good["checkpoints"]))
+    with pytest.raises(CheckpointIndexError, match="holds no list under 'checkpoints' \\(it "
+                                                   "is a list\\)"):
+        spice_ray.SpicePolicy.from_run(run, "darkroom")
+    bad = json.loads(json.dumps(good))
+    del bad["checkpoints"][0]["kind"]
+    write_checked_text(run / CHECKPOINT_INDEX, json.dumps(bad))
+    with pytest.raises(CheckpointIndexError, match="an entry's 'kind' is None, not a str"):
+        spice_ray.SpicePolicy.from_run(run, "darkroom")

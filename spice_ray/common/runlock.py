@@ -43,12 +43,44 @@ class UnsafeRunPath(SpiceRayError, OSError):
 
 def open_in_run(path: str | Path, flags: int, mode: int = 0o644) -> int:
     """``os.open(path, flags | O_CREAT | O_NOFOLLOW)`` of a file a run writes in place (its
-    lock, its log): a descriptor of a regular file, never through a symbolic link.
+    lock, its log): a descriptor of a regular file, never through a symbolic link, and never
+    of a file another path shares: a hard link (``cp -al run1 run2`` makes every file one) is
+    first replaced by a private copy of its bytes, renamed over it, so the writes stay in this
+    run and the other path keeps its file.
 
     Raises:
         UnsafeRunPath: naming the file, when it is a link, a directory, a FIFO, ...
     """
-    path = Path(path)
+    fd = _open_regular(Path(path), flags, mode)
+    if os.fstat(fd).st_nlink > 1:
+        fd = _unshare(Path(path), fd, flags, mode)
+    return fd
+
+
+def _unshare(path: Path, fd: int, flags: int, mode: int) -> int:
+    """``path``'s descriptor after the hard-linked file there is replaced by a private copy
+    (its bytes, created anew beside it and renamed over it); ``fd`` is closed."""
+    links = os.fstat(fd).st_nlink
+    os.close(fd)
+    with os.fdopen(_open_regular(path, os.O_RDONLY, mode), "rb") as f:  # its bytes, kept
+        data = f.read()
+    tmp = path.with_name(f".{path.name}.unshare-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    new = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        os.write(new, data)
+        os.fsync(new)
+    finally:
+        os.close(new)
+    os.replace(tmp, path)
+    log.warning("%s was a hard link (%d paths shared the file, as a cp -al copy of a run "
+                "makes): replaced by a private copy, so this run's writes stay in its "
+                "directory", path, links)
+    return _open_regular(path, flags, mode)
+
+
+def _open_regular(path: Path, flags: int, mode: int) -> int:
+    """A descriptor of the regular file ``path`` (created if missing), never through a link."""
     try:
         fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
     except OSError:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from spice_ray.common.artifacts import MISSING, atomic_write_text, verify, write_checked_text
 from spice_ray.common.console import count
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import ConfigError, ExperimentConfig, from_dict, load_config
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
@@ -31,6 +32,42 @@ CHECKPOINT_INDEX = "checkpoints/index.json"
 variant and seed (what ``SpicePolicy.from_run`` reads, so nobody globs hash-named paths)."""
 
 
+class CheckpointIndexError(SpiceRayError, ValueError):
+    """An entry of ``checkpoints/index.json`` that is not the shape the study writes, or that
+    names a path outside the run's ``checkpoints/``."""
+
+
+ENTRY_FIELDS: dict[str, type] = {"experiment": str, "kind": str, "variant": str, "seed": int,
+                                 "path": str}
+"""The fields of a checkpoint-index entry and their types."""
+
+
+def checked_index_entry(run_dir: Path, entry: Any) -> dict[str, Any]:
+    """``entry`` once it is the shape the study writes and its path stays inside the run's
+    ``checkpoints/`` (a relative path, no ``..``, resolving there): an index re-signed with an
+    absolute path or ``../outside/final`` loaded that checkpoint.
+
+    Raises:
+        CheckpointIndexError: naming the index, the entry and the field.
+    """
+    index = Path(run_dir) / CHECKPOINT_INDEX
+    if not isinstance(entry, dict):
+        raise CheckpointIndexError(f"{index}: an entry is a {type(entry).__name__}, not an "
+                                   f"object with {', '.join(ENTRY_FIELDS)}")
+    for field, kind in ENTRY_FIELDS.items():
+        value = entry.get(field)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointIndexError(f"{index}: an entry's {field!r} is {value!r:.80}, not "
+                                       f"a {kind.__name__}")
+    path = Path(entry["path"])
+    root = (Path(run_dir) / "checkpoints").resolve()
+    if path.is_absolute() or ".." in path.parts \
+            or not (Path(run_dir) / path).resolve().is_relative_to(root):
+        raise CheckpointIndexError(f"{index}: an entry's path {entry['path']!r:.200} is outside "
+                                   f"the run's checkpoints/ ({root}): refused")
+    return entry
+
+
 def _listed(path: Path) -> list[Any]:
     """The entries the index file at ``path`` holds as it stands, vouched for or not; [] when
     it is missing or unreadable."""
@@ -44,10 +81,16 @@ def _listed(path: Path) -> list[Any]:
 def index_entries(run_dir: Path) -> list[Any]:
     """The entries of the run's checkpoint index as written; [] when it is missing,
     unreadable, or not vouched for by its checksum sidecar (edited since written, or the
-    sidecar gone)."""
+    sidecar gone).
+
+    Raises:
+        CheckpointIndexError: an entry of the wrong shape, or whose path leaves the run's
+            ``checkpoints/`` (:func:`checked_index_entry`).
+    """
     path = Path(run_dir) / CHECKPOINT_INDEX
     record, _ = verify(path)
-    return _listed(path) if record is not None else []
+    return [checked_index_entry(run_dir, e) for e in _listed(path)] if record is not None \
+        else []
 
 
 def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:

@@ -23,6 +23,7 @@ from spice_ray.results.report import write_report
 from spice_ray.results.tables import list_experiments, load, table_path
 from spice_ray.study.experiments import EXPERIMENTS, VARIANT, Table, experiment_named
 from spice_ray.study.records import (
+    CheckpointIndexError,
     Finals,
     index_entries,
     timing_notes,
@@ -84,7 +85,8 @@ def indexed_finals(run_dir: Path) -> Finals:
     try:
         return {(e["experiment"], e["kind"], e["variant"], e["seed"]): Path(run_dir) / e["path"]
                 for e in index_entries(run_dir) if (Path(run_dir) / e["path"]).is_dir()}
-    except (KeyError, TypeError):
+    except CheckpointIndexError as exc:
+        log.warning("%s: the report's training table has this invocation's models only", exc)
         return {}
 
 

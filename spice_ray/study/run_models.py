@@ -19,7 +19,9 @@ def checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
     (checksummed) agrees with the entry: kind, seed and training identity (the index's, or
     the 8 hex digits that name the directory, ``<kind>-<identity>-seed<k>``, in an index
     written before identities were recorded)."""
-    path = run_dir / entry["path"]
+    from spice_ray.study.records import checked_index_entry
+
+    path = run_dir / checked_index_entry(run_dir, entry)["path"]
     meta = ckpt.read_meta(path)
     parts = path.parent.name.split("-")  # <kind>-<identity[:8]>-seed<k>
     listed = entry.get("identity") or (parts[1] if len(parts) >= 3 else "")
@@ -43,14 +45,19 @@ def checkpoint_of(run_dir: str | Path, experiment: str, kind: str, seed: int = 0
         FileNotFoundError: no index (a run from before it existed: re-run the same
             ``full_run`` command, which skips the work and writes it) or no such model,
             naming the models there are.
-        ValueError: the index fails its checksum, or the checkpoint found is not the
-            model listed (its ``meta.json`` names another kind, seed or training
+        ValueError: the index fails its checksum, is not the shape the study writes or
+            names a path outside the run (``CheckpointIndexError``), or the checkpoint found
+            is not the model listed (its ``meta.json`` names another kind, seed or training
             identity: a moved or swapped directory).
     """
     import json
 
     from spice_ray.common.artifacts import MISSING, NO_SIDECAR, verify
-    from spice_ray.study.records import CHECKPOINT_INDEX
+    from spice_ray.study.records import (
+        CHECKPOINT_INDEX,
+        CheckpointIndexError,
+        checked_index_entry,
+    )
 
     run_dir = Path(run_dir)
     index = run_dir / CHECKPOINT_INDEX
@@ -61,11 +68,18 @@ def checkpoint_of(run_dir: str | Path, experiment: str, kind: str, seed: int = 0
         raise ValueError(f"{index} {what}: re-running the study's full_run command rewrites "
                          "it from the checkpoints")
     try:
-        entries = json.loads(index.read_text())["checkpoints"]
+        listed = json.loads(index.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{index} does not exist: is {run_dir} a study's run "
                                 "directory? Re-running its full_run command writes "
                                 "it") from None
+    except ValueError as exc:
+        raise CheckpointIndexError(f"{index} is not JSON ({exc})") from None
+    entries = listed.get("checkpoints") if isinstance(listed, dict) else None
+    if not isinstance(entries, list):
+        raise CheckpointIndexError(f"{index} holds no list under 'checkpoints' (it is a "
+                                   f"{type(listed).__name__}): not an index the study writes")
+    entries = [checked_index_entry(run_dir, e) for e in entries]
     for e in entries:
         if (e["experiment"], e["kind"], e["variant"], e["seed"]) == (experiment, kind,
                                                                     variant, seed):
