@@ -21,18 +21,24 @@ import shlex
 import sys
 
 from spice_ray.common.console import Console, fmt_seconds
+from spice_ray.common.plugins import PluginError
 from spice_ray.config import ConfigError
 from spice_ray.results.figure_files import FORMATS
 from spice_ray.runtime import resources
 from spice_ray.runtime.cli import add_config_args, run_main, start_run
-from spice_ray.study import plan_study, run_study
-from spice_ray.study.dryrun import describe_plan
-from spice_ray.study.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
 
 log = logging.getLogger("spice_ray.full_run")
 
 
 def cli(argv: list[str] | None = None) -> None:
+    try:  # the experiments load the installed plugins: one that fails is one line, not a
+        # traceback from this file's imports
+        from spice_ray.study import plan_study, run_study
+        from spice_ray.study.dryrun import describe_plan
+        from spice_ray.study.experiments import DEFAULT_EXPERIMENTS, EXPERIMENTS
+    except PluginError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser, env=False)

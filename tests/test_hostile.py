@@ -361,6 +361,32 @@ def test_full_run_whose_local_ray_never_starts_exits_1_in_one_line(tmp_path) -> 
     runlock.acquire(run).release()  # the lock was released: free to take
 
 
+def test_a_plugin_that_raises_on_import_is_one_line(tmp_path) -> None:
+    """An installed plugin whose import raises gave a traceback from full_run.py's imports
+    (its experiments module loads the plugins); now one ``error:`` line naming the plugin,
+    its module and the error, status 1."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    dist = site / "broken_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[spice_ray.plugins]\nbroken = broken_plugin\n")
+    (site / "broken_plugin.py").write_text("raise RuntimeError('the plugin is broken')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, FULL_RUN, "--preset", "smoke", "--dry-run",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=HANG_S, env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert_one_short_line(proc.stderr)
+    assert proc.stderr.startswith("error: plugin 'broken' (module broken_plugin, entry point "
+                                  "group spice_ray.plugins) failed to load: RuntimeError: the "
+                                  "plugin is broken"), proc.stderr
+
+
 # ---- 5. A full disk ---------------------------------------------------------------------
 
 

@@ -197,7 +197,14 @@ def _load_file(directory: Path, name: str, meta: dict[str, Any]) -> Any:
             raise CheckpointError(f"checkpoint file {path} is not safetensors weights "
                                   f"({exc})") from None
     else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        import pickle
+
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # torch's message advises weights_only=False: never
+            raise CheckpointError(f"checkpoint file {path} holds pickled objects other than "
+                                  "tensors and plain containers: refused, nothing in it was "
+                                  "run") from None
     if name in (WEIGHTS, LEGACY_WEIGHTS):
         bad = nonfinite_names(state)
         if bad:

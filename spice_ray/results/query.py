@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pyarrow import ArrowException as ArrowError
 
 
 class QueryError(ValueError):
@@ -38,6 +39,9 @@ _ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _BOOL_BINOP = {ast.BitAnd: operator.and_, ast.BitOr: operator.or_}
 _BACKTICK = re.compile(r"`([^`]*)`")
 _MAX_LENGTH = 2000
+_MAX_DEPTH = 64
+"""The deepest a filter's expression tree may nest (a real filter nests a handful of levels;
+1,990 unary minuses exhausted the evaluator's recursion)."""
 
 
 def _quote_backticks(expr: str) -> tuple[str, dict[str, str]]:
@@ -82,8 +86,9 @@ class _Evaluator:
         values = []
         for elt in node.elts:
             value = self.visit(elt)
-            if isinstance(value, pd.Series):
-                raise QueryError("a list in the filter may only hold literals")
+            if isinstance(value, pd.Series | list):
+                raise QueryError("a list in the filter may only hold single literals (strings, "
+                                 f"numbers, True/False/None): {_text(node)}")
             values.append(value)
         return values
 
@@ -92,11 +97,12 @@ class _Evaluator:
     def _UnaryOp(self, node: ast.UnaryOp) -> Any:
         value = self.visit(node.operand)
         if isinstance(node.op, (ast.Not, ast.Invert)):
+            if isinstance(value, list):
+                raise QueryError(f"a list cannot be negated: {_text(node)}")
             return ~_as_bool(value) if isinstance(value, pd.Series) else not value
-        if isinstance(node.op, ast.USub):
-            return -value
-        if isinstance(node.op, ast.UAdd):
-            return +value
+        if isinstance(node.op, (ast.USub, ast.UAdd)):
+            _check_number(node, value)
+            return -value if isinstance(node.op, ast.USub) else +value
         raise QueryError(f"operator {type(node.op).__name__} is not allowed")
 
     def _BoolOp(self, node: ast.BoolOp) -> Any:
@@ -116,9 +122,12 @@ class _Evaluator:
             raise QueryError(f"operator {type(node.op).__name__} is not allowed")
         _check_operands(node, left, right)
         try:
-            return op(left, right)
-        except (TypeError, ValueError, ZeroDivisionError) as exc:
-            raise QueryError(f"cannot compute {ast.unparse(node)}: {exc}") from exc
+            with np.errstate(all="ignore"):
+                out = op(left, right)
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError) as exc:
+            raise QueryError(f"cannot compute {_text(node)}: {exc}") from exc
+        _check_result(node, out)
+        return out
 
     def _Compare(self, node: ast.Compare) -> Any:
         left = self.visit(node.left)
@@ -131,13 +140,20 @@ class _Evaluator:
                                      f"{ast.unparse(right_node)}")
                 if not isinstance(left, pd.Series):
                     raise QueryError("'in' needs a column on its left")
-                part = left.isin(right)
+                try:
+                    part = left.isin(right)
+                except (TypeError, ValueError, OverflowError, ArrowError) as exc:
+                    raise QueryError(f"cannot test {_text(node)}: {exc}") from exc
                 part = ~part if isinstance(op, ast.NotIn) else part
             elif type(op) in _COMPARE:
+                if isinstance(left, list) or isinstance(right, list):
+                    raise QueryError(f"a list is only allowed on the right of 'in': "
+                                     f"{_text(node)}")
                 try:
-                    part = _COMPARE[type(op)](left, right)
-                except TypeError as exc:
-                    raise QueryError(f"cannot compare {ast.unparse(node)}: {exc}") from exc
+                    with np.errstate(all="ignore"):
+                        part = _COMPARE[type(op)](left, right)
+                except (TypeError, ValueError, OverflowError, ArrowError) as exc:
+                    raise QueryError(f"cannot compare {_text(node)}: {exc}") from exc
             else:
                 raise QueryError(f"comparison {type(op).__name__} is not allowed")
             result = part if result is None else result & part
@@ -147,6 +163,34 @@ class _Evaluator:
 
 _MAX_INT_BITS = 256
 _MAX_EXPONENT = 64
+
+
+def _text(node: ast.AST) -> str:
+    """An expression's source for a message, cut to 120 characters."""
+    text = _describe(node).partition(" (")[2][:-1] or type(node).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _check_number(node: ast.AST, value: Any) -> None:
+    """A unary sign needs a number or a numeric column."""
+    if isinstance(value, pd.Series):
+        if pd.api.types.is_numeric_dtype(value.dtype) and not pd.api.types.is_bool_dtype(
+                value.dtype):
+            return
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        return
+    raise QueryError(f"a sign needs a number or a numeric column: {_text(node)}")
+
+
+def _check_result(node: ast.AST, value: Any) -> None:
+    """Arithmetic that stays within bounds: an integer of at most :data:`_MAX_INT_BITS` bits,
+    a finite float (an overflow is an error, not an infinity that compares)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+        raise QueryError(f"number too large in {_text(node)}")
+    if isinstance(value, float) and not np.isfinite(value):
+        raise QueryError(f"{_text(node)} is not a finite number")
 
 
 def _check_operands(node: ast.BinOp, left: Any, right: Any) -> None:
@@ -196,7 +240,23 @@ def parse(expr: str) -> tuple[ast.Expression, dict[str, str]]:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise QueryError(f"cannot parse the filter: {exc.msg}") from exc
+    except (RecursionError, MemoryError):
+        raise QueryError(f"the filter is nested too deeply (at most {_MAX_DEPTH} levels)"
+                         ) from None
+    depth = _depth(tree)
+    if depth > _MAX_DEPTH:
+        raise QueryError(f"the filter is nested {depth} levels deep: at most {_MAX_DEPTH}")
     return tree, aliases
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deeply ``tree`` nests (without recursion: a deep tree must not exhaust the stack)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def filter_rows(df: pd.DataFrame, expr: str) -> pd.DataFrame:
