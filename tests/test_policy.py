@@ -387,7 +387,9 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
     assert spice_ray.SpicePolicy.from_run(run, "darkroom", beta=0.5).fusion.beta == 0.5
     record["darkroom"]["methods"]["SPICE"]["chosen"] = {"beta": 4.0}  # not its grid's best
     write_checked_text(path, json.dumps(record))
-    assert spice_ray.SpicePolicy.from_run(run, "darkroom").tuned is None
+    with pytest.warns(UserWarning, match=r"tuning.json says SPICE chose \{'beta': 4.0\}.* for "
+                                         r"darkroom: this policy is untuned"):
+        assert spice_ray.SpicePolicy.from_run(run, "darkroom").tuned is None
 
 
 def test_ties_are_broken_at_random_by_default_and_a_dpt_policy_says_what_it_is(tmp_path

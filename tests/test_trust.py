@@ -750,3 +750,45 @@ def test_fault_injection_has_one_switch_that_is_parsed_never_run(monkeypatch) ->
         monkeypatch.setenv(FAULT_ENV, bad)
         with pytest.raises(ValueError, match=FAULT_ENV):
             fault("train_epoch")
+
+
+def test_a_corrupt_table_is_flagged_in_the_listing_with_a_non_zero_exit(tmp_path, capsys
+                                                                         ) -> None:
+    """Listing a run whose table fails its checksum printed it with an empty description and
+    exit 0; now it is named, with why, and the listing exits 2."""
+    rows = pd.DataFrame({"experiment": "bandit", "env": "bandit", "method": "SPICE",
+                         "rule": "ucb", "config": "{}", "variant": "", "seed": 0,
+                         "task_id": [0, 1], "metric": "cumulative_regret", "x": 10,
+                         "value": [1.0, 2.0]})
+    write(tmp_path, "bandit_online", rows, description="the good one")
+    write(tmp_path, "bandit_offline", rows, description="the bad one")
+    path = tmp_path / "results" / "bandit_offline.parquet"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    assert results_main([str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert "bandit_online          the good one" in out
+    assert re.search(r"bandit_offline +UNREADABLE: ", out)
+    assert err.startswith("error: 1 table of") and "(bandit_offline)" in err
+
+
+def test_run_files_and_saved_weights_are_not_world_writable(tmp_path) -> None:
+    """Ray's session logs (0777) kept their mode when copied into the run; safetensors wrote
+    the weights 0600 beside 0644 siblings."""
+    from spice_ray.model import checkpoint as ckpt
+    from spice_ray.model.registry import build_model
+    from spice_ray.runtime.cli import _owner_writable_only
+
+    ray_logs = tmp_path / "logs"
+    (ray_logs / "old").mkdir(parents=True)
+    (ray_logs / "old" / "raylet.out").write_text("x")
+    for p in (ray_logs, ray_logs / "old", ray_logs / "old" / "raylet.out"):
+        os.chmod(p, 0o777)
+    _owner_writable_only(ray_logs)
+    assert {oct(p.stat().st_mode & 0o777) for p in (ray_logs, ray_logs / "old")} == {"0o755"}
+    assert oct((ray_logs / "old" / "raylet.out").stat().st_mode & 0o777) == "0o644"
+    cfg = make_config("smoke", "bandit")
+    path = ckpt.save_checkpoint(tmp_path / "c", build_model("dpt", cfg), cfg, "hash", epoch=0)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in path.iterdir()}
+    assert set(modes.values()) == {"0o644"}, modes

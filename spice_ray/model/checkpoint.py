@@ -28,6 +28,7 @@ containers only) and still load; checkpoints written before the sidecars (meta.j
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,7 @@ def save_checkpoint(
 
     def write(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS))
+        os.chmod(tmp / WEIGHTS, 0o644)  # safetensors writes 0600; its siblings are 0644
         files = [WEIGHTS]
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER)

@@ -20,13 +20,21 @@ import sys
 
 import pandas as pd
 
+from spice_ray.common.console import count
 from spice_ray.common.errors import excerpt
 from spice_ray.results import paper
 from spice_ray.results.query import QueryError, columns_named, filter_rows, values_hint
 from spice_ray.results.report import _label as row_label
 from spice_ray.results.schema import settings_columns
 from spice_ray.results.summary import LABEL_KEYS, STATS, improvement, summarise
-from spice_ray.results.tables import ResultsError, describe, list_experiments, list_sweeps, load
+from spice_ray.results.tables import (
+    ResultsError,
+    describe,
+    list_experiments,
+    list_sweeps,
+    load,
+    table_problem,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,8 +71,19 @@ def main(argv: list[str] | None = None) -> int:
             names = list_experiments(args.run_dir) + list_sweeps(args.run_dir)
             if not names:
                 raise ResultsError(f"no result tables under {args.run_dir}")
+            bad = []
             for name in names:
-                print(f"{name:22s} {describe(args.run_dir, name)}")
+                problem = table_problem(args.run_dir, name)
+                if problem is None:
+                    print(f"{name:22s} {describe(args.run_dir, name)}")
+                else:
+                    bad.append(name)
+                    print(f"{name:22s} UNREADABLE: {problem}")
+            if bad:
+                raise ResultsError(f"{count(len(bad), 'table')} of {args.run_dir} cannot be "
+                                   f"read as written ({', '.join(bad[:4])}"
+                                   f"{', ...' if len(bad) > 4 else ''}): the stage that "
+                                   "writes it recomputes it when the study runs again")
             return 0
         added: list[str] = []
         if args.experiment == "compare":

@@ -148,6 +148,13 @@ def describe(run_dir: str | Path, name: str) -> str:
     return str((record or {}).get("description", ""))
 
 
+def table_problem(run_dir: str | Path, name: str) -> str | None:
+    """Why a table cannot be read as written (it fails its checksum sidecar, or has none), or
+    None when it is sound."""
+    record, why = artifacts.verify(table_path(run_dir, name))
+    return None if record is not None else why
+
+
 def list_experiments(run_dir: str | Path) -> list[str]:
     """Experiments with a table in ``run_dir``.
 

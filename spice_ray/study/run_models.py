@@ -159,18 +159,21 @@ def tuned_fusion(run_dir: Path, experiment: str, cfg: Any
                   ) -> tuple[dict[str, Any], FusionConfig] | None:
     """(SPICE's chosen setting, its fusion) from the run's checksummed ``tuning.json``, built
     by the tuning stage's own grid (``spice_ray.study.tuning.candidates``) so it is the fusion of
-    the tuned table; None without a usable record (logged)."""
-    import logging
+    the tuned table; None without a usable record, with a warning (on stderr) that says the
+    policy is untuned and why."""
+    import warnings
 
     from spice_ray.agents import AgentSpec
     from spice_ray.results.choices import record_problem
-    from spice_ray.study.tuning import grid_point, read_tuning
+    from spice_ray.study.tuning import TUNING_FILE, grid_point, read_tuning
 
     record = read_tuning(run_dir).get(experiment)
     method = (record or {}).get("methods", {}).get("SPICE")
-    if method is None or record_problem(record) is not None:
-        logging.getLogger(__name__).info("%s: no usable tuning record of SPICE for %s: the "
-                                         "checkpoint's settings", run_dir, experiment)
+    problem = "has no choice of SPICE" if method is None else record_problem(record)
+    if problem is not None:
+        warnings.warn(f"{Path(run_dir) / TUNING_FILE} {problem} for {experiment}: this policy "
+                      "is untuned (the checkpoint's own fusion settings, not the study's "
+                      "validation choice); pass tuned=False to ask for that", stacklevel=4)
         return None
     point = grid_point(AgentSpec("spice", fusion=cfg.fusion), cfg.eval, record,
                        method["chosen"])
