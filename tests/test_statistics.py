@@ -3,6 +3,7 @@ probability of improvement (``spice_ray.results.summary``, the results CLI)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -375,3 +376,43 @@ def test_confirmation_tasks_are_fresh_draws_of_the_eval_distribution() -> None:
         if env == "darkroom":
             goals = {tuple(g) for g in np.asarray(held["goal"])}
             assert {tuple(g) for g in np.asarray(fresh["goal"])} <= goals
+
+
+def test_two_runs_are_compared_task_by_task_and_other_tasks_are_refused(tmp_path, capsys
+                                                                        ) -> None:
+    """``compare RUN_A RUN_B --table T``: each method's final regret paired by eval task across
+    the runs (seeds averaged per task), A - B with its interval and P(A lower); runs whose
+    eval tasks differ (another data seed) are refused by name."""
+    from spice_ray.config import make_config
+    from spice_ray.data import store
+    from spice_ray.data.generate import generate_dataset
+    from spice_ray.results.across import compare_runs
+
+    cfg = make_config("smoke", "bandit")
+    runs = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        run = tmp_path / name
+        c = cfg.replace(data=dataclasses.replace(cfg.data, seed=seed))
+        c.write(run / "configs", "bandit.yaml")
+        generate_dataset(c, store.dataset_dir(run / "datasets", c))
+        runs[name] = run
+    rng = np.random.default_rng(0)
+    spice, dpt = rng.normal(3, 1, 12), rng.normal(5, 1, 12)
+    for name, shift in (("a", 0.0), ("b", 1.0), ("c", 0.0)):
+        rows = _rows({"SPICE": spice + shift, "DPT": dpt}, seeds=2).assign(
+            experiment="bandit", variant="")
+        write(runs[name], "bandit_tuned", rows)
+    out = compare_runs(runs["a"], runs["b"], "bandit_tuned").set_index("method")
+    assert out.loc["SPICE", "A - B"] == pytest.approx(-1.0)
+    assert out.loc["SPICE", "P(A lower)"] == 1.0 and out.loc["SPICE", "tasks"] == 12
+    assert out.loc["DPT", "A - B"] == pytest.approx(0.0) and out.loc["DPT", "P(A lower)"] == 0.5
+    assert out.loc["SPICE", "ci_low"] <= -1.0 <= out.loc["SPICE", "ci_high"]
+    with pytest.raises(ResultsError, match="bandit's eval tasks differ between"):
+        compare_runs(runs["a"], runs["c"], "bandit_tuned")
+    assert results_main(["compare", str(runs["a"]), str(runs["b"]), "--table", "bandit_tuned",
+                         "--methods", "SPICE"]) == 0
+    printed = capsys.readouterr().out
+    assert "A - B" in printed and "SPICE" in printed and "DPT" not in printed
+    assert results_main(["compare", str(runs["a"]), str(runs["c"]), "--table",
+                         "bandit_tuned"]) == 2
+    assert capsys.readouterr().err.startswith("error: bandit's eval tasks differ")

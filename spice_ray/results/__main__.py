@@ -8,6 +8,7 @@
     python -m spice_ray.results RUN_DIR bandit_online --by method --pool  # settings in one row
     python -m spice_ray.results RUN_DIR bandit_online --by method,beta --where "beta >= 1"
     python -m spice_ray.results RUN_DIR compare SPICE DPT       # P(SPICE beats DPT) per table
+    python -m spice_ray.results compare RUN_A RUN_B --table bandit_latent_tuned  # two runs
     python -m spice_ray.results RUN_DIR bandit_online --by method --at last \
         --where "metric == 'cumulative_regret'" --format latex   # a table for the paper
 """
@@ -37,7 +38,43 @@ from spice_ray.results.tables import (
 )
 
 
+def compare_main(argv: list[str]) -> int:
+    """``compare RUN_A RUN_B --table T [--methods A,B]``: one table's methods in two runs,
+    paired by eval task (:func:`spice_ray.results.across.compare_runs`)."""
+    from spice_ray.results.across import compare_runs
+
+    p = argparse.ArgumentParser(prog="python -m spice_ray.results compare",
+                                description=compare_runs.__doc__.split("\n\n")[0])
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("--table", required=True, help="a table both runs hold, e.g. "
+                   "bandit_latent_tuned")
+    p.add_argument("--methods", default=None, help="comma-separated (default: every method "
+                   "in both)")
+    p.add_argument("--format", choices=("text", "csv", "json"), default="text")
+    args = p.parse_args(argv)
+    try:
+        out = compare_runs(args.run_a, args.run_b, args.table,
+                           [m for m in (args.methods or "").split(",") if m] or None)
+    except ResultsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "csv":
+        print(out.to_csv(index=False), end="")
+    elif args.format == "json":
+        print(out.to_json(orient="records", indent=1))
+    else:
+        print(f"{args.table}: A = {args.run_a}, B = {args.run_b}; final {out['metric'].iloc[0]}"
+              " per task (seeds averaged), paired by task; 95% bootstrap intervals over tasks")
+        print(out.drop(columns="metric").to_string(index=False, float_format=lambda v:
+                                                   f"{v:.4g}"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["compare"]:
+        return compare_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m spice_ray.results", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir")
