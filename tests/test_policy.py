@@ -382,6 +382,10 @@ def test_from_run_is_the_validation_tuned_policy_by_default(tmp_path) -> None:
     card = (policy.to("cpu").save_pretrained(tmp_path / "card") / "README.md").read_text()
     assert f"| SPICE | cumulative_regret at step {H} | 3 ± 1 | 2 |" in card, card
     assert "training seed 0" in card and "env:\n  name: darkroom" in card
+    # reloaded, it keeps its provenance: the validation choice in its repr and its card
+    assert "chosen on the run's validation tasks: beta=2.0, tau=0.3, width=fitted" in card
+    again = spice_ray.SpicePolicy.from_pretrained(tmp_path / "card")
+    assert repr(again).endswith("tuned on validation: beta=2.0, tau=0.3, width=fitted)")
     plain = spice_ray.SpicePolicy.from_run(run, "darkroom", tuned=False)
     assert plain.tuned is None and plain.fusion == cfg.fusion
     assert spice_ray.SpicePolicy.from_run(run, "darkroom", beta=0.5).fusion.beta == 0.5

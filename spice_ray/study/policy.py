@@ -80,6 +80,10 @@ class _Policy:
         seed = meta.get("seed")
         self._seed = seed if isinstance(seed, int) else None
         self._origin = {k: meta[k] for k in ("dataset_hash", "epoch", "identity") if k in meta}
+        tuned = meta.get("tuned")  # the validation choice it was saved with, if any
+        if isinstance(tuned, dict) and all(isinstance(k, str) and isinstance(
+                v, str | int | float | bool) for k, v in tuned.items()):
+            self.tuned = dict(tuned)
         return self
 
     _method = "SPICE"
@@ -111,7 +115,12 @@ class _Policy:
         cfg = from_dict(self._config)
         card = model_card(self.kind, type(self).__name__, cfg, self._seed, self._source,
                           self._method)
+        if self.tuned:
+            card += ("\nIts fusion settings were chosen on the run's validation tasks: "
+                     + ", ".join(f"{k}={v}" for k, v in self.tuned.items()) + ".\n")
         extra = {k: v for k, v in self._origin.items() if k not in ("dataset_hash", "epoch")}
+        if self.tuned:
+            extra["tuned"] = dict(self.tuned)  # the provenance a reloaded policy shows again
         return ckpt.save_checkpoint(
             directory, self.agent.model, cfg, self._origin.get("dataset_hash", ""),
             self._origin.get("epoch", -1),
