@@ -405,8 +405,13 @@ def test_dry_run_prints_the_plan(tmp_path, capsys) -> None:
     assert re.search(r"darkroom +100 tasks, H=100, 2 actors x 0.5 CPU: ~\d", stdout)
     assert re.search(r"stage 5 figures: 9 PNG files of \d+ tables, ~\d+ s", stdout), \
         stdout
-    # tuning is timed from rollouts probed now: over an hour on a loaded machine ("~1 h 06 min")
-    assert re.search(r"whole study: ~\d+ (h|min) .*tuning ~(\d+ h )?\d+ min", stdout), stdout
+    # GPU and CPU parts apart, and said plainly that the plan does not fit a GPU-less machine
+    assert re.search(r"GPU part \(pretraining, from the steps' FLOPs at 3.2 TFLOP/s a GPU\): "
+                     r"~\d+ (h|min)", stdout), stdout
+    assert re.search(r"CPU part, on this machine's \d+ cores? \(datasets ~.*tuning ~(\d+ h )?"
+                     r"\d+ min.*\): ~\d", stdout), stdout
+    assert "does not fit this machine: its pretraining asks for GPUs" in stdout
+    assert "whole study" not in stdout  # no sum of GPU hours and this CPU's minutes
 
 
 def _fixture_table(run_dir: Path) -> pd.DataFrame:
@@ -616,6 +621,11 @@ def test_dry_run_says_when_the_machine_is_busy_and_keeps_its_columns(tmp_path,
     monkeypatch.setattr(dryrun.os, "cpu_count", lambda: 2)
     text = dryrun.describe_plan(plan)
     assert "the machine is busy: load average 9.0 on 2 cores" in text
+    # said first, with how much it inflates what is timed now
+    assert text.splitlines()[1] == ("note: this machine is busy (load average 9.0 on 2 cores): "
+                                    "the times timed now (steps, rollouts) are about 4.5x a "
+                                    "quiet machine's")
+    assert "whole study: ~" in text and "does not fit" not in text  # a CPU preset
     assert re.search(r"spice: [\d,]+ parameters, .*; \d+ ms/step on CPU: ~\d+ s of steps",
                      text), text  # a CPU preset's steps are timed here
     assert "  darkroom_dpt_star nothing to tune (a fixed protocol)" in text

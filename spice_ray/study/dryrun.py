@@ -86,7 +86,13 @@ def side_by_side_seconds(model_seconds: list[float], tc: TrainConfig) -> float:
 
 def describe_plan(plan: StudyPlan) -> str:
     """What ``run_study`` would do: stages, resources, expected sizes and rough times."""
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     lines = [f"run directory: {plan.run_dir}", ""]
+    if load > 0.5 * cpus:  # every time below that is timed now is timed on a shared machine
+        slower = max(1.0, load / cpus)
+        lines[1:1] = [f"note: this machine is busy (load average {load:.1f} on {cpus} cores): "
+                      f"the times timed now (steps, rollouts) are about {slower:.1f}x a quiet "
+                      "machine's"]
     w = max(9, *(len(name) for name in plan.configs))  # the experiments' column
     total_bytes = 0
     data_seconds = 0.0
@@ -106,11 +112,11 @@ def describe_plan(plan: StudyPlan) -> str:
         data_seconds += seconds
         lines.append(f"  {name:{w}s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, {how}")
     planned = [c.train.use_gpu and not torch.cuda.is_available() for c in plan.configs.values()]
+    gpu_planned = any(planned)  # pretraining asks for GPUs this process does not have
     lines.append("stage 2 pretraining (Ray Train; " + (
         f"times from each step's FLOP count at {GPU_FLOPS_PLANNED / 1e12:.1f} TFLOP/s a GPU: "
         "none here to time one" if all(planned) else "times from steps timed now, 1 thread")
         + "):")
-    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     if load > 0.5 * cpus and not all(planned):  # steps timed on a machine others are using
         lines.append(f"  (the machine is busy: load average {load:.1f} on {cpus} cores, so "
                      "these step times are slower than a quiet machine's)")
@@ -234,13 +240,34 @@ def describe_plan(plan: StudyPlan) -> str:
               f"~{fmt_seconds(figure_seconds)} at the 2-core rate"
               + (f", drawn side by side on {count(cpus, 'CPU')}" if side else "")
               + "; stage 6 report.md", "",
-              f"datasets on disk: ~{human_bytes(total_bytes)}",
-              f"whole study: ~{fmt_seconds(total)} "
-              f"(datasets ~{fmt_seconds(data_seconds)}, pretraining ~{fmt_seconds(train_seconds)}"
-              f", tuning ~{fmt_seconds(tune_seconds)}, evaluation "
-              f"~{fmt_seconds(eval_seconds)}, figures ~{fmt_seconds(figure_seconds)}); a stage "
-              "whose outputs are current is skipped"]
+              f"datasets on disk: ~{human_bytes(total_bytes)}"]
+    cpu_seconds = data_seconds + tune_seconds + eval_seconds + figure_seconds
+    if gpu_planned:
+        lines += [f"GPU part (pretraining, from the steps' FLOPs at "
+                  f"{GPU_FLOPS_PLANNED / 1e12:.1f} TFLOP/s a GPU): ~{fmt_seconds(train_seconds)}",
+                  f"CPU part, on this machine's {count(cpus, 'core')} (datasets "
+                  f"~{fmt_seconds(data_seconds)}, tuning ~{fmt_seconds(tune_seconds)}, "
+                  f"evaluation ~{fmt_seconds(eval_seconds)}, figures "
+                  f"~{fmt_seconds(figure_seconds)}): ~{fmt_seconds(cpu_seconds)}",
+                  "does not fit this machine: its pretraining asks for GPUs (train.use_gpu) "
+                  "and there are none here; run it on a cluster with GPUs (ray up "
+                  "cluster.yaml, then --address auto), or --set train.use_gpu=false to train "
+                  "on CPUs (much slower)"]
+    else:
+        lines.append(f"whole study: ~{fmt_seconds(total)} "
+                     f"(datasets ~{fmt_seconds(data_seconds)}, pretraining "
+                     f"~{fmt_seconds(train_seconds)}, tuning ~{fmt_seconds(tune_seconds)}, "
+                     f"evaluation ~{fmt_seconds(eval_seconds)}, figures "
+                     f"~{fmt_seconds(figure_seconds)}); a stage whose outputs are current is "
+                     "skipped")
+    if cpu_seconds > DAY_SECONDS:
+        lines.append(f"the CPU stages alone would take ~{fmt_seconds(cpu_seconds)} here, more "
+                     "than a day: a cluster shares them out over its nodes' CPUs")
     return "\n".join(lines)
+
+
+DAY_SECONDS = 86_400.0
+"""Beyond this the plan says that its CPU stages do not fit the machine it is planned on."""
 
 
 def evaluation_seconds(exp: Experiment, cfg: ExperimentConfig) -> float:
