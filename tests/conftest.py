@@ -84,3 +84,11 @@ def hang_guard(what: str, seconds: int = HANG_S) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that takes the session's local Ray carries the ``ray`` marker (``-m "not
+    ray"`` then leaves out exactly the tests that start Ray; two of them lacked it)."""
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)

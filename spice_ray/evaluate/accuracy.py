@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from spice_ray.envs import darkroom
+from spice_ray.results.schema import ACCURACY_METRICS
 
-METRICS = ("action_accuracy", "stay_accuracy", "context_shows_goal")
-"""Per task: the share of cells where the action is optimal; 1 if the action on the goal cell
-is "stay" (else 0); 1 if the task's context contains a reward (it shows the goal)."""
+METRICS = ACCURACY_METRICS
+"""The per-task metrics this module computes, declared with the result schema."""
 
 
 def grid_accuracy(agent: Any, goals: np.ndarray, size: int, steps: int, dtype: np.dtype

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
-from spice_ray.results.schema import settings_columns
+from spice_ray.results.schema import ACCURACY_METRICS, settings_columns
 from spice_ray.results.summary import (
     TaskSeedValues,
     final_values,

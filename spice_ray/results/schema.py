@@ -42,6 +42,10 @@ ROW_COLUMNS = tuple(c for c in COLUMNS if c not in ("experiment", "variant"))
 ROW_KEY = ROW_COLUMNS[:-1]
 NO_SEED = -1
 """``seed`` of rows of methods without a training seed (classical and reference agents)."""
+ACCURACY_METRICS = ("action_accuracy", "stay_accuracy", "context_shows_goal")
+"""The DPT* episode table's per-task metrics (``spice_ray.evaluate.accuracy``): the share of
+cells where the action is optimal; 1 if the action on the goal cell is "stay" (else 0); 1 if
+the task's context contains a reward (it shows the goal)."""
 
 SETTING_PREFIX = "setting."
 """Prefix of a setting column whose key is also a schema column (none today)."""
