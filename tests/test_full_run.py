@@ -323,6 +323,19 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     with pytest.raises(SystemExit):
         confirm(["--out", str(run_dir), "--experiments", "bandit_nope"])
     assert "no tuned table with a usable tuning record for bandit_nope" in capsys.readouterr().err
+    # every query the README and docs/usage.md show runs as written on this run (their run
+    # names mapped to it): a command or code block that drifts from the code fails here
+    from docs_blocks import DOCS, on_run, results_commands, table_code
+
+    shown = [(doc.name, args) for doc in DOCS for args in results_commands(doc)]
+    assert len(shown) >= 12, shown
+    for doc, args in shown:
+        capsys.readouterr()
+        argv = [on_run(a, run_dir) for a in args]
+        assert results_main(argv) == 0, (doc, args, capsys.readouterr().err)
+    for doc in DOCS:
+        for code in table_code(doc):
+            exec(compile(on_run(code, run_dir), str(doc), "exec"), {})  # noqa: S102
     # a second run with the same config does no work
     before = _mtimes(run_dir)
     drawn = (run_dir / "figures" / "aggregate.png").stat().st_mtime_ns

@@ -1,0 +1,53 @@
+"""The README's and docs/usage.md's query commands and code, as a test runs them on a run.
+
+Each ``python -m spice_ray.results ...`` line of a ```bash block (continuations joined,
+comments cut) and each ```python block that reads a run's tables is run against a smoke
+study's directory by ``tests/test_full_run.py``'s end-to-end test, with the documents' run
+names mapped to it: a command the docs show that stops working fails the suite.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = (ROOT / "README.md", ROOT / "docs" / "usage.md")
+RUN_NAMES = ("runs/small_seeds345", "runs/small", "runs/other", "/tmp/smoke")
+"""The run directories the documents name; each stands for the test's smoke run (a second
+run in ``compare A B`` is the same run: A - B is then 0 everywhere)."""
+SKIPPED = {"/tmp/s": "a --variant run of the usage page's variant example, made there"}
+"""Run names whose commands need another run than the smoke study's, and why."""
+
+
+def _blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def results_commands(path: Path) -> list[list[str]]:
+    """The argument lists (after ``python -m spice_ray.results``) of ``path``'s commands."""
+    out = []
+    for block in _blocks(path.read_text(), "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            if not line.startswith("python -m spice_ray.results"):
+                continue
+            args = shlex.split(line, comments=True)[3:]
+            if any(a in SKIPPED for a in args):
+                continue
+            out.append(args)
+    return out
+
+
+def table_code(path: Path) -> list[str]:
+    """``path``'s python blocks that read a run's tables (``load(`` / ``summarise(``)."""
+    return [b for b in _blocks(path.read_text(), "python")
+            if "from spice_ray.results import" in b]
+
+
+def on_run(text: str, run_dir: Path) -> str:
+    """``text`` with every documented run name replaced by ``run_dir``."""
+    for name in RUN_NAMES:
+        text = text.replace(name, str(run_dir))
+    return text
