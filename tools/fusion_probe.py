@@ -35,7 +35,7 @@ from spice_ray.evaluate.online import online_rows
 from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
 from spice_ray.model.registry import load_model
 from spice_ray.results.schema import NO_SEED
-from spice_ray.study.experiments import EXPERIMENTS
+from spice_ray.study.experiments import experiment_named
 from spice_ray.study.run_models import checked_entry
 from spice_ray.study.tuning import agent_specs, bases, final_scores, grid_point, read_tuning
 
@@ -86,11 +86,14 @@ def main(argv: list[str] | None = None) -> int:
                    "(1-based) instead of its final one: a shorter step budget of the same run")
     args = p.parse_args(argv)
     run, name = args.run.resolve(), args.experiment
-    if name not in EXPERIMENTS or not EXPERIMENTS[name].tuned:
+    try:
+        exp = experiment_named(name)  # a --variant's name too: <experiment>--<variant>
+    except ValueError as exc:
+        p.error(str(exc))
+    if not exp.tuned:
         p.error(f"{name!r} is not an experiment with tuned methods")
     torch.set_num_threads(1)  # as an evaluation actor
     cfg = load_config(run / "configs" / f"{name}.yaml")
-    exp = EXPERIMENTS[name]
     entries = [e for e in json.loads((run / "checkpoints" / "index.json").read_text())[
         "checkpoints"] if e["experiment"] == name]
     if not entries:
