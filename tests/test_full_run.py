@@ -37,15 +37,18 @@ CONSOLE_LINE = re.compile(r"^(\[\d/6\] |  \S|spice-ray study|report: |figures: |
 
 @pytest.mark.ray
 def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) -> None:
-    """The command a user types, off a terminal: at most 70 lines (nine experiments: a line per
-    dataset, model, evaluation and tuned table), every one ours, Ray's logs
+    """The command a user types, off a terminal: at most 70 lines beside the heartbeats (nine
+    experiments: a line per dataset, model, evaluation and tuned table), every one ours, Ray's logs
     in <run>/logs; then every table, figure and the report; then a re-run does no work."""
     proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset",
                            "smoke", "--out", str(tmp_path / "run")], capture_output=True,
                           text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert 10 <= len(lines) <= 70, proc.stdout
+    # at most 70 lines besides the heartbeats a slow machine prints every 30 s off a terminal
+    # (a loaded machine printed 71 with them: their number is the machine's, not the run's)
+    steady = [line for line in lines if not PROGRESS_LINE.fullmatch(line)]
+    assert 10 <= len(steady) <= 70, proc.stdout
     assert [line for line in lines if not CONSOLE_LINE.match(line)] == [], proc.stdout
     assert proc.stderr.strip() == "", proc.stderr[-3000:]
     assert re.match(r"time: +\d+ (s|min)", lines[-1]) and "pretrain" in lines[-1], lines[-1]
