@@ -93,9 +93,9 @@ def _rows(method: str, config: str, values: dict[tuple[int, int], float]) -> pd.
 
 def test_choice_is_the_lowest_mean_where_resolved_else_the_first_tied_point() -> None:
     """On two tasks the validation set cannot tell the three points apart (beta 0.5 is 0.5
-    worse with a paired SEM of 1.5): unresolved, the choice falls back to the first point in
-    grid order, and the record says so. On 40 tasks where beta 1 is better than every other
-    point by many paired SEMs, it is chosen, resolved, with its margin."""
+    worse with a paired SEM of 1.5): the lowest mean is chosen (the first in grid order on its
+    exact tie) and the record says it is unresolved. On 40 tasks where beta 1 is better than
+    every other point by many paired SEMs, it is chosen, resolved, with its margin."""
     grid = candidates(AgentSpec("spice-flat", fusion=BANDIT.fusion), BANDIT.eval)[:3]
     # the protocol's noise level in a row's config is not the agent's: it is stripped
     with_sigma = [c.key[1][:-1] + ',"sigma":0.3}' for c in grid]
@@ -111,12 +111,12 @@ def test_choice_is_the_lowest_mean_where_resolved_else_the_first_tied_point() ->
     assert scores["n"].tolist() == [2, 2, 2]  # tasks, after averaging the seeds per task
     assert scores["sem"].tolist() == pytest.approx([1.5, 0.0, 0.0])  # tasks 5 and 2
     best, records = choose(grid, scores)
-    assert best is grid[0]
+    assert best is grid[1]  # tied with grid[2] at 3.0: the first in grid order
     assert [r["setting"] for r in records] == [{"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}]
     # per task (5, 2), (3, 3), (3, 3): differences from the best (grid[1]) and their SEMs
     assert [r["paired_se"] for r in records] == pytest.approx([1.5, 0.0, 0.0])
     made = resolution(records)
-    assert made == {"chosen": {"beta": 0.5}, "best": {"beta": 1.0}, "runner_up": {"beta": 2.0},
+    assert made == {"chosen": {"beta": 1.0}, "best": {"beta": 1.0}, "runner_up": {"beta": 2.0},
                     "margin": 0.0, "se": 0.0, "tied": 3, "resolved": False}
     rng = np.random.default_rng(0)
     base = rng.normal(5.0, 1.0, 40)

@@ -3,12 +3,11 @@
 For each experiment, every method of its tuned evaluations (``Experiment.tuned``) runs online
 on the validation split over one grid -- the same grid for SPICE and for every reference that
 has the hyperparameter -- and the setting with the lowest mean final cumulative regret (over
-validation tasks and training seeds) is chosen where the validation set resolves it: where
-other points are within two paired standard errors of it (their difference over the same
-tasks), the choice is marked unresolved and falls back to the first of those points in grid
-order (``spice_ray.results.choices.resolution``), so the noise of one validation draw does not
-decide. The choices, their margins, the grid and every validation score go to
-``results/tuning.json``; then each method runs once, at its choice, on the eval
+validation tasks and training seeds) is chosen; where other points are within two paired
+standard errors of it (their difference over the same tasks) the choice is marked unresolved
+(``spice_ray.results.choices.resolution``), so a reader sees which choices one validation draw's
+noise could have made otherwise. The choices, their margins, the grid and every validation
+score go to ``results/tuning.json``; then each method runs once, at its choice, on the eval
 tasks: the ``<experiment>_tuned`` table, the study's headline (``spice_ray.study.tuned``).
 
 The grid (:func:`candidates`):
@@ -191,8 +190,8 @@ def final_scores(rows: pd.DataFrame) -> pd.DataFrame:
 
 def choose(grid: list[Candidate], scores: pd.DataFrame) -> tuple[Candidate, list[dict]]:
     """The candidate :func:`~spice_ray.results.choices.resolution` chooses (the lowest mean
-    score where the validation set resolves it, else the stated fallback among the points it
-    cannot tell apart), and every candidate's score as plain records, each with
+    score, the first in grid order on a tie; flagged unresolved where other points are within
+    two paired SEs of it), and every candidate's score as plain records, each with
     ``paired_se``: the SEM over tasks of its difference from the lowest-mean point.
 
     Raises:
