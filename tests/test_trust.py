@@ -778,14 +778,13 @@ def test_run_files_and_saved_weights_are_not_world_writable(tmp_path) -> None:
     the weights 0600 beside 0644 siblings."""
     from spice_ray.model import checkpoint as ckpt
     from spice_ray.model.registry import build_model
-    from spice_ray.runtime.cli import _owner_writable_only
 
     ray_logs = tmp_path / "logs"
     (ray_logs / "old").mkdir(parents=True)
     (ray_logs / "old" / "raylet.out").write_text("x")
     for p in (ray_logs, ray_logs / "old", ray_logs / "old" / "raylet.out"):
         os.chmod(p, 0o777)
-    _owner_writable_only(ray_logs)
+    runlock.owner_writable_only(ray_logs)
     assert {oct(p.stat().st_mode & 0o777) for p in (ray_logs, ray_logs / "old")} == {"0o755"}
     assert oct((ray_logs / "old" / "raylet.out").stat().st_mode & 0o777) == "0o644"
     cfg = make_config("smoke", "bandit")

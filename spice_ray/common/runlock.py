@@ -97,6 +97,17 @@ def _open_regular(path: Path, flags: int, mode: int) -> int:
     return fd
 
 
+def owner_writable_only(root: Path) -> None:
+    """Folders 0755 and files 0644 under ``root`` (links untouched): Ray's session folders are
+    world-writable (0777), and a copy of them into a run kept that mode."""
+    os.chmod(root, 0o755)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o755 if name in dirs else 0o644)
+
+
 def links_out(run_dir: str | Path) -> list[tuple[Path, Path]]:
     """Symbolic links anywhere under ``run_dir`` that lead outside it, as (link, target): a
     run writes inside its directory only, and a linked ``results/`` or ``checkpoints/`` would

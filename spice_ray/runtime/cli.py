@@ -280,22 +280,9 @@ def collect_ray_logs(run_dir: str | Path) -> Path | None:
     def copy(tmp: Path) -> None:
         shutil.copytree(src, tmp, symlinks=True, ignore=shutil.ignore_patterns("*.sock"),
                         copy_function=_copy_if_present, dirs_exist_ok=True)
-        _owner_writable_only(tmp)
+        runlock.owner_writable_only(tmp)
 
     return publish_dir(Path(run_dir) / "logs" / "ray", copy, sidecars=False)
-
-
-def _owner_writable_only(root: Path) -> None:
-    """Folders 0755 and files 0644 under ``root`` (links untouched): Ray's session folders are
-    world-writable (0777), and a copy kept their mode inside the run."""
-    os.chmod(root, 0o755)
-    for folder, dirs, files in os.walk(root):
-        for name in dirs:
-            if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), 0o755)
-        for name in files:
-            if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), 0o644)
 
 
 def _copy_if_present(src: str, dst: str) -> None:
