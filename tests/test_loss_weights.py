@@ -130,7 +130,7 @@ def test_no_grid_no_choice_and_the_report_row(scored, tmp_path) -> None:
     assert row.to_dict("records") == [{
         "experiment": "bandit_latent", "method": "SPICE's loss weights",
         "chosen": "lambda_q=10 (log-lik -0.2600 per reward, no label read)",
-        "grid points": 3, "validation regret": "-"}]
+        "grid points": 3, "validation regret": "-", "runner-up margin": "-"}]
 
 
 def test_two_grids_multiply_and_the_shrinkage_weight_scales_its_loss() -> None:

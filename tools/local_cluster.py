@@ -362,7 +362,7 @@ def local_autoscaling_cluster(
             shutil.rmtree(cluster.temp_dir, ignore_errors=True)
 
 
-START_TRIES = 2
+START_TRIES = 3
 """Cluster start-ups tried before giving up: on a loaded machine a node's ``ray start`` can miss
 Ray's own fixed 30 s wait for its raylet, and a second start from scratch gets another try."""
 

@@ -64,11 +64,12 @@ def _unreachable(address: str, why: str, t0: float) -> None:
         "--address out to run on a local Ray") from None
 
 
-LOCAL_START_TRIES = 2
+LOCAL_START_TRIES = 3
 """Local Ray start-ups tried before giving up. Ray's driver waits a fixed 30 s (not a setting in
 Ray 2.60) for its own raylet to register with the GCS; a 2-core machine busy with other work
-can miss that once ("The current node timed out during startup"), and a second start, after
-the first one's processes are shut down, gets another 30 s."""
+can miss that ("The current node timed out during startup"), and each further start, after the
+failed one's processes are shut down, gets another 30 s (three: at load 15 on 2 cores the
+suite's multi-node cluster missed two in a row)."""
 LOCAL_START_WAITS = {
     # a worker process imports torch and the package before it registers: seconds on a quiet
     # machine, and past Ray's 60 s default on a loaded one
