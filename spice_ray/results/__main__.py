@@ -38,6 +38,15 @@ from spice_ray.results.tables import (
 )
 
 
+def _print_as_file(out: pd.DataFrame, fmt: str) -> bool:
+    """Print ``out`` as CSV or JSON records when ``fmt`` asks for one (True), else nothing."""
+    if fmt == "csv":
+        print(out.to_csv(index=False), end="")
+    elif fmt == "json":
+        print(out.to_json(orient="records", indent=1))
+    return fmt in ("csv", "json")
+
+
 def compare_main(argv: list[str]) -> int:
     """``compare RUN_A RUN_B --table T [--methods A,B]``: one table's methods in two runs,
     paired by eval task (:func:`spice_ray.results.across.compare_runs`)."""
@@ -59,11 +68,7 @@ def compare_main(argv: list[str]) -> int:
     except ResultsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.format == "csv":
-        print(out.to_csv(index=False), end="")
-    elif args.format == "json":
-        print(out.to_json(orient="records", indent=1))
-    else:
+    if not _print_as_file(out, args.format):
         print(f"{args.table}: A = {args.run_a}, B = {args.run_b}; final {out['metric'].iloc[0]}"
               " per task (seeds averaged), paired by task; 95% bootstrap intervals over tasks")
         print(out.drop(columns="metric").to_string(index=False, float_format=lambda v:
@@ -177,11 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     except ResultsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.format == "csv":
-        print(out.to_csv(index=False), end="")
-    elif args.format == "json":
-        print(out.to_json(orient="records", indent=1))
-    else:  # on screen the label says what config does (csv and json keep the JSON)
+    # on screen the label says what config does (csv and json keep the JSON)
+    if not _print_as_file(out, args.format):
         drop = [c for c in ("config", "method") if "label" in out and c in out]
         drop += [c for c in ("experiment", "env") if c in out and out[c].nunique() == 1]
         shown = out.drop(columns=drop)  # the label names the method and its settings
