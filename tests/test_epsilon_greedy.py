@@ -6,6 +6,7 @@ example's smoke study."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -61,6 +62,28 @@ def test_registered_by_its_own_module_and_built_by_make_agent(EpsilonGreedy) -> 
     assert spec.config_dict(EvalConfig()) == {"epsilon": 0.1}
     assert spec.applies_to(env) and not spec.applies_to(make_config("smoke", "darkroom")
                                                           .environment())
+
+
+def test_its_declared_epsilon_is_a_tuning_grid_with_no_method_named(plugin_module) -> None:
+    """The plugin declares its option (``Tunable``): the tuning stage's grid is its four
+    epsilons, each written to the config column and built into the agent; an option the
+    method does not declare, or a malformed declaration, is refused by name."""
+    from spice_ray.agents import Tunable
+    from spice_ray.study.tuning import candidates
+
+    cfg = make_config("smoke", "bandit")
+    env = cfg.environment()
+    grid = candidates(AgentSpec("epsilon-greedy"), cfg.eval)
+    assert [c.setting for c in grid] == [(("epsilon", e),) for e in plugin_module.EPSILONS]
+    assert [c.key[1] for c in grid] == [f'{{"epsilon":{e}}}' for e in plugin_module.EPSILONS]
+    assert [make_agent(c.spec, env).epsilon for c in grid] == list(plugin_module.EPSILONS)
+    assert AgentSpec("epsilon-greedy").option("epsilon") == plugin_module.EPSILON
+    with pytest.raises(ValueError, match="options: 'eps' is not an option of 'epsilon-greedy'"):
+        AgentSpec("epsilon-greedy", options=(("eps", 0.3),))
+    with pytest.raises(ValueError, match="field='train.lr' is invalid"):
+        Tunable("lr", (1e-3,), "train.lr")
+    with pytest.raises(ValueError, match="an option needs its default"):
+        Tunable("epsilon", (0.1,))
 
 
 def test_explores_uniformly_at_rate_epsilon(EpsilonGreedy) -> None:
@@ -156,7 +179,12 @@ def test_the_first_hour_example_runs_with_an_installed_plugin(tmp_path) -> None:
     for table in ("bandit_online", "bandit_tuned"):
         df = load(run, table)
         assert (df["method"] == "Epsilon-greedy").any(), table
-    assert "Epsilon-greedy" in (run / "results" / "tuning.json").read_text()
+    tuned = json.loads((run / "results" / "tuning.json").read_text())["bandit"]["methods"]
+    eps = tuned["Epsilon-greedy"]
+    assert [r["setting"] for r in eps["grid"]] == [{"epsilon": e} for e in (0.02, 0.05, 0.1, 0.2)]
+    chosen = json.dumps(eps["chosen"], separators=(",", ":"))[1:-1]  # '"epsilon":0.05'
+    configs = set(load(run, "bandit_tuned").query("method == 'Epsilon-greedy'")["config"])
+    assert len(configs) == 1 and chosen in configs.pop()
     assert "Epsilon-greedy" in (run / "report.md").read_text()
     # --figure-format pdf: a PDF beside every PNG
     pngs = sorted(p.stem for p in (run / "figures").glob("*.png"))

@@ -53,6 +53,8 @@ def test_every_method_with_a_beta_gets_the_same_grid() -> None:
     ucb = candidates(AgentSpec("ucb"), BANDIT.eval)
     assert [c.eval_cfg.ucb_c for c in ucb] == [0.5, 1.0, 2.0, 4.0]
     assert len({c.key for c in ucb}) == 4  # c is in the config, so the rows tell them apart
+    assert [c.setting for c in ucb] == [(("c", c),) for c in (0.5, 1.0, 2.0, 4.0)]
+    assert [c.key[1] for c in ucb] == [f'{{"c":{c}}}' for c in (0.5, 1.0, 2.0, 4.0)]
     assert [c.setting for c in candidates(AgentSpec.dpt(BANDIT.eval), BANDIT.eval)] == [()]
 
 

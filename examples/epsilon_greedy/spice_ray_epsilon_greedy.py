@@ -3,7 +3,8 @@
     pip install -e examples/epsilon_greedy        # declares the entry point below
     python pipelines/full_run.py --preset smoke --experiments bandit --out /tmp/eps
 
-The bandit study then tunes it on validation tasks, evaluates it on the eval tasks, and shows
+The bandit study then tunes its epsilon (declared below, with its grid) on validation tasks,
+evaluates it at the chosen epsilon on the eval tasks, and shows
 it in ``bandit_online``, ``bandit_tuned``, their figures and the report; in-process,
 ``spice_ray.evaluate.evaluate(["epsilon-greedy", "ucb"], env="bandit")`` scores it in seconds.
 Nothing under ``spice_ray/`` names it: this module's ``pyproject.toml`` declares it in the
@@ -19,13 +20,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spice_ray.agents import AgentSpec, Method, register_method
+from spice_ray.agents import AgentSpec, Method, Tunable, register_method
 from spice_ray.agents.classical import CountingBandit
 from spice_ray.fusion import argmax_ties, sample_categorical
 from spice_ray.study.experiments import Evaluation, add_evaluation
 
 EPSILON = 0.1
-"""The exploration probability of the registered method."""
+"""The exploration probability of the untuned method."""
+EPSILONS = (0.02, 0.05, 0.1, 0.2)
+"""The epsilons the study's tuning stage tries on validation tasks."""
 
 
 class EpsilonGreedy(CountingBandit):
@@ -55,9 +58,9 @@ class EpsilonGreedy(CountingBandit):
 
 
 register_method("epsilon-greedy", Method(
-    "Epsilon-greedy", lambda spec, env, b: EpsilonGreedy(), stateless_only=True,
-    constants=lambda cfg: {"epsilon": EPSILON}))
+    "Epsilon-greedy", lambda spec, env, b: EpsilonGreedy(spec.option("epsilon")),
+    stateless_only=True, tunables=(Tunable("epsilon", EPSILONS, default=EPSILON),)))
 
-# its rows in the bandit experiment: tuned (one setting) and in the online table
+# its rows in the bandit experiment: tuned over EPSILONS, and in the online table (at EPSILON)
 add_evaluation("bandit", Evaluation("epsilon-greedy", lambda cfg: [AgentSpec("epsilon-greedy")],
                                     ("online",)), tables=("bandit_online",))

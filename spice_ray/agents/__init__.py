@@ -20,6 +20,7 @@ from spice_ray.agents.base import (
     Method,
     OfflineContexts,
     OfflinePicker,
+    Tunable,
     register_method,
 )
 from spice_ray.agents.bayes import BayesAgent
@@ -75,4 +76,4 @@ __all__ = ["LCB", "METHODS", "UCB", "Agent", "AgentSpec", "BayesAgent", "Build",
            "LearnedMeanExactSd", "LearnedPrior", "LinUCB", "Method", "NearestUnvisited",
            "OfflineContexts", "OfflinePicker", "OracleAgent", "PolicyAgent",
            "PosteriorBandit", "Prior", "RandomAgent", "SpiceAgent", "ThompsonSampling",
-           "make_agent", "register_method", "state_features"]
+           "Tunable", "make_agent", "register_method", "state_features"]

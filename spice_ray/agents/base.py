@@ -29,6 +29,7 @@ from torch import Tensor
 
 from spice_ray.common.plugins import load_plugins
 from spice_ray.config import EvalConfig, FusionConfig
+from spice_ray.config.grids import Grid
 from spice_ray.fusion import RandomSource
 
 WIDTH_SCALE_DEFAULT = FusionConfig.width_scale
@@ -110,6 +111,52 @@ class Build:
 
 
 @dataclass(frozen=True)
+class Tunable:
+    """A setting of a non-fused method that the study's tuning stage chooses on validation
+    tasks, declared with the method (:attr:`Method.tunables`): the stage runs every value,
+    crossed with the method's other tunables, and nothing names the method to find its grid.
+
+    Either an evaluation constant the method reads (``field="eval.ucb_c"``: UCB's c, from
+    :meth:`of`) or, with no ``field``, the method's own option, read by its factory through
+    :meth:`AgentSpec.option` (a plugin's epsilon) and written to the results' ``config``."""
+
+    name: str
+    """Its key in the tuning record's settings and, for an option, in the ``config`` column."""
+    values: tuple[Any, ...]
+    """The points the tuning stage tries."""
+    field: str = ""
+    """"eval.<EvalConfig field>" for an evaluation constant; "" for the method's own option."""
+    default: Any = None
+    """An option's value where no point sets it (the untuned method)."""
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise ValueError(f"tunable {self.name!r}: values is empty")
+        if self.field:
+            section, _, name = self.field.partition(".")
+            if section != "eval" or name not in {f.name for f in dataclasses.fields(
+                    EvalConfig)}:
+                raise ValueError(f"tunable {self.name!r}: field={self.field!r} is invalid: "
+                                 "'eval.<an EvalConfig field>', or '' for the method's option")
+        elif self.default is None:
+            raise ValueError(f"tunable {self.name!r}: an option needs its default")
+
+    @classmethod
+    def of(cls, grid: Grid, name: str) -> Tunable:
+        """The tunable of a declared grid (``spice_ray.config.grids``): its field, its values."""
+        return cls(name, tuple(grid.tuning), grid.field)
+
+    def apply(self, spec: AgentSpec, eval_cfg: EvalConfig, value: Any
+              ) -> tuple[AgentSpec, EvalConfig]:
+        """``spec`` and ``eval_cfg`` with this setting at ``value``."""
+        if self.field:
+            return spec, dataclasses.replace(eval_cfg, **{self.field.partition(".")[2]: value})
+        options = tuple((k, v) for k, v in spec.options if k != self.name)
+        return dataclasses.replace(spec, options=tuple(sorted(
+            options + ((self.name, value),)))), eval_cfg
+
+
+@dataclass(frozen=True)
 class Method:
     """What a method is: its label in the results, what it needs, and how it is built.
 
@@ -146,6 +193,9 @@ class Method:
     rule: Callable[[AgentSpec, bool], str] | None = None
     """Non-fused methods: the action rule named in the results' ``rule`` column, from the spec
     and whether it acts online (e.g. DPT's "sample" / "greedy"); None: the method's name."""
+    tunables: tuple[Tunable, ...] = ()
+    """Non-fused methods: the settings the tuning stage chooses (e.g. UCB's c, a plugin's
+    epsilon); the fused methods' grid (beta, tau, width, noise) follows from their flags."""
 
 
 METHODS: dict[str, Method] = {}
@@ -183,12 +233,30 @@ class AgentSpec:
     step. An execution detail (the actions are the same), so it is not part of the config."""
     prior: tuple[float, float] = (0.5, 1.0 / 12.0)
     """spice-flat and count: the constant prior (mean, variance) of every action."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """Values of the method's own options (its option :class:`Tunable` s), sorted by name;
+    an option not here is at its declared default."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:  # perhaps an installed plugin's
             load_plugins()
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r} is invalid: one of {', '.join(METHODS)}")
+        own = {t.name for t in self.info.tunables if not t.field}
+        for name, _ in self.options:
+            if name not in own:
+                raise ValueError(f"options: {name!r} is not an option of {self.method!r} "
+                                 f"(its options: {', '.join(sorted(own)) or 'none'})")
+
+    def option(self, name: str) -> Any:
+        """The value of the method's option ``name``: as set, else its declared default."""
+        for key, value in self.options:
+            if key == name:
+                return value
+        for t in self.info.tunables:
+            if t.name == name and not t.field:
+                return t.default
+        raise KeyError(f"{self.method!r} has no option {name!r}")
 
     @classmethod
     def dpt(cls, eval_cfg: EvalConfig, name: str = "dpt", use_cache: bool = True) -> AgentSpec:
@@ -252,7 +320,8 @@ class AgentSpec:
         if self.info.settings:
             fusion = dataclasses.asdict(self.fusion)
             return {k: fusion[k] for k in self.info.settings}
-        return self.info.constants(eval_cfg) if self.info.constants else {}
+        out = self.info.constants(eval_cfg) if self.info.constants else {}
+        return out | {t.name: self.option(t.name) for t in self.info.tunables if not t.field}
 
     def config_json(self, eval_cfg: EvalConfig, online: bool = True, **extra: Any) -> str:
         """:meth:`config_dict` plus ``extra`` (e.g. the test-time sigma) as compact JSON."""

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from spice_ray.agents.base import Build, Method, OfflineContexts, register_method
+from spice_ray.agents.base import Build, Method, OfflineContexts, Tunable, register_method
 from spice_ray.config import EvalConfig
+from spice_ray.config.grids import GRIDS
 from spice_ray.fusion import (
     STATS_DTYPE,
     Posterior,
@@ -325,7 +326,7 @@ def _ucb_c(cfg: EvalConfig) -> dict[str, Any]:
 register_method("emp", Method("Emp", _baseline(EmpiricalMean), offline=True,
                               stateless_only=True))
 register_method("ucb", Method("UCB", _baseline(UCB, "ucb_c"), stateless_only=True,
-                              constants=_ucb_c))
+                              constants=_ucb_c, tunables=(Tunable.of(GRIDS["ucb_c"], "c"),)))
 register_method("lcb", Method("LCB", _baseline(LCB, "lcb_c"), online=False, offline=True,
                               stateless_only=True, constants=lambda cfg: {"c": cfg.lcb_c}))
 register_method("ts", Method("TS", _ts, offline=True, stateless_only=True,

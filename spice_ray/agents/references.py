@@ -8,7 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from spice_ray.agents.base import Method, register_method, to_numpy
+from spice_ray.agents.base import Method, Tunable, register_method, to_numpy
+from spice_ray.config.grids import GRIDS
 from spice_ray.envs.darkroom import all_cells
 from spice_ray.fusion import RandomSource, argmax_ties, tie_draws
 
@@ -171,7 +172,8 @@ class HillClimb:
 register_method("linucb", Method("LinUCB", lambda spec, env, b: LinUCB(env.arm_features(),
                                                                        b.eval_cfg.ucb_c),
                                  requires="arm_features",
-                                 constants=lambda cfg: {"c": cfg.ucb_c}))
+                                 constants=lambda cfg: {"c": cfg.ucb_c},
+                                 tunables=(Tunable.of(GRIDS["ucb_c"], "c"),)))
 """Ridge-regression UCB (c = ``eval.ucb_c``, ridge 1) over the linear bandit's arm features."""
 register_method("nearest", Method("Nearest-unvisited",
                                   lambda spec, env, b: NearestUnvisited(env.grid),

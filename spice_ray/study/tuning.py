@@ -16,7 +16,8 @@ The grid (:func:`candidates`):
   beta in :data:`BETAS` and the theory schedule beta_t = sqrt(2 log t);
 - and, for fused methods whose kernel reads a bandwidth (``fusion.BANDWIDTH_KERNELS``: the RBF)
   over states (darkroom), the bandwidth tau in :data:`TAUS` (every pair);
-- UCB and LinUCB: the exploration constant c in :data:`UCB_C`;
+- methods that declare tunables (``agents.Tunable``: UCB's and LinUCB's exploration constant c,
+  a plugin's own option): every value of each, crossed;
 - and, for methods whose prior's width is the learned sigma_Q (``Method.scales_width``: SPICE),
   every point twice (:data:`WIDTHS`): at the paper's width (s = 1) and at the width fitted on
   the validation contexts without labels (:func:`fit_width`: the scale s and how it narrows
@@ -75,8 +76,6 @@ BETAS = GRIDS["beta"].tuning
 """Fixed beta values of the grid (the theory schedule is one more point)."""
 TAUS = GRIDS["tau"].tuning
 """Kernel bandwidths of the grid (kernels that read one, over states only)."""
-UCB_C = GRIDS["ucb_c"].tuning
-"""UCB's and LinUCB's exploration constants of the grid."""
 WIDTHS = GRIDS["width"].tuning
 """The learned prior's width on the grid: the paper's sigma_Q, and as :func:`fit_width` fits it
 (and "constant", its scale without the decay, where the fit's decay is not 0; and
@@ -160,10 +159,12 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
             fusion = dataclasses.replace(spec.fusion, **fields)
             out.append(Candidate(dataclasses.replace(spec, fusion=fusion), eval_cfg, point))
         return out
-    if spec.method in ("ucb", "linucb"):
-        return [Candidate(spec, dataclasses.replace(eval_cfg, ucb_c=c), (("c", c),))
-                for c in UCB_C]
-    return [Candidate(spec, eval_cfg, ())]
+    out = [Candidate(spec, eval_cfg, ())]
+    for tunable in info.tunables:  # what the method declares (UCB's c, a plugin's epsilon)
+        out = [Candidate(*tunable.apply(c.spec, c.eval_cfg, value),
+                         c.setting + ((tunable.name, value),))
+               for c in out for value in tunable.values]
+    return out
 
 
 def _agent_config(config: str) -> str:
