@@ -20,17 +20,39 @@ import logging
 import shlex
 import sys
 
-from spice_ray.common.console import Console, fmt_seconds
+# Only what the flags need at module level: --help and a bad flag answer before torch, pandas
+# or Ray load (the study's modules are imported once the arguments parse).
 from spice_ray.common.plugins import PluginError
-from spice_ray.config import ConfigError
-from spice_ray.results.figure_files import FORMATS
-from spice_ray.runtime import resources
-from spice_ray.runtime.cli import add_config_args, run_main, start_run
+from spice_ray.runtime.args import add_config_args
 
 log = logging.getLogger("spice_ray.full_run")
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command line (nothing heavy imported to build it)."""
+    out = argparse.ArgumentParser(description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(out, env=False)
+    out.add_argument("--experiments", default=None,
+                     help="comma-separated experiments (default: the study's default set; "
+                     "--list-experiments names every one, plugins' included)")
+    out.add_argument("--list-experiments", action="store_true",
+                     help="print every experiment's name, marking the default set, and exit")
+    out.add_argument("--variant", default="", metavar="NAME",
+                     help="run the experiments under NAME beside the ones --out holds (e.g. "
+                     "another config of them): tables bandit--NAME_online ..., both in one "
+                     "report")
+    out.add_argument("--dry-run", action="store_true",
+                     help="print the plan (stages, resources, sizes, times) and exit")
+    out.add_argument("--figure-format", default="png",
+                     help="comma-separated figure formats: every figure as a PNG (the "
+                     "report's) and a copy in each other one, e.g. pdf or svg for a paper "
+                     "(default: %(default)s)")
+    return out
+
+
 def cli(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     try:  # the experiments load the installed plugins: one that fails is one line, not a
         # traceback from this file's imports
         from spice_ray.study import plan_study, run_study
@@ -39,23 +61,18 @@ def cli(argv: list[str] | None = None) -> None:
     except PluginError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(parser, env=False)
-    parser.add_argument("--experiments", default=",".join(DEFAULT_EXPERIMENTS),
-                        help="comma-separated experiments, of " + ", ".join(EXPERIMENTS)
-                        + " (default: %(default)s)")
-    parser.add_argument("--variant", default="", metavar="NAME",
-                        help="run the experiments under NAME beside the ones --out holds (e.g. "
-                        "another config of them): tables bandit--NAME_online ..., both in one "
-                        "report")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the plan (stages, resources, sizes, times) and exit")
-    parser.add_argument("--figure-format", default="png",
-                        help="comma-separated, of " + ", ".join(FORMATS) + ": every figure as "
-                        "a PNG (the report's) and a copy in each other format, e.g. pdf for a "
-                        "paper (default: %(default)s)")
-    args = parser.parse_args(argv)
+    from spice_ray.common.console import Console, fmt_seconds
+    from spice_ray.config import ConfigError
+    from spice_ray.results.figure_files import FORMATS
+    from spice_ray.runtime import resources
+    from spice_ray.runtime.cli import run_main, start_run
+
+    if args.list_experiments:
+        for name in EXPERIMENTS:
+            print(f"{name}{'  (default)' if name in DEFAULT_EXPERIMENTS else ''}")
+        return
+    if args.experiments is None:
+        args.experiments = ",".join(DEFAULT_EXPERIMENTS)
     formats = tuple(dict.fromkeys(["png", *(f.strip() for f in args.figure_format.split(",")
                                             if f.strip())]))
     bad = [f for f in formats if f not in FORMATS]

@@ -397,6 +397,35 @@ def test_help_names_every_stage_in_order(capsys) -> None:
     assert -1 not in places and places == sorted(places), places
 
 
+def test_help_and_a_bad_flag_load_nothing_heavy(tmp_path) -> None:
+    """``full_run.py --help``, ``--preset nope`` and an unknown flag answer before torch,
+    pandas, matplotlib or Ray are imported (they cost seconds: 6 CPU-s before the imports were
+    deferred); asserted on the modules loaded, not on a clock. ``--list-experiments`` names
+    the registry's experiments with the default set marked."""
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['full_run.py'] + sys.argv[1:]\n"
+             "try:\n"
+             f"    runpy.run_path({str(ROOT / 'pipelines' / 'full_run.py')!r}, "
+             "run_name='__main__')\n"
+             "except SystemExit as exc:\n"
+             "    code = exc.code\n"
+             "heavy = sorted(m for m in ('torch', 'pandas', 'matplotlib', 'ray', 'scipy') "
+             "if m in sys.modules)\n"
+             "print('HEAVY', heavy, 'CODE', code, file=sys.stderr)\n")
+    for argv, status in ((["--help"], 0), (["--preset", "nope"], 2), (["--nope"], 2)):
+        proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+        assert f"HEAVY [] CODE {status}" in proc.stderr, (argv, proc.stderr[-2000:])
+    listed = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"),
+                             "--list-experiments"], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert names == list(EXPERIMENTS)
+    assert "bandit  (default)" in listed.stdout.splitlines()
+    assert "darkroom_scale" in listed.stdout.splitlines()  # not in the default set
+
+
 def test_dry_run_prints_the_plan(tmp_path, capsys) -> None:
     # eager value heads: the step timing would first compile the fused heads for the paper's
     # shapes (17 s on a fresh machine's empty compiler cache, as CI's always is)

@@ -1,52 +1,39 @@
 """Run configuration: frozen sections (``sections``), building and layering (``build``),
-presets (``presets``)."""
+presets (``presets``).
 
-from spice_ray.config.build import (
-    config_hash,
-    deep_merge,
-    env_from_dict,
-    from_dict,
-    load_config,
-    load_yaml,
-    make_config,
-    parse_set,
-    preset_dict,
-    resolve_run_dir,
-)
-from spice_ray.config.presets import PRESETS
-from spice_ray.config.run import (
-    WIDTH_SOURCES,
-    EvalConfig,
-    ExperimentConfig,
-    FusionConfig,
-    SweepConfig,
-)
-from spice_ray.config.sections import (
-    HEAD_KERNELS,
-    PRESET_NAMES,
-    ConfigError,
-    DataConfig,
-    EnvConfig,
-    ModelConfig,
-    TrainConfig,
-    to_plain,
-    without_later_defaults,
-)
+The names below are importable from here and load their module on first use (``from
+spice_ray.config import make_config`` imports ``build``), so ``spice_ray.config.presets`` and
+``spice_ray.config.grids`` stay cheap for the command lines' ``--help``.
+"""
 
-__all__ = ["HEAD_KERNELS", "PRESETS", "PRESET_NAMES", "WIDTH_SOURCES", "ConfigError",
-           "DataConfig", "EnvConfig",
-           "EvalConfig", "FusionConfig", "ModelConfig", "ExperimentConfig", "SweepConfig",
-           "TrainConfig", "config_hash", "deep_merge", "env_from_dict",
-           "from_dict", "load_config", "load_yaml",
-           "make_config", "parse_set", "preset_dict", "resolve_run_dir", "to_plain",
-           "without_later_defaults"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "build": ("config_hash", "deep_merge", "env_from_dict", "from_dict", "load_config",
+              "load_yaml", "make_config", "parse_set", "preset_dict", "resolve_run_dir"),
+    "presets": ("PRESETS", "PRESET_NAMES"),
+    "run": ("WIDTH_SOURCES", "EvalConfig", "ExperimentConfig", "FusionConfig", "SweepConfig"),
+    "sections": ("HEAD_KERNELS", "ConfigError", "DataConfig", "EnvConfig", "ModelConfig",
+                 "TrainConfig", "to_plain", "without_later_defaults"),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
 
 _RENAMED_WARNED: list[str] = []
 
 
-def __getattr__(name: str):
-    """``RunConfig``, the old name of :class:`ExperimentConfig` (renamed so it is never taken
-    for Ray's ``RunConfig``): still importable, with one FutureWarning."""
+def __getattr__(name: str) -> Any:
+    """Each exported name from its module, on first use; ``RunConfig``, the old name of
+    :class:`ExperimentConfig` (renamed so it is never taken for Ray's ``RunConfig``), still
+    importable with one FutureWarning."""
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+        globals()[name] = value
+        return value
     if name == "RunConfig":
         import warnings
 
@@ -54,5 +41,9 @@ def __getattr__(name: str):
             _RENAMED_WARNED.append(name)
             warnings.warn("spice_ray.config.RunConfig is renamed ExperimentConfig; the old "
                           "name still works for now", FutureWarning, stacklevel=2)
-        return ExperimentConfig
+        return __getattr__("ExperimentConfig")
     raise AttributeError(f"module 'spice_ray.config' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))

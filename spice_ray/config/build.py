@@ -27,10 +27,9 @@ from typing import Any, Literal
 
 from spice_ray import envs
 from spice_ray.common.errors import EXCERPT_CHARS, Excerpt, excerpt
-from spice_ray.config.presets import PRESETS
+from spice_ray.config.presets import PRESET_NAMES, PRESETS
 from spice_ray.config.run import ExperimentConfig
 from spice_ray.config.sections import (
-    PRESET_NAMES,
     ConfigError,
     EnvConfig,
     _check,

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+PRESET_NAMES = ("smoke", "small", "medium", "paper")
+"""The scales, smallest first (this module imports nothing of the package, so the command
+lines' ``--preset`` choices cost no import of torch)."""
+
 # Presets only set what differs from the paper-scale defaults (each environment's own).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # smoke: two evaluation actors, so the tuning grid's points run side by side on 2 cores

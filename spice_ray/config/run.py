@@ -11,9 +11,9 @@ from typing import Any, Literal
 import yaml
 
 from spice_ray import envs
+from spice_ray.config.presets import PRESET_NAMES
 from spice_ray.config.sections import (
     KERNEL_SPACES,
-    PRESET_NAMES,
     TRACKERS,
     DataConfig,
     EnvConfig,

@@ -21,7 +21,6 @@ from spice_ray.common.errors import SpiceRayError
 from spice_ray.config.grids import GRIDS
 from spice_ray.envs.labels import parse_label
 
-PRESET_NAMES = ("smoke", "small", "medium", "paper")
 HEAD_KERNELS = ("auto", "compiled", "eager")
 TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
 """Experiment trackers (``track``; ``spice_ray.runtime.tracking``)."""
