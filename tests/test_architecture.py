@@ -4,6 +4,7 @@ nothing above ``envs/`` branches on an environment's name (it asks the registry)
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,74 @@ def test_every_hyperparameter_grid_is_declared_once() -> None:
     assert not found, "grid values written outside spice_ray/config/grids.py:\n" + "\n".join(
         found)
     assert _typed(GRIDS["beta"].tuning) in {v for _, v in _literal_sequences(home)}  # it scans
+
+
+DEFAULTS = {"beta": "BETA_DEFAULT", "tau": "TAU_DEFAULT", "width_scale": "WIDTH_SCALE_DEFAULT"}
+"""The fusion settings whose defaults were restated across the package, and the constant of
+``spice_ray.fusion`` that declares each (in rules.py, kernels.py and width.py)."""
+
+
+def _written_defaults(path: Path, defaults: dict[str, float]) -> Iterator[tuple[int, str]]:
+    """Where ``path``'s code writes one of ``defaults`` as a number: a parameter's default, a
+    keyword argument, an assignment, a dict entry or a comparison (``beta=1.0``, ``tau: float =
+    0.5``, ``"beta": 1.0``, ``width_scale != 1.0``); docstrings and comments are not code."""
+    def number(node: ast.AST | None) -> float | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+                and not isinstance(node.value, bool):
+            return float(node.value)
+        return None
+
+    def named(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            return node.attr
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        return None
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        pairs: list[tuple[str | None, ast.AST | None]] = []
+        if isinstance(node, ast.arguments):
+            plain = node.posonlyargs + node.args
+            pairs += [(a.arg, d) for a, d in zip(plain[len(plain) - len(node.defaults):],
+                                                 node.defaults, strict=True)]
+            pairs += [(a.arg, d) for a, d in zip(node.kwonlyargs, node.kw_defaults, strict=True)]
+        elif isinstance(node, ast.keyword):
+            pairs.append((node.arg, node.value))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            pairs += [(named(t), node.value) for t in targets]
+        elif isinstance(node, ast.Dict):
+            pairs += [(named(k), v) for k, v in zip(node.keys, node.values, strict=True)
+                      if k is not None]
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            pairs += [(named(a), b) for a, b in zip(sides, sides[1:], strict=False)]
+            pairs += [(named(b), a) for a, b in zip(sides, sides[1:], strict=False)]
+        for name, value in pairs:
+            if name in defaults and number(value) == defaults[name]:
+                yield getattr(value, "lineno", 0), name
+
+
+def test_every_fusion_default_is_written_once() -> None:
+    """beta's, tau's and width_scale's defaults are declared once each, in the fusion layer
+    (``BETA_DEFAULT``, ``TAU_DEFAULT``, ``WIDTH_SCALE_DEFAULT``); the config and the agents
+    name them. The same number written for the same setting anywhere else in the package or
+    its scripts is a second home that can drift (the check finds a planted one)."""
+    import spice_ray.fusion as fusion
+    from spice_ray.config import FusionConfig
+
+    defaults = {name: float(getattr(fusion, const)) for name, const in DEFAULTS.items()}
+    assert defaults == {name: float(getattr(FusionConfig, name)) for name in DEFAULTS}
+    found = [f"{path.relative_to(ROOT)}:{line} {name}"
+             for path in [*PACKAGE.rglob("*.py"), *(p for d in SCRIPTS
+                                                    for p in (ROOT / d).rglob("*.py"))]
+             for line, name in _written_defaults(path, defaults)]
+    assert not found, "a fusion default written again:\n" + "\n".join(found)
+    planted = ROOT / "tests" / "test_architecture.py"  # this file's example below
+    assert [name for _, name in _written_defaults(planted, defaults)] == ["beta", "tau"]
+
+
+def _planted_for_the_check(beta: float = 1.0) -> bool:  # noqa: D401 -- what the scan must find
+    return {"tau": 0.5}["tau"] > 0 and beta > 0

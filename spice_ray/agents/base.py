@@ -30,10 +30,7 @@ from torch import Tensor
 from spice_ray.common.plugins import load_plugins
 from spice_ray.config import EvalConfig, FusionConfig
 from spice_ray.config.grids import Grid
-from spice_ray.fusion import RandomSource
-
-WIDTH_SCALE_DEFAULT = FusionConfig.width_scale
-"""``fusion.width_scale`` of the paper (1): left out of the results' config at this value."""
+from spice_ray.fusion import WIDTH_SCALE_DEFAULT, RandomSource
 
 
 def to_numpy(x: Tensor) -> np.ndarray:

@@ -20,6 +20,7 @@ from torch import Tensor
 from spice_ray.agents.base import Build, Method, register_method, to_numpy
 from spice_ray.envs.bayes import TaskPosterior
 from spice_ray.fusion import (
+    BETA_DEFAULT,
     STATS_DTYPE,
     Posterior,
     RandomSource,
@@ -40,7 +41,7 @@ class BayesAgent:
         name: the method name.
     """
 
-    def __init__(self, posterior: TaskPosterior, rule: str = "ucb", beta: float = 1.0,
+    def __init__(self, posterior: TaskPosterior, rule: str = "ucb", beta: float = BETA_DEFAULT,
                  beta_schedule: BetaSchedule = "fixed", name: str = "bayes-ucb",
                  num_states: int = 1) -> None:
         if rule not in ("ucb", "thompson"):

@@ -32,6 +32,7 @@ from spice_ray.agents.base import Build, Method, OfflineContexts, Tunable, regis
 from spice_ray.config import EvalConfig
 from spice_ray.config.grids import GRIDS
 from spice_ray.fusion import (
+    BETA_DEFAULT,
     STATS_DTYPE,
     Posterior,
     RandomSource,
@@ -213,7 +214,7 @@ class PosteriorBandit(CountingBandit):
         prior_var: float,
         noise_var: float,
         rule: ActionRule = "ucb",
-        beta: float = 1.0,
+        beta: float = BETA_DEFAULT,
         beta_schedule: BetaSchedule = "fixed",
         v_min: float = 0.0,
     ) -> None:

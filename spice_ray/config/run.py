@@ -25,8 +25,9 @@ from spice_ray.config.sections import (
     to_plain,
 )
 from spice_ray.envs.labels import parse_label
-from spice_ray.fusion.kernels import KERNELS
-from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
+from spice_ray.fusion.kernels import KERNELS, TAU_DEFAULT
+from spice_ray.fusion.rules import ACTION_RULES, BETA_DEFAULT, BETA_SCHEDULES
+from spice_ray.fusion.width import WIDTH_SCALE_DEFAULT
 
 WIDTH_SOURCES = ("ensemble", "predictive")
 """``FusionConfig.width_source``: the ensemble's spread, or the predictive-variance head."""
@@ -42,13 +43,13 @@ class FusionConfig:
     """What the kernel compares: "latent" (the trunk's output for a state alone, the query
     token [s, 0, 0, 0]), "context" (the latents the value heads read: position T for the
     current state, position t-1 for context state s_t) or "state" (raw states)."""
-    tau: float = 0.5
+    tau: float = TAU_DEFAULT
     """RBF bandwidth (> 0)."""
     noise_var: float = 0.09
     """Likelihood variance sigma^2 of the targets (>= 0; floored internally to avoid 1/0)."""
     v_min: float = 1e-2
     """Floor of the prior variance v_pri = max(sigma_Q^2, v_min) (> 0)."""
-    width_scale: float = 1.0
+    width_scale: float = WIDTH_SCALE_DEFAULT
     """Scale s of the learned prior's width (>= 0): v_pri = max((s sigma_Q)^2, v_min); 1 is the
     paper. Only SPICE's learned prior reads it (not the flat or oracle priors, nor the
     exact-width diagnostic); ``spice_ray.evaluate.width`` fits it on validation tasks without
@@ -61,7 +62,7 @@ class FusionConfig:
     scaled and narrowed as above), or "predictive": the model's predictive variance of the
     next target (``model.var_head``) less the likelihood variance, sqrt(max(v - sigma^2, 0))
     times ``width_scale``, floored at v_min like any prior variance."""
-    beta: float = 1.0
+    beta: float = BETA_DEFAULT
     """Posterior-UCB optimism (>= 0) when beta_schedule is fixed."""
     beta_schedule: Literal["fixed", "sqrt2logt", "sqrt_log_sat"] = "fixed"
     """Fixed beta; the bandit theory schedule beta_t = sqrt(2 log t) (ignores beta); or the

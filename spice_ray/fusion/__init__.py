@@ -13,6 +13,7 @@ from spice_ray.fusion.evidence import (
 from spice_ray.fusion.kernels import (
     BANDWIDTH_KERNELS,
     KERNELS,
+    TAU_DEFAULT,
     cosine_weights,
     exact_weights,
     kernel_weights,
@@ -33,6 +34,7 @@ from spice_ray.fusion.posterior import (
 )
 from spice_ray.fusion.rules import (
     ACTION_RULES,
+    BETA_DEFAULT,
     BETA_FREE_SCHEDULES,
     BETA_SCHEDULES,
     argmax_lowest,
@@ -49,6 +51,7 @@ from spice_ray.fusion.rules import (
     ucb_scores,
 )
 from spice_ray.fusion.width import (
+    WIDTH_SCALE_DEFAULT,
     fit_width_and_noise,
     fit_width_decay,
     fit_width_scale,
@@ -60,6 +63,9 @@ from spice_ray.fusion.width import (
 
 __all__ = [
     "ACTION_RULES",
+    "BETA_DEFAULT",
+    "TAU_DEFAULT",
+    "WIDTH_SCALE_DEFAULT",
     "BANDWIDTH_KERNELS",
     "BETA_FREE_SCHEDULES",
     "BETA_SCHEDULES",

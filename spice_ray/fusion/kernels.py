@@ -128,11 +128,16 @@ BANDWIDTH_KERNELS = frozenset({"rbf"})
 vary tau for them: the runs would be identical)."""
 
 
+TAU_DEFAULT = 0.5
+"""The RBF kernel's bandwidth where nothing sets it (``fusion.tau``'s default): declared once
+here."""
+
+
 def kernel_weights(
     query: Tensor,
     context: Tensor,
     kind: KernelName,
-    tau: float = 0.5,
+    tau: float = TAU_DEFAULT,
     mask: Tensor | None = None,
 ) -> Tensor:
     """Dispatch to one of the kernels by name (``FusionConfig.kernel`` / ``FusionConfig.tau``).

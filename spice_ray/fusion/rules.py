@@ -61,8 +61,13 @@ def tie_draws(source: RandomSource | None, scores: Tensor) -> Tensor | None:
     return torch.as_tensor(source.ties())
 
 
+BETA_DEFAULT = 1.0
+"""Posterior-UCB's beta where nothing sets it (``fusion.beta``'s default): declared once here;
+the study tunes it (``spice_ray.config.grids``)."""
+
+
 def beta_at(
-    step: int | Tensor, beta: float = 1.0, schedule: BetaSchedule = "fixed", pairs: int = 1
+    step: int | Tensor, beta: float = BETA_DEFAULT, schedule: BetaSchedule = "fixed", pairs: int = 1
 ) -> float | Tensor:
     """Posterior-UCB exploration coefficient for the next action.
 
@@ -201,7 +206,7 @@ register_rule("thompson", _thompson)
 def select_action(
     posterior: Posterior,
     rule: ActionRule,
-    beta: float | Tensor = 1.0,
+    beta: float | Tensor = BETA_DEFAULT,
     generator: RandomSource | None = None,
 ) -> Tensor:
     """Apply one of the :data:`ACTION_RULES` to a posterior (``FusionConfig.rule``).

@@ -34,6 +34,11 @@ _CHUNK_ELEMENTS = 1 << 22
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
+WIDTH_SCALE_DEFAULT = 1.0
+"""The prior width's scale s of the paper (sigma_Q itself; ``fusion.width_scale``'s default):
+declared once here; results leave the scale out of their config at this value."""
+
+
 def width_profile(h: Tensor, decay: float) -> Tensor:
     """g(h) = (1 + decay h)^(-1/2), float64: how the learned prior's width narrows with the
     context length h (``FusionConfig.width_decay``; 0: constant, the paper's). A Normal
@@ -52,7 +57,7 @@ def scaled_prior_std(prior_std: Tensor, width_scale: float, decay: float = 0.0,
     the posterior is bit-identical to the unscaled one); otherwise the product in float64 (the
     posterior's dtype), on the tensor's device.
     """
-    if width_scale == 1.0 and decay == 0.0:
+    if width_scale == WIDTH_SCALE_DEFAULT and decay == 0.0:
         return prior_std
     out = prior_std.to(torch.float64) * float(width_scale)
     if decay != 0.0:

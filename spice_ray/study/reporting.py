@@ -13,13 +13,17 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from spice_ray.common.artifacts import file_sha256
 from spice_ray.config import ConfigError, ExperimentConfig, config_hash, load_config
 from spice_ray.data import store
 from spice_ray.results import plots
+from spice_ray.results.analysis import LEARNED, final_task_seeds, tuned_gap
 from spice_ray.results.choices import choices_table
 from spice_ray.results.figure_files import current_formats, is_drawn
-from spice_ray.results.report import write_report
+from spice_ray.results.report import final_regret_table, write_report
 from spice_ray.results.tables import list_experiments, load, table_path
 from spice_ray.study.experiments import EXPERIMENTS, VARIANT, Table, experiment_named
 from spice_ray.study.records import (
@@ -142,6 +146,70 @@ def _one_by_one(fn: Callable[..., str], jobs: list[tuple[Any, ...]]) -> Iterator
     return (fn(*job) for job in jobs)
 
 
+def _anchor(title: str) -> str:
+    """The link target a Markdown renderer gives a ``## title`` heading (GitHub's rule)."""
+    return "#" + "".join(c for c in title.lower().replace(" ", "-") if c.isalnum() or c in "-_")
+
+
+def _interval(row: Any, key: str, lo: str, hi: str, defined: str) -> str:
+    if not row[defined] or not np.isfinite(row[key]):
+        return "none can be stated"
+    return f"{row[key]:.2f} [{row[lo]:.2f}, {row[hi]:.2f}]"
+
+
+def summary_section(run_dir: Path, configs: dict[str, ExperimentConfig],
+                    datasets: dict[str, Path], tables: list[Table], have: set[str],
+                    sections: list[str]) -> tuple[str, str, pd.DataFrame] | None:
+    """The report's first screen: per experiment's tuned table (every method at its
+    validation choice, on eval tasks), the best method, SPICE and its rank, and the gap closed
+    and in-context share with their two-level intervals (as its section states them: over
+    goals where tasks share one), each linked to its section, and links to the report's
+    ``sections`` (their titles) and tables; None without a tuned table."""
+    rows = []
+    for name, cfg in configs.items():
+        table = EXPERIMENTS[name].tuned_table()
+        if table is None or table.name not in have:
+            continue
+        df = load(run_dir, table.name)
+        ranked = final_regret_table(df[df["variant"] == ""]).drop_duplicates("method")
+        if ranked.empty:
+            continue
+        best = ranked.iloc[0]
+        spice = ranked[ranked["method"] == LEARNED]
+        row = {"experiment": f"[{name}]({_anchor(table.name)})", "methods": len(ranked),
+               "best (final regret)": f"{best['method']} {best['mean']:.3g} +- {best['sem']:.2g}",
+               "SPICE": "-", "gap closed": "-", "in-context share": "-"}
+        if len(spice):
+            rank = int(np.flatnonzero(ranked["method"].to_numpy() == LEARNED)[0]) + 1
+            row["SPICE"] = (f"{spice['mean'].iloc[0]:.3g} +- {spice['sem'].iloc[0]:.2g} "
+                            f"(rank {rank})")
+        values = final_task_seeds(df)
+        groups = task_groups(datasets[name], cfg) if datasets[name].is_dir() else None
+        gap = tuned_gap(values, groups) if values is not None else pd.DataFrame()
+        gap = gap[gap["method"] == LEARNED] if len(gap) else gap
+        if len(gap):
+            g = gap.iloc[0]
+            row["gap closed"] = _interval(g, "gap_closed", "lo", "hi", "defined")
+            if np.isfinite(g["in_context_share"]) or g["in_context_defined"]:
+                row["in-context share"] = _interval(g, "in_context_share", "in_context_lo",
+                                                    "in_context_hi", "in_context_defined")
+        rows.append(row)
+    if not rows:
+        return None
+    others = [t.name for t in tables if t.name in have]
+    text = ("Each experiment's headline: every method at the setting chosen on validation "
+            "tasks, run once on the eval tasks (final cumulative regret, mean +- SEM over "
+            "tasks with training seeds averaged per task; rank among the methods). Gap closed "
+            "= (flat - SPICE) / (flat - oracle prior), in-context share = (context-free - "
+            "SPICE) / (context-free - oracle prior), both paired by task, with 95% intervals "
+            "resampling training seeds, then tasks (goals where tasks share one); \"none can "
+            "be stated\" where the oracle prior does not beat the baseline by 2 SEMs. Below: "
+            + "".join(f"[{title.lower()}]({_anchor(title)}), " for title in sections)
+            + "every table (" + ", ".join(f"[{t}]({_anchor(t)})" for t in others)
+            + ") and [every config](configs.md).")
+    return "Summary", text, pd.DataFrame(rows)
+
+
 def write_study_report(run_dir: Path, configs: dict[str, ExperimentConfig], finals: Finals,
                        figures: dict[str, list[Path]], across: list[Any],
                        timings: dict[str, float], units: list[dict[str, Any]]) -> Path:
@@ -179,6 +247,9 @@ def write_study_report(run_dir: Path, configs: dict[str, ExperimentConfig], fina
                      training_table({**{k: v for k, v in indexed_finals(run_dir).items()
                                         if k[0] in configs}, **finals})))
     sections += across
+    summary = summary_section(run_dir, configs, datasets, tables, have,
+                              [title for title, _, _ in sections])
     return write_report(run_dir, figures, {name: cfg.to_yaml() for name, cfg in configs.items()},
                         notes, descriptions, findings, horizon_points=(10, 50, first.env.horizon),
-                        order=[t.name for t in tables], sections=sections)
+                        order=[t.name for t in tables],
+                        sections=[summary, *sections] if summary else sections)

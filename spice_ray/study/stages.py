@@ -36,6 +36,7 @@ from spice_ray.config import (
 from spice_ray.data import store
 from spice_ray.data.generate import generate_stage, generation_means
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
+from spice_ray.fusion import WIDTH_SCALE_DEFAULT
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.results import aggregate
 from spice_ray.results.choices import fitted_decay, fitted_noise, fitted_scale
@@ -255,7 +256,8 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
             for seed in (cfg.seeds if ev.model else (NO_SEED,))]
     calibrated = [(ev, seed, ev_specs) for ev, seed, ev_specs, protocols in runs
                   if "calibration" in protocols]
-    if width_scale is not None and (width_scale != 1.0 or width_decay):  # the fitted width too
+    if width_scale is not None and (width_scale != WIDTH_SCALE_DEFAULT or width_decay):
+        # the fitted width too
         runs += [(ev, seed, [_at_width(ev_specs, width_scale, noise_var, width_decay)],
                   ("calibration",)) for ev, seed, ev_specs in calibrated]
     if cfg.model.var_head:  # and the predictive-variance head's
