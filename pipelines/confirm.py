@@ -103,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.tasks is not None and args.tasks < 2:
         p.error(f"--tasks {args.tasks}: at least 2")
     names = [n for n in (args.experiments or "").split(",") if n] or None
+    from spice_ray.common.faults import stop_before_run
     from spice_ray.runtime.cli import run_main
+
+    stop_before_run("confirm.py")
 
     print(run_main(confirm, args.out.resolve(), names, args.tasks))
     return 0

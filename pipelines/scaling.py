@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spice_ray.common.faults import stop_before_run
 from spice_ray.config import ConfigError
 from spice_ray.study.ladder import (
     FAMILIES,
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: bad config: {exc}", file=sys.stderr)
         return 2
+    stop_before_run("scaling.py")
     rows: list[pd.DataFrame] = []
     if args.table_only:
         done = [r for r in rungs if (r.run_dir / "report.md").exists()]

@@ -1,9 +1,13 @@
-"""The README's and docs/usage.md's query commands and code, as a test runs them on a run.
+"""The README's and docs/usage.md's commands and code, as the tests run them.
 
 Each ``python -m spice_ray.results ...`` line of a ```bash block (continuations joined,
 comments cut) and each ```python block that reads a run's tables is run against a smoke
 study's directory by ``tests/test_full_run.py``'s end-to-end test, with the documents' run
-names mapped to it: a command the docs show that stops working fails the suite.
+names mapped to it: a command the docs show that stops working fails the suite. Each
+``python pipelines/...`` and ``python sweeps/...`` command (:func:`script_commands`) is run by
+``tests/test_docs_commands.py`` up to the point where its arguments and config have resolved
+(the ``stop_before_run`` switch of ``spice_ray.common.faults``): its flags, presets, experiments
+and ``--set`` keys exist, without the hours the command itself takes.
 """
 
 from __future__ import annotations
@@ -51,3 +55,22 @@ def on_run(text: str, run_dir: Path) -> str:
     for name in RUN_NAMES:
         text = text.replace(name, str(run_dir))
     return text
+
+
+def script_commands(path: Path) -> list[list[str]]:
+    """``path``'s commands of the repository's scripts (``python pipelines/X.py ...``,
+    ``python sweeps/X.py ...``), each as [script, *args]: continuations joined, comments cut,
+    and only the script's own part of a line (after ``&&`` or ``--``, before ``&&`` or ``&``)."""
+    out = []
+    for block in _blocks(path.read_text(), "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            for i, word in enumerate(words[:-1]):
+                if word == "python" and re.fullmatch(r"(pipelines|sweeps)/\w+\.py", words[i + 1]):
+                    args = []
+                    for w in words[i + 2:]:
+                        if w in ("&&", "&", "|", ";"):
+                            break
+                        args.append(w)
+                    out.append([words[i + 1], *args])
+    return out

@@ -242,6 +242,20 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert places == sorted(places)  # the report follows the study, not the alphabet
     assert (run_dir / "config.yaml").exists() and "```yaml" not in text  # configs: appendix
     assert "## Settings chosen on validation tasks" in text and "Ranked by final" in text
+    # it opens with one screen: the first section is the summary, a row per tuned table that
+    # links to it, and links to every other section
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## Summary"
+    summary = text.split("## Summary")[1].split("\n## ")[0]
+    tuned = [t for t in study_order if t.endswith("_tuned")]
+    rows = [line for line in summary.splitlines() if line.startswith("| [")]
+    assert [re.match(r"\| \[(\w+)\]\(#(\w+)\)", r).group(2) for r in rows] == tuned
+    for heading in headings[1:-1]:  # every section but the configs appendix is linked
+        title = heading[3:]
+        anchor = "#" + "".join(c for c in title.lower().replace(" ", "-")
+                               if c.isalnum() or c in "-_")
+        assert f"]({anchor})" in summary, title
+    assert "[every config](configs.md)" in summary
     assert "[configs.md](configs.md)" in text and "```yaml" in (run_dir / "configs.md").read_text()
     # across experiments: normalised scores against Random, in every tuned table
     assert (run_dir / "figures" / "aggregate.png").stat().st_size > 10_000

@@ -11,7 +11,10 @@ so the switch reaches Ray workers and subprocesses the way a real fault would. T
 - ``disk_full`` (true): every shard write fails with ENOSPC;
 - ``sweep_trial`` ({flattened param: value}): sweep trials whose params match raise;
 - ``ray_start`` (int): that many local Ray start-ups fail as Ray's own start-up timeout does
-  (``spice_ray.runtime.reach.start_local``).
+  (``spice_ray.runtime.reach.start_local``);
+- ``stop_before_run`` (true): an entry point stops once its arguments and config resolve,
+  before it writes anything or starts Ray, with one line and exit 0
+  (:func:`stop_before_run`: how the docs test runs every documented command line).
 
 Nothing in it is executed: it is parsed as JSON and each value is checked by its reader.
 """
@@ -23,7 +26,8 @@ import os
 from typing import Any
 
 FAULT_ENV = "SPICE_RAY_FAULT"
-POINTS = ("train_epoch", "generate_after_shards", "disk_full", "sweep_trial", "ray_start")
+POINTS = ("train_epoch", "generate_after_shards", "disk_full", "sweep_trial", "ray_start",
+          "stop_before_run")
 
 
 def fault(point: str, default: Any = None) -> Any:
@@ -54,3 +58,15 @@ def fault_switch(**points: Any) -> str:
     if unknown:
         raise ValueError(f"fault points {unknown} are invalid: one of {', '.join(POINTS)}")
     return json.dumps(points)
+
+
+STOPPED = "stopped before the run ({}): its arguments and config are valid"
+"""The line :func:`stop_before_run` prints."""
+
+
+def stop_before_run(what: str) -> None:
+    """Exit 0 with one line when the switch names ``stop_before_run``: ``what`` (the entry
+    point) has parsed its arguments and resolved its config, and nothing is written yet."""
+    if fault("stop_before_run", False):
+        print(STOPPED.format(what), flush=True)
+        raise SystemExit(0)

@@ -77,8 +77,11 @@ def start_run(address: str | None, cfgs: Sequence[ExperimentConfig], run_dir: st
     """
     import ray
 
+    from spice_ray.common.faults import stop_before_run
     from spice_ray.runtime import resources
     from spice_ray.runtime.tracking import TrackingError, check_available
+
+    stop_before_run(Path(sys.argv[0]).name)
 
     for cfg in cfgs:  # a tracker that cannot start would fail after the first model
         try:
