@@ -269,6 +269,33 @@ def test_import_spice_ray_registers_every_environment_with_gymnasium() -> None:
     assert out.stdout.strip() == "5"
 
 
+def test_an_environment_registered_later_gets_its_gymnasium_id() -> None:
+    """A plugin's environment class, registered after ``import spice_ray``, is made by
+    ``gymnasium.make`` under its own id (``register_gym_envs`` returned the id but never
+    registered it)."""
+    import dataclasses
+
+    import gymnasium
+
+    from spice_ray.envs import base
+    from spice_ray.envs.bandit import Bandit
+    from spice_ray.envs.gym import register_gym_envs
+
+    toy = type("ToyBandit", (Bandit,), {"name": "toy_bandit"})
+    env_id = "spice_ray/toy_bandit-v0"
+    assert env_id not in gymnasium.registry
+    try:
+        base.register(toy)
+        assert env_id in gymnasium.registry and env_id in register_gym_envs()
+        env = gymnasium.make(env_id, preset="smoke", task=1)
+        obs, _ = env.reset(seed=0)
+        assert env.unwrapped.env.name == "toy_bandit" and env.action_space.n == 5
+        assert dataclasses.is_dataclass(toy.Params)
+    finally:
+        base._REGISTRY.pop("toy_bandit", None)
+        gymnasium.registry.pop(env_id, None)
+
+
 def test_a_gymnasium_task_takes_a_runs_config_and_names_what_is_wrong(tmp_path) -> None:
     """run_dir= builds the task from the run's own experiment config (its overrides
     included), so a user does not repeat the preset and the --set flags by hand."""

@@ -11,15 +11,17 @@ GYM_ENVS = ("bandit", "bandit_latent", "bandit_template", "darkroom", "darkroom_
 """The environments registered (``spice_ray.envs.base.names()``, tested)."""
 
 
-def register_ids() -> list[str]:
-    """Register ``spice_ray/<name>-v0`` for every environment (idempotent); returns the ids
-    ([] without Gymnasium, a dependency only a broken install lacks)."""
+def register_ids(names: tuple[str, ...] = GYM_ENVS) -> list[str]:
+    """Register ``spice_ray/<name>-v0`` for each of ``names`` (default: the package's own
+    environments; ``spice_ray.envs.base.register`` passes a plugin's when its class registers)
+    (idempotent); returns the ids ([] without Gymnasium, a dependency only a broken install
+    lacks)."""
     try:
         import gymnasium
     except ImportError:
         return []
     ids = []
-    for name in GYM_ENVS:
+    for name in names:
         env_id = f"{GYM_NAMESPACE}/{name}-v0"
         if env_id not in gymnasium.registry:
             gymnasium.register(id=env_id, entry_point="spice_ray.data.tasks:gym_env",

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from spice_ray.common.gym_ids import register_ids
 from spice_ray.common.plugins import load_plugins
 
 if TYPE_CHECKING:
@@ -232,6 +233,7 @@ def register(cls: type[Environment]) -> type[Environment]:
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise TypeError(f"environment name {cls.name!r} is registered twice")
     _REGISTRY[cls.name] = cls
+    register_ids((cls.name,))  # its Gymnasium id too (a plugin's was returned, not registered)
     return cls
 
 
