@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import pandas as pd
@@ -26,7 +25,7 @@ from spice_ray.common.errors import excerpt
 from spice_ray.results import paper
 from spice_ray.results.query import QueryError, columns_named, filter_rows, values_hint
 from spice_ray.results.report import _label as row_label
-from spice_ray.results.schema import settings_columns
+from spice_ray.results.schema import settings_columns, settings_of
 from spice_ray.results.summary import LABEL_KEYS, STATS, improvement, summarise
 from spice_ray.results.tables import (
     ResultsError,
@@ -214,8 +213,8 @@ def _settings(config: str, siblings: list[str]) -> str:
     """The fields of a config that differ among a method's configs (e.g. beta_schedule)."""
     if len(siblings) < 2:
         return ""
-    mine = json.loads(config)
-    others = [json.loads(c) for c in siblings]
+    mine = settings_of(config)
+    others = [settings_of(c) for c in siblings]
     return ", ".join(f"{k}={v}" for k, v in sorted(mine.items())
                      if any(o.get(k) != v for o in others))
 

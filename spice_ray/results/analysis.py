@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from spice_ray.results.schema import ACCURACY_METRICS, settings_columns
+from spice_ray.results.schema import ACCURACY_METRICS, settings_columns, settings_of
 from spice_ray.results.summary import (
     TaskSeedValues,
     final_values,
@@ -32,7 +32,7 @@ agent has no network, so it always compares raw states; bandits have no states a
 
 def _fusion(config: str) -> str:
     """The fusion settings of a config that a pair must share."""
-    cfg = {k: v for k, v in json.loads(config).items() if k not in _PRIOR_KEYS}
+    cfg = {k: v for k, v in settings_of(config).items() if k not in _PRIOR_KEYS}
     return json.dumps(cfg, sort_keys=True)
 
 
@@ -175,7 +175,7 @@ def prior_fit(df: pd.DataFrame, hs: tuple[int, ...] = (0, 20)) -> list[str]:
     sources = df["config"].map(width_source_of)
     out = []
     for source in sorted(sources.unique(), key=WIDTH_SOURCE_ORDER.index):  # the paper's first
-        cfg = json.loads(df.loc[sources == source, "config"].iloc[0])
+        cfg = settings_of(df.loc[sources == source, "config"].iloc[0])
         if sources.nunique() == 1:
             label = ""
         elif source == "paper":
@@ -197,15 +197,15 @@ them."""
 
 def width_of(config: str | dict) -> float:
     """The learned prior's width scale in a row's config (1, the paper's, when absent)."""
-    cfg = json.loads(config) if isinstance(config, str) else config
-    return float(cfg.get("width_scale", 1.0))
+    cfg = settings_of(config) if isinstance(config, str) else config
+    return float(cfg.get("width_scale", 1.0))  # absent: the paper's (fusion.WIDTH_SCALE_DEFAULT)
 
 
 def width_source_of(config: str) -> str:
     """Which width a row's learned prior used (:data:`WIDTH_SOURCE_ORDER`): "paper" (the
     ensemble's sigma_Q), "fitted" (sigma_Q scaled or narrowed as fitted on validation) or
     "predictive" (the model's predictive-variance head)."""
-    cfg = json.loads(config)
+    cfg = settings_of(config)
     if cfg.get("width_source", "ensemble") != "ensemble":
         return str(cfg["width_source"])
     return "paper" if width_of(cfg) == 1.0 and not cfg.get("width_decay") else "fitted"

@@ -4,8 +4,9 @@ and in LaTeX for a paper's tables (``tex=True``)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from spice_ray.results.schema import settings_of
 
 METRIC_NAMES = {
     "cumulative_regret": "Cumulative regret",
@@ -37,7 +38,7 @@ def setting_parts(cfg: dict[str, Any], tex: bool = False) -> list[str]:
     if cfg.get("beta_schedule") == "sqrt2logt":
         parts.append(r"$\beta_t{=}\sqrt{2\ln t}$" if tex else "β_t=√(2 ln t)")
     elif cfg.get("beta_schedule") == "sqrt_log_sat":
-        b = f"{cfg.get('beta', 1):g}"
+        b = f"{cfg['beta']:g}"  # written with its schedule (AgentSpec.config_dict)
         parts.append(rf"$\beta_t{{=}}{b}\sqrt{{\ln SAt}}$" if tex else f"β_t={b}√(ln SAt)")
     elif "beta" in cfg:
         parts.append(rf"$\beta{{=}}{cfg['beta']:g}$" if tex else f"β={cfg['beta']:g}")
@@ -53,7 +54,7 @@ def setting_label(config: str, tex: bool = False) -> str:
     """:func:`setting_parts` of a row's JSON ``config``, joined ("" when it says none; a string
     that is not JSON is returned as it is)."""
     try:
-        cfg = json.loads(config)
-    except (TypeError, json.JSONDecodeError):
+        cfg = settings_of(config)
+    except ValueError:  # not JSON, or not an object
         return str(config)
-    return ", ".join(setting_parts(cfg, tex)) if isinstance(cfg, dict) else str(config)
+    return ", ".join(setting_parts(cfg, tex)) if cfg or config else str(config)

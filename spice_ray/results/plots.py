@@ -7,7 +7,6 @@ returns the path of the PNG it wrote.
 
 from __future__ import annotations
 
-import json
 import zlib
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from spice_ray.results.analysis import (  # noqa: E402
 from spice_ray.results.figure_files import extra_formats, mark_drawn  # noqa: E402
 from spice_ray.results.figure_files import save as _save  # noqa: E402
 from spice_ray.results.labels import setting_label  # noqa: E402
+from spice_ray.results.schema import settings_of
 from spice_ray.results.summary import summarise  # noqa: E402
 from spice_ray.results.tables import load  # noqa: E402
 
@@ -207,7 +207,7 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Final regret vs test-time sigma: a point and its +- SEM bar per method and setting at
     each sigma (dodged), on a log axis (DPT is far larger), settings in the labels."""
     sub = df[df["metric"] == "final_regret"].copy()
-    sub["sigma"] = sub["config"].map(lambda c: json.loads(c).get("sigma", np.nan))
+    sub["sigma"] = sub["config"].map(lambda c: settings_of(c).get("sigma", np.nan))
     sub["label"] = [f"{m} ({t})" if (t := setting_label(c)) else m
                     for m, c in zip(sub["method"], sub["config"], strict=True)]
     summ = summarise(sub.drop(columns=["config"]), ["label", "method", "sigma"], pool=True)

@@ -3,12 +3,12 @@ mean +- SEM over tasks after averaging seeds per task) and the config that produ
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from spice_ray.common.artifacts import atomic_write_text
+from spice_ray.results.schema import settings_of
 from spice_ray.results.summary import summarise
 from spice_ray.results.tables import describe, list_experiments, load
 
@@ -21,7 +21,7 @@ def _label(row: pd.Series) -> str:
     label = row["method"]
     if row.get("variant"):
         label += f" [{row['variant']}]"
-    cfg = json.loads(row["config"]) if row.get("config") else {}
+    cfg = settings_of(row.get("config"))
     extra = {k: cfg[k] for k in ("beta", "beta_schedule") if k in cfg}
     if extra:
         settings = ", ".join(f"{k}={v}" for k, v in extra.items())
@@ -113,7 +113,7 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
             if metric in metrics and not calibration:
                 t = final_regret_table(df, metric)
                 if metric == "final_regret":
-                    t = t.assign(sigma=t["config"].map(lambda c: json.loads(c).get("sigma")))
+                    t = t.assign(sigma=t["config"].map(lambda c: settings_of(c).get("sigma")))
                     t = t.sort_values(["sigma", "mean"])
                     shown = t[["label", "sigma", "mean", "sem", "n", "seeds"]]
                 else:

@@ -26,7 +26,9 @@ work. They are derived from ``config`` on reading, never stored: ``config`` stay
 
 from __future__ import annotations
 
+import functools
 import json
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -46,6 +48,27 @@ ACCURACY_METRICS = ("action_accuracy", "stay_accuracy", "context_shows_goal")
 """The DPT* episode table's per-task metrics (``spice_ray.evaluate.accuracy``): the share of
 cells where the action is optimal; 1 if the action on the goal cell is "stay" (else 0); 1 if
 the task's context contains a reward (it shows the goal)."""
+
+def settings_of(config: str | None) -> dict[str, Any]:
+    """A row's ``config`` (or a sweep row's ``params``) as a dict: every module reads the
+    settings column through here (the column's format is this module's business); {} for an
+    empty or missing one. A fresh dict each call (each distinct text is parsed once).
+
+    Raises:
+        ValueError: text that is not a JSON object.
+    """
+    if not isinstance(config, str) or not config:
+        return {}
+    return dict(_parsed(config))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(config: str) -> dict[str, Any]:
+    value = json.loads(config)
+    if not isinstance(value, dict):
+        raise ValueError(f"config {config[:80]!r} is invalid: a JSON object")
+    return value
+
 
 SETTING_PREFIX = "setting."
 """Prefix of a setting column whose key is also a schema column (none today)."""

@@ -10,7 +10,6 @@ computed from (by content, so a copied run directory stays current).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +40,7 @@ from spice_ray.model import checkpoint as ckpt
 from spice_ray.results import aggregate
 from spice_ray.results.choices import fitted_decay, fitted_noise, fitted_scale
 from spice_ray.results.figure_files import extra_formats
-from spice_ray.results.schema import NO_SEED
+from spice_ray.results.schema import NO_SEED, settings_of
 from spice_ray.results.tables import table_path, write
 from spice_ray.runtime import tracking
 from spice_ray.runtime.tasks import map_unordered
@@ -326,7 +325,7 @@ def _ppo_rows(cfg: ExperimentConfig, data: dict) -> pd.DataFrame:
 
     log.info("[evaluate] single-task PPO, %d episodes per task", cfg.eval.ppo_episodes)
     ppo = ppo_rows(data, cfg.env, cfg.eval, cfg.eval.ppo_episodes, seed=0)
-    episode = ppo["config"].map(lambda c: f"episode {json.loads(c)['episode']}")
+    episode = ppo["config"].map(lambda c: f"episode {settings_of(c)['episode']}")
     return ppo.assign(seed=NO_SEED, variant=episode)
 
 

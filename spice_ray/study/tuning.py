@@ -66,7 +66,7 @@ from spice_ray.results.choices import (
     resolution,
 )
 from spice_ray.results.choices import headline as choices_headline
-from spice_ray.results.schema import NO_SEED
+from spice_ray.results.schema import NO_SEED, settings_of
 from spice_ray.study.experiments import EXPERIMENTS, Experiment
 from spice_ray.study.records import Finals
 
@@ -170,7 +170,7 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
 def _agent_config(config: str) -> str:
     """A row's config without what the protocol adds (noise level, episodes): the agent's
     own, as :meth:`AgentSpec.config_json` writes it."""
-    cfg = {k: v for k, v in json.loads(config).items() if k not in ("sigma", "episodes")}
+    cfg = {k: v for k, v in settings_of(config).items() if k not in ("sigma", "episodes")}
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -12,6 +11,7 @@ import pandas as pd
 
 from spice_ray.common.console import Console
 from spice_ray.config import ExperimentConfig
+from spice_ray.results.schema import settings_of
 from spice_ray.sweep.driver import SweepResult
 from spice_ray.sweep.resources import trial_bundles
 
@@ -28,8 +28,8 @@ def shown_params(params: str) -> str:
         return [f"{prefix[:-1]}={shown}"]
 
     try:
-        return ", ".join(flat(json.loads(params)))
-    except (TypeError, ValueError):
+        return ", ".join(flat(settings_of(params)))
+    except ValueError:
         return str(params)
 
 
