@@ -416,3 +416,35 @@ def test_two_runs_are_compared_task_by_task_and_other_tasks_are_refused(tmp_path
     assert results_main(["compare", str(runs["a"]), str(runs["c"]), "--table",
                          "bandit_tuned"]) == 2
     assert capsys.readouterr().err.startswith("error: bandit's eval tasks differ")
+
+
+def test_a_registered_metric_carries_its_label_and_direction_everywhere() -> None:
+    """A metric is declared once (``results.schema.register_metric``): its label heads tables,
+    and which way is better decides the paper table's best row and P(improvement); the
+    study's own metrics are registered the same way, and an unknown name reads plainly."""
+    from spice_ray.results import paper
+    from spice_ray.results.labels import metric_name
+    from spice_ray.results.schema import METRICS, Metric, metric_info, register_metric
+
+    assert metric_name("cumulative_regret") == "Cumulative regret"
+    assert metric_info("cumulative_return").higher_is_better
+    assert metric_name("goal_visits") == "Goal visits"  # nobody registered it
+    success = Metric("success_rate", "Success rate", higher_is_better=True)
+    try:
+        register_metric(success)
+        register_metric(success)  # the same entry again: a no-op
+        with pytest.raises(ValueError, match="'success_rate' is already registered"):
+            register_metric(Metric("success_rate", "Successes"))
+        rows = pd.DataFrame([{"method": m, "config": "{}", "rule": "r", "seed": 0,
+                              "task_id": t, "metric": "success_rate", "x": 10, "value": v}
+                             for m, vals in (("A", (0.9, 0.8, 0.7)), ("B", (0.2, 0.3, 0.4)))
+                             for t, v in enumerate(vals)])
+        summary = summarise(rows, ["method"]).assign(label=lambda d: d["method"])
+        table = paper.ranked(rows, summary)
+        assert table["method"].tolist() == ["A", "B"] and table["best"].tolist() == [True, False]
+        assert metric_name("success_rate") == "Success rate"
+        assert improvement(rows, "A", "B", "success_rate")["probability"] == 1.0
+        assert improvement(rows, "A", "B", "success_rate", lower_is_better=True)[
+            "probability"] == 0.0
+    finally:
+        METRICS.pop("success_rate", None)

@@ -5,9 +5,9 @@
 summaries (mean, SEM, n) without writing Python.
 """
 
-from spice_ray.results.schema import COLUMNS
+from spice_ray.results.schema import COLUMNS, METRICS, Metric, register_metric
 from spice_ray.results.summary import final_values, summarise, task_means
 from spice_ray.results.tables import ResultsError, describe, list_experiments, load, write
 
-__all__ = ["COLUMNS", "ResultsError", "describe", "final_values", "list_experiments", "load",
-           "summarise", "task_means", "write"]
+__all__ = ["COLUMNS", "METRICS", "Metric", "ResultsError", "describe", "final_values",
+           "list_experiments", "load", "register_metric", "summarise", "task_means", "write"]

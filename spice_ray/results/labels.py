@@ -6,29 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from spice_ray.results.schema import settings_of
+from spice_ray.results.schema import metric_info, settings_of
 
-METRIC_NAMES = {
-    "cumulative_regret": "Cumulative regret",
-    "final_regret": "Final regret",
-    "suboptimality": "Suboptimality",
-    "cumulative_return": "Return",
-    "return": "Return",
-    "final_return": "Final return",
-    "action_accuracy": "Action accuracy",
-    "stay_accuracy": "Stay accuracy",
-    "prior_rmse": "Prior RMSE",
-}
-"""A metric's name in a table's header; any other metric is shown with spaces for
-underscores."""
 
 def metric_name(metric: str) -> str:
-    """``cumulative_regret`` -> "Cumulative regret" (:data:`METRIC_NAMES`, else the name with
-    spaces, first letter capitalised)."""
-    if metric in METRIC_NAMES:
-        return METRIC_NAMES[metric]
-    text = str(metric).replace("_", " ")
-    return text[:1].upper() + text[1:]
+    """``cumulative_regret`` -> "Cumulative regret": the registered label
+    (``results.schema.METRICS``), else the name with spaces, first letter capitalised."""
+    return metric_info(metric).label
 
 
 def setting_parts(cfg: dict[str, Any], tex: bool = False) -> list[str]:

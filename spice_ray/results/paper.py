@@ -15,11 +15,10 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.results.labels import metric_name, setting_label
+from spice_ray.results.schema import metric_info
 from spice_ray.results.summary import task_means
 from spice_ray.results.tables import ResultsError
 
-HIGHER_IS_BETTER = frozenset({"cumulative_return", "return", "final_return"})
-"""Metrics where a larger value is better (every other metric is a regret or a loss)."""
 Z_95 = 1.96
 
 
@@ -32,7 +31,8 @@ def _escape_latex(text: str) -> str:
 
 def ranked(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """``summary`` (mean, sem, n and a ``label`` column per row) with ``best`` (the lowest mean,
-    or highest for :data:`HIGHER_IS_BETTER`) and ``tied`` (paired test against the best row),
+    or highest where the metric's registered direction says so: ``results.schema.METRICS``)
+    and ``tied`` (paired test against the best row),
     best first.
 
     Raises:
@@ -43,7 +43,8 @@ def ranked(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         if column in df and df[column].nunique() > 1:
             raise ResultsError(f"a paper table shows one {column}; these rows hold "
                                f"{df[column].nunique()}: choose one with {hint}")
-    higher = bool(df["metric"].isin(HIGHER_IS_BETTER).all()) if "metric" in df else False
+    higher = "metric" in df and len(df) > 0 and all(
+        metric_info(m).higher_is_better for m in df["metric"].unique())
     per_task = task_means(df)
     keys = [c for c in summary.columns if c in per_task.columns and c not in ("value",)]
     out = summary.reset_index(drop=True).copy()

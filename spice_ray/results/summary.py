@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from spice_ray.results.schema import KEY, NO_SEED
+from spice_ray.results.schema import KEY, NO_SEED, metric_info
 from spice_ray.results.tables import ResultsError
 
 
@@ -378,10 +378,11 @@ def summarise(df: pd.DataFrame, by: Sequence[str] | None = None, stat: str = "se
 
 
 def improvement(df: pd.DataFrame, method_a: str, method_b: str, metric: str,
-                lower_is_better: bool = True) -> dict[str, float]:
+                lower_is_better: bool | None = None) -> dict[str, float]:
     """P(a beats b on a random task): the fraction of tasks where ``a``'s final ``metric`` is
     better than ``b``'s (ties count a half), paired by task after averaging seeds per task,
-    with a 95% bootstrap interval over tasks.
+    with a 95% bootstrap interval over tasks. Better is the metric's registered direction
+    (``results.schema.METRICS``) unless ``lower_is_better`` says.
 
     Raises:
         ResultsError: a method has no rows of ``metric``, or they share no task.
@@ -397,6 +398,8 @@ def improvement(df: pd.DataFrame, method_a: str, method_b: str, metric: str,
     a, b = per[method_a].align(per[method_b], join="inner")
     if a.empty:
         raise ResultsError(f"{method_a} and {method_b} share no task")
+    if lower_is_better is None:
+        lower_is_better = not metric_info(metric).higher_is_better
     sign = -1.0 if lower_is_better else 1.0
     wins = 0.5 * (1 + np.sign(sign * (a.to_numpy() - b.to_numpy())))  # 1, 0.5 or 0 per task
     low, high = bootstrap_ci(wins)
