@@ -272,7 +272,7 @@ def test_import_spice_ray_registers_every_environment_with_gymnasium() -> None:
 def test_an_environment_registered_later_gets_its_gymnasium_id() -> None:
     """A plugin's environment class, registered after ``import spice_ray``, is made by
     ``gymnasium.make`` under its own id (``register_gym_envs`` returned the id but never
-    registered it)."""
+    registered it), at the scales its own ``presets`` declare."""
     import dataclasses
 
     import gymnasium
@@ -281,7 +281,9 @@ def test_an_environment_registered_later_gets_its_gymnasium_id() -> None:
     from spice_ray.envs.bandit import Bandit
     from spice_ray.envs.gym import register_gym_envs
 
-    toy = type("ToyBandit", (Bandit,), {"name": "toy_bandit"})
+    toy = type("ToyBandit", (Bandit,), {"name": "toy_bandit", "presets": {
+        "smoke": {"env": {"horizon": 12}, "data": {"num_eval_tasks": 8},
+                  "eval": {"num_tasks": 8, "online_horizon": 12, "offline_points": 6}}}})
     env_id = "spice_ray/toy_bandit-v0"
     assert env_id not in gymnasium.registry
     try:
@@ -291,6 +293,16 @@ def test_an_environment_registered_later_gets_its_gymnasium_id() -> None:
         obs, _ = env.reset(seed=0)
         assert env.unwrapped.env.name == "toy_bandit" and env.action_space.n == 5
         assert dataclasses.is_dataclass(toy.Params)
+        # its own presets, in its one file: the smoke scale it declares, the paper's elsewhere
+        from spice_ray.config import make_config
+
+        smoke = make_config("smoke", "toy_bandit")
+        assert (smoke.env.horizon, smoke.data.num_eval_tasks) == (12, 8)
+        assert env.spec.max_episode_steps == 12  # the task's horizon, from that preset
+        assert make_config("small", "toy_bandit").env.horizon == \
+            make_config("paper", "toy_bandit").env.horizon != 12  # no small entry: defaults
+        # a package environment keeps its PRESETS entry
+        assert make_config("smoke", "bandit").env.horizon == 24
     finally:
         base._REGISTRY.pop("toy_bandit", None)
         gymnasium.registry.pop(env_id, None)

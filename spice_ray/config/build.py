@@ -217,7 +217,8 @@ def parse_set(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
 
 def preset_dict(preset: str, env: str) -> dict[str, Any]:
     """The nested override dict a preset applies for an environment: the environment's own
-    ``defaults`` (paper scale), then the preset's entry for it."""
+    ``defaults`` (paper scale), then the preset's entry for it (``PRESETS``, else the
+    environment's own ``presets``)."""
     if preset not in PRESET_NAMES:
         raise ConfigError(f"preset={preset!r} is invalid: one of {', '.join(PRESET_NAMES)}")
     try:
@@ -225,7 +226,8 @@ def preset_dict(preset: str, env: str) -> dict[str, Any]:
     except KeyError as exc:
         raise ConfigError(exc.args[0]) from None
     base = deep_merge({"env": {"name": env}}, {k: dict(v) for k, v in cls.defaults.items()})
-    return deep_merge(base, deep_merge({"preset": preset}, PRESETS[preset].get(env, {})))
+    entry = PRESETS[preset][env] if env in PRESETS[preset] else cls.presets.get(preset, {})
+    return deep_merge(base, deep_merge({"preset": preset}, dict(entry)))
 
 
 def make_config(

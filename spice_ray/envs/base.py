@@ -98,6 +98,10 @@ class Environment(ABC):
     default, ``reading`` in Params (when present) chooses the reported one."""
     defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     """Config values this environment changes from the dataclass defaults, by section."""
+    presets: ClassVar[Mapping[str, Mapping[str, Mapping[str, Any]]]] = {}
+    """What each preset (smoke, small, ...) changes for this environment, by section, where
+    ``spice_ray.config.presets.PRESETS`` has no entry for it: a plugin's environment brings its
+    own scales in its one file (``{"smoke": {"env": {"horizon": 12}, ...}}``)."""
 
     def __init__(self, params: Any, horizon: int) -> None:
         self.params = params
