@@ -5,9 +5,30 @@
 summaries (mean, SEM, n) without writing Python.
 """
 
-from spice_ray.results.schema import COLUMNS, METRICS, Metric, register_metric
-from spice_ray.results.summary import final_values, summarise, task_means
-from spice_ray.results.tables import ResultsError, describe, list_experiments, load, write
+from __future__ import annotations
 
-__all__ = ["COLUMNS", "METRICS", "Metric", "ResultsError", "describe", "final_values",
-           "list_experiments", "load", "register_metric", "summarise", "task_means", "write"]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "schema": ("COLUMNS", "METRICS", "Metric", "register_metric"),
+    "summary": ("final_values", "summarise", "task_means"),
+    "tables": ("ResultsError", "describe", "list_experiments", "load", "write"),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    """Each exported name from its module on first use, so ``python -m spice_ray.results
+    --help`` (and ``spice_ray.results.schema`` alone) does not load the rest."""
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'spice_ray.results' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))
