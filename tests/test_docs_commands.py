@@ -33,8 +33,11 @@ print(json.dumps(results))
 
 
 def _in(tmp: Path, args: list[str]) -> list[str]:
-    """``args`` with every absolute path (a documented run directory) moved under ``tmp``."""
-    return [str(tmp / a.lstrip("/")) if a.startswith("/") else a for a in args]
+    """``args`` with every absolute path (a documented run directory) moved under ``tmp``, and
+    the repository's files they name (``--config configs/...``) found from its root, where the
+    documents' commands run."""
+    return [str(tmp / a.lstrip("/")) if a.startswith("/") else
+            str(ROOT / a) if "/" in a and (ROOT / a).is_file() else a for a in args]
 
 
 def test_every_documented_script_command_resolves_and_writes_nothing(tmp_path) -> None:
