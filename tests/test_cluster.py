@@ -74,7 +74,8 @@ def test_cluster_yaml_passes_rays_schema_and_prepare_config():
     assert cfg["head_node_type"] == "ray.head.default"
     assert cfg["available_node_types"]["ray.head.default"]["max_workers"] == 0
     assert cfg["available_node_types"]["ray.worker.trainer"]["max_workers"] == 8
-    assert cfg["head_setup_commands"][-1] == "pip install --no-cache-dir -e ~/spice-ray"
+    assert cfg["head_setup_commands"][-1] == \
+        'pip install --no-cache-dir -e "$HOME/spice-ray[dashboard]"'
     assert cfg["docker"]["image"].startswith("rayproject/ray:")
 
 

@@ -270,6 +270,16 @@ established: 1.05-1.30x in `fit` over 4 pairs whose order was fixed while the ma
 0.97-0.98x in ``benchmarks/bench_niceness.py``'s 2 pairs."""
 
 
+def dashboard_installed() -> bool:
+    """Whether Ray's dashboard can start here: its packages come with ``ray[default]`` (this
+    project's ``dashboard`` extra), not with the ``data``, ``train`` and ``tune`` extras."""
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401 -- Ray's own check of those packages
+    except ImportError:
+        return False
+    return True
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: bool = False,
              console: Console | None = None, dashboard: bool = True):
     """Start an embedded local Ray (default) or join a cluster (``address``, e.g. "auto").
@@ -302,7 +312,13 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
         # The dashboard serves the State API, which Ray Train's placement-group cleaner polls
         # (without it, it warns every few seconds); it takes the next free port after 8265.
         # Its ten module processes cost ~4 CPU-seconds per start (2-core machine), so a run
-        # that starts no Ray Train job leaves it out unless asked (``dashboard``).
+        # that starts no Ray Train job leaves it out unless asked (``dashboard``), and an
+        # install without it (the ``dashboard`` extra, Ray's "default") runs without it.
+        if dashboard and not dashboard_installed():
+            (console.line if console else log.warning)(
+                "note: Ray's dashboard is not installed (pip install 'spice-ray[dashboard]'); "
+                "Ray Train runs without it and its clean-up logs warnings to the run's logs")
+            dashboard = False
         start_local(ray.init, ray.shutdown, num_cpus=num_cpus or os.cpu_count(),
                     include_dashboard=dashboard, log_to_driver=verbose,
                     logging_level="INFO" if verbose else "WARNING")
