@@ -61,13 +61,19 @@ def _confirm(run: Path, names: list[str] | None, tasks: int | None) -> str:
              f"fresh tasks of the eval distribution (ids from {c.CONFIRM_OFFSET:,}) that no "
              "choice or document has read. Intervals: the two-level bootstrap (training "
              "seeds, then tasks; eval tasks by goal where they share one).", ""]
-    for name in names:
+    # confirm.md covers every experiment confirmed so far: those named now, and the others
+    # whose confirmation table is current (read back, never scored again)
+    for name in [n for n in tuned if n in names or table_path(run, c.table_name(n)).exists()]:
         record = tuning[name]
         problem = record_problem(record)
+        if problem is not None and name not in names:
+            continue
         if problem is not None:
             raise ConfirmError(f"{run}/results/tuning.json {problem}: run the study again to "
                                "re-tune before confirming")
         mine = [e for e in entries if e["experiment"] == name]
+        if not mine and name not in names:
+            continue
         if not mine:
             raise ConfirmError(f"{run}/checkpoints/index.json lists no checkpoint of {name}")
         cfg = load_config(run / "configs" / f"{name}.yaml")
@@ -79,6 +85,8 @@ def _confirm(run: Path, names: list[str] | None, tasks: int | None) -> str:
         table = c.table_name(name)
         if is_current(table_path(run, table), inputs)[0]:
             print(f"{name}: {table} current (scored once), read back", flush=True)
+        elif name not in names:
+            continue  # not asked for, and its table is not of this record: left alone
         else:
             print(f"{name}: scoring {n} confirmation tasks ...", flush=True)
             rows = c.evaluate_confirmation(name, cfg, dataset, finals, record, n)

@@ -336,6 +336,11 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert confirm(["--out", str(run_dir), "--experiments", "bandit_template"]) == 0
     assert "read back" in capsys.readouterr().out
     assert (run_dir / "results" / "bandit_template_confirm.parquet").stat().st_mtime_ns == stamp
+    # confirming another experiment keeps the first in confirm.md (read back, not re-scored)
+    assert confirm(["--out", str(run_dir), "--experiments", "bandit_latent"]) == 0
+    both = (run_dir / "confirm.md").read_text()
+    assert "### bandit_template" in both and "### bandit_latent" in both
+    assert (run_dir / "results" / "bandit_template_confirm.parquet").stat().st_mtime_ns == stamp
     with pytest.raises(SystemExit):
         confirm(["--out", str(run_dir), "--experiments", "bandit_nope"])
     assert "no tuned table with a usable tuning record for bandit_nope" in capsys.readouterr().err
