@@ -97,7 +97,7 @@ def format_result(result: SweepResult, top: int = 5) -> str:
 def preset_grid(grids: Mapping[str, T], preset: str) -> T:
     """A sweep's grid for ``preset``: its own, else the nearest smaller preset's (``medium``
     inherits ``small``'s)."""
-    from spice_ray.config.sections import PRESET_NAMES
+    from spice_ray.config.presets import PRESET_NAMES
 
     for name in reversed(PRESET_NAMES[:PRESET_NAMES.index(preset) + 1]):
         if name in grids:
