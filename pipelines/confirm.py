@@ -38,6 +38,7 @@ def confirm(run: Path, names: list[str] | None, tasks: int | None) -> str:
 def _confirm(run: Path, names: list[str] | None, tasks: int | None) -> str:
     from spice_ray.common.artifacts import atomic_write_text, is_current
     from spice_ray.config import load_config
+    from spice_ray.data import store
     from spice_ray.results.choices import record_problem
     from spice_ray.results.tables import list_experiments, load, table_path, write
     from spice_ray.study import confirm as c
@@ -79,7 +80,7 @@ def _confirm(run: Path, names: list[str] | None, tasks: int | None) -> str:
         cfg = load_config(run / "configs" / f"{name}.yaml")
         finals = {(name, e["kind"], e["variant"], e["seed"]): checked_entry(run, e)
                   for e in mine}
-        dataset = run / "datasets" / Path(mine[0]["path"]).parts[1]
+        dataset = store.dataset_dir(run / "datasets", cfg)  # by its config, as the study does
         n = tasks or cfg.eval.num_tasks
         inputs = c.confirmation_inputs(record, n)
         table = c.table_name(name)

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoints"] if e["experiment"] == name]
     if not entries:
         p.error(f"{run} has no checkpoint of experiment {name!r}")
-    dataset = run / "datasets" / Path(entries[0]["path"]).parts[1]
+    dataset = store.dataset_dir(run / "datasets", cfg)  # by its config, as the study finds it
     specs = agent_specs(exp, cfg, dataset)
     record = read_tuning(run).get(name, {})
     points: list[tuple[str, AgentSpec, str]] = []  # (what, spec, evaluation)

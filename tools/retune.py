@@ -19,6 +19,7 @@ from pathlib import Path
 
 from spice_ray.common.artifacts import write_checked_text
 from spice_ray.config import load_config
+from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool
 from spice_ray.results.analysis import final_by_task, tuned_gap
 from spice_ray.results.choices import fitted_decay, fitted_noise, fitted_scale
@@ -59,7 +60,7 @@ def main() -> None:
             raise SystemExit(f"error: {run} has no checkpoint of experiment {name!r}")
         for e in mine:
             finals[(name, e["kind"], e["variant"], e["seed"])] = checked_entry(run, e)
-        datasets[name] = run / "datasets" / Path(mine[0]["path"]).parts[1]
+        datasets[name] = store.dataset_dir(run / "datasets", configs[name])  # by its config
     plan = StudyPlan(configs, out, tuple(names))
     init_ray(dashboard=False)  # as a run starts it (its workers at nice 0)
     tuning = {}
