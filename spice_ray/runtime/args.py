@@ -33,7 +33,8 @@ def add_config_args(parser: argparse.ArgumentParser, env: bool = True) -> None:
     parser.add_argument("--dashboard", action="store_true",
                         help="start Ray's dashboard (http://localhost:8265) with the local Ray; "
                              "default: only when a Ray Train job will run "
-                             "(train.num_workers > 0), whose clean-up polls its State API")
+                             "(train.num_workers > 0), whose clean-up polls its State API, and "
+                             "only where it is installed (the 'dashboard' extra)")
 
 
 def out_path(text: str) -> Path:
