@@ -8,20 +8,18 @@ spice_ray.config import make_config`` imports ``build``), so ``spice_ray.config.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-_WHERE = {
+from spice_ray.common.lazy import lazy_exports
+
+_exported, __dir__, __all__ = lazy_exports(__name__, {
     "build": ("config_hash", "deep_merge", "env_from_dict", "from_dict", "load_config",
               "load_yaml", "make_config", "parse_set", "preset_dict", "resolve_run_dir"),
     "presets": ("PRESETS", "PRESET_NAMES"),
     "run": ("WIDTH_SOURCES", "EvalConfig", "ExperimentConfig", "FusionConfig", "SweepConfig"),
     "sections": ("HEAD_KERNELS", "ConfigError", "DataConfig", "EnvConfig", "ModelConfig",
                  "TrainConfig", "to_plain", "without_later_defaults"),
-}
-_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
-
-__all__ = sorted(_MODULE_OF)
+})
 
 _RENAMED_WARNED: list[str] = []
 
@@ -30,10 +28,6 @@ def __getattr__(name: str) -> Any:
     """Each exported name from its module, on first use; ``RunConfig``, the old name of
     :class:`ExperimentConfig` (renamed so it is never taken for Ray's ``RunConfig``), still
     importable with one FutureWarning."""
-    if name in _MODULE_OF:
-        value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
-        globals()[name] = value
-        return value
     if name == "RunConfig":
         import warnings
 
@@ -41,9 +35,5 @@ def __getattr__(name: str) -> Any:
             _RENAMED_WARNED.append(name)
             warnings.warn("spice_ray.config.RunConfig is renamed ExperimentConfig; the old "
                           "name still works for now", FutureWarning, stacklevel=2)
-        return __getattr__("ExperimentConfig")
-    raise AttributeError(f"module 'spice_ray.config' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULE_OF))
+        return _exported("ExperimentConfig")
+    return _exported(name)

@@ -7,28 +7,12 @@ summaries (mean, SEM, n) without writing Python.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from spice_ray.common.lazy import lazy_exports
 
-_WHERE = {
+# each name loads its module on first use, so ``python -m spice_ray.results --help`` (and
+# ``spice_ray.results.schema`` alone) does not load the rest
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "schema": ("COLUMNS", "METRICS", "Metric", "register_metric"),
     "summary": ("final_values", "summarise", "task_means"),
     "tables": ("ResultsError", "describe", "list_experiments", "load", "write"),
-}
-_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> Any:
-    """Each exported name from its module on first use, so ``python -m spice_ray.results
-    --help`` (and ``spice_ray.results.schema`` alone) does not load the rest."""
-    if name in _MODULE_OF:
-        value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'spice_ray.results' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULE_OF))
+})

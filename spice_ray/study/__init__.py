@@ -13,12 +13,7 @@ importing one module of the layer (an experiment's declaration, say) does not st
 whole driver.
 """
 
-_STAGES = ("StudyPlan", "evaluate_experiment", "plan_study", "run_study", "study_tables")
+from spice_ray.common.lazy import lazy_exports
 
-
-def __getattr__(name: str):
-    if name in _STAGES:
-        from spice_ray.study import stages
-
-        return getattr(stages, name)
-    raise AttributeError(f"module 'spice_ray.study' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {"stages": (
+    "StudyPlan", "evaluate_experiment", "plan_study", "run_study", "study_tables")})
