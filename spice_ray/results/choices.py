@@ -24,13 +24,6 @@ def best_index(grid: list[dict[str, Any]]) -> int:
 RESOLVE_SES = 2.0
 """A grid point within this many standard errors of the best (its paired difference over the
 validation tasks) is one the validation set cannot tell from it."""
-FALLBACK = "the lowest validation mean among them, flagged unresolved"
-"""What an unresolved choice falls back to. A fixed order among the tied points (the first in
-grid order: smaller beta, the paper's width) was tried on the template bandit's `small` study and
-rejected: it moved the flat, context-free and Bayes rows to points 0.4-0.9 worse on validation
-while SPICE's tied set began with its best, so it handicapped the references every share is
-measured against. The lowest mean is the estimate with the least expected regret; the flag and
-the margin say how little the validation set tells it from the runner-up."""
 
 
 def resolution(grid: list[dict[str, Any]]) -> dict[str, Any]:
@@ -40,7 +33,11 @@ def resolution(grid: list[dict[str, Any]]) -> dict[str, Any]:
 
     The points within :data:`RESOLVE_SES` paired SEs of the lowest mean are "tied" with it;
     the choice is resolved when none is. Either way it is the lowest mean (the first in grid
-    order on an exact tie): unresolved, that is :data:`FALLBACK`, and the record says so.
+    order on an exact tie), and the record says whether it is resolved. A fixed order among the
+    tied points (the first in grid order: smaller beta, the paper's width) was tried on the
+    template bandit's `small` study and rejected: it moved the flat, context-free and Bayes rows
+    to points 0.4-0.9 worse on validation while SPICE's tied set began with its best, so it
+    handicapped the references every share is measured against.
 
     Returns:
         {"chosen", "best", "runner_up" (the second-lowest mean, None for a one-point grid),
