@@ -60,6 +60,33 @@ def full_run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[i
     return code, out, err
 
 
+HEAVY_MODULES = ("torch", "pandas", "scipy", "matplotlib", "ray")
+"""What a command line's ``--help`` or argument error must not import (seconds of start-up)."""
+
+
+def heavy_imports(run: str, argv: list[str], cwd: Path | None = None) -> str:
+    """Run ``run`` (``runpy``'s call, e.g. ``run_path('pipelines/full_run.py')`` or
+    ``run_module('spice_ray.results', alter_sys=True)``, as ``__main__``) with ``argv`` in a
+    fresh interpreter: "HEAVY [...] CODE n", the :data:`HEAVY_MODULES` it imported and its
+    exit status, for a test to compare with "HEAVY [] CODE 0" (on its stderr's last line)."""
+    import subprocess
+    import sys
+
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['cli'] + sys.argv[1:]\n"
+             "code = None\n"
+             "try:\n"
+             f"    runpy.{run[:-1]}, run_name='__main__')\n"
+             "except SystemExit as exc:\n"
+             "    code = exc.code\n"
+             f"heavy = sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules)\n"
+             "print('HEAVY', heavy, 'CODE', code, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+    lines = proc.stderr.strip().splitlines()
+    return lines[-1] if lines and lines[-1].startswith("HEAVY") else proc.stderr[-2000:]
+
+
 HANG_S = 300
 """The one wall-clock bound a test may hold work to: a hang reaches it, a slow or busy machine
 never does (the suite's slowest in-process call takes seconds on a quiet 2-core machine and

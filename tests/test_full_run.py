@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import full_run_cli
+from conftest import full_run_cli, heavy_imports
 
 from spice_ray.common.console import CLOSE_LINE, PROGRESS_LINE
 from spice_ray.results import load, summarise, write
@@ -421,20 +421,10 @@ def test_help_and_a_bad_flag_load_nothing_heavy(tmp_path) -> None:
     pandas, matplotlib or Ray are imported (they cost seconds: 6 CPU-s before the imports were
     deferred); asserted on the modules loaded, not on a clock. ``--list-experiments`` names
     the registry's experiments with the default set marked."""
-    probe = ("import runpy, sys\n"
-             "sys.argv = ['full_run.py'] + sys.argv[1:]\n"
-             "try:\n"
-             f"    runpy.run_path({str(ROOT / 'pipelines' / 'full_run.py')!r}, "
-             "run_name='__main__')\n"
-             "except SystemExit as exc:\n"
-             "    code = exc.code\n"
-             "heavy = sorted(m for m in ('torch', 'pandas', 'matplotlib', 'ray', 'scipy') "
-             "if m in sys.modules)\n"
-             "print('HEAVY', heavy, 'CODE', code, file=sys.stderr)\n")
+    script = str(ROOT / "pipelines" / "full_run.py")
     for argv, status in ((["--help"], 0), (["--preset", "nope"], 2), (["--nope"], 2)):
-        proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
-                              text=True, timeout=120, cwd=tmp_path)
-        assert f"HEAVY [] CODE {status}" in proc.stderr, (argv, proc.stderr[-2000:])
+        assert heavy_imports(f"run_path({script!r})", argv, tmp_path) == \
+            f"HEAVY [] CODE {status}", argv
     listed = subprocess.run([sys.executable, str(ROOT / "pipelines" / "full_run.py"),
                              "--list-experiments"], capture_output=True, text=True,
                             timeout=300, cwd=tmp_path)

@@ -454,19 +454,8 @@ def test_the_results_cli_answers_help_and_a_bad_flag_before_pandas_loads() -> No
     """``python -m spice_ray.results --help``, ``compare --help`` and an unknown flag parse
     before pandas, torch or scipy load (2 CPU-s before: the package imported its tables and
     summaries); asserted on the modules loaded, not on a clock."""
-    import subprocess
-    import sys
+    from conftest import heavy_imports
 
-    probe = ("import runpy, sys\n"
-             "sys.argv = ['results'] + sys.argv[1:]\n"
-             "try:\n"
-             "    runpy.run_module('spice_ray.results', run_name='__main__', alter_sys=True)\n"
-             "except SystemExit as exc:\n"
-             "    code = exc.code\n"
-             "heavy = sorted(m for m in ('torch', 'pandas', 'scipy', 'matplotlib', 'ray') "
-             "if m in sys.modules)\n"
-             "print('HEAVY', heavy, 'CODE', code, file=sys.stderr)\n")
     for argv, status in ((["--help"], 0), (["compare", "--help"], 0), (["RUN", "--nope"], 2)):
-        proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
-                              text=True, timeout=120)
-        assert f"HEAVY [] CODE {status}" in proc.stderr, (argv, proc.stderr[-2000:])
+        assert heavy_imports("run_module('spice_ray.results', alter_sys=True)", argv) == \
+            f"HEAVY [] CODE {status}", argv
