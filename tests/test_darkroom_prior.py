@@ -5,6 +5,7 @@ state-blind one its chance level), and the model read where the online agent rea
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -166,3 +167,35 @@ def test_rows_of_an_untrained_model_and_a_refusal_for_other_contexts() -> None:
     flat["states"] = flat["states"][:, :-1]
     with pytest.raises(ValueError, match="walk contexts .*env.rollin=walk"):
         learned_readout(model, uniform.env, flat, np.array([0]))
+
+
+def test_the_read_out_figure_pools_shares_by_state_count_and_refuses_mixed_splits(tmp_path
+                                                                                  ) -> None:
+    """tools/plot_readout.py: a share pooled over h >= 10 and seeds is weighted by each row's
+    states (h = 0 and empty rows left out); a (steps, seed) read twice keeps its first reading;
+    files of two splits are refused by name; the figure is written."""
+    from tools.plot_readout import main, pooled_shares, read_family
+
+    def row(h, context, n, share, seed, steps=100, split="validation"):
+        return {"h": h, "context": context, "n": n, "optimal_share": share,
+                "optimal_share_bayes": 1.0, "optimal_share_blind": 0.5, "steps": steps,
+                "seed": seed, "split": split}
+
+    rows = pd.DataFrame([row(0, "goal shown", 0, np.nan, 0), row(0, "all", 10, 0.1, 0),
+                         row(10, "goal shown", 1, 1.0, 0), row(50, "goal shown", 3, 0.0, 0),
+                         row(10, "goal shown", 4, 0.5, 1), row(10, "goal not shown", 2, 0.25, 1),
+                         row(10, "goal shown", 4, 0.0, 1)])  # seed 1 read twice: first kept
+    shares = pooled_shares(rows).set_index(["context", "seed"])
+    assert shares.loc[("goal shown", 0), "optimal_share"] == 0.25  # (1 + 0) / 4 states
+    assert shares.loc[("goal shown", 1), "optimal_share"] == 0.5
+    assert shares.loc[("goal shown", -1), "optimal_share"] == 3 / 8  # (1 + 2) / 8 states
+    assert shares.loc[("goal not shown", -1), "optimal_share"] == 0.25
+    assert shares.loc[("goal shown", -1), "optimal_share_blind"] == 0.5
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    rows.to_csv(a, index=False)
+    rows.assign(split="eval").to_csv(b, index=False)
+    with pytest.raises(SystemExit, match=r"mix the splits \['eval', 'validation'\]"):
+        read_family([a, b])
+    out = tmp_path / "readout.png"
+    assert main([str(out), f"darkroom={a}"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
