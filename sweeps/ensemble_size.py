@@ -18,11 +18,13 @@ Grid per preset: ``GRIDS["ensemble_size"]`` of spice_ray/config/grids.py.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spice_ray import sweep
-from spice_ray.config import ExperimentConfig
 from spice_ray.config.grids import GRIDS as HYPER
+
+if TYPE_CHECKING:  # annotations only: --help answers before torch loads
+    from spice_ray.config import ExperimentConfig
 
 GRIDS: dict[str, tuple[int, ...]] = dict(HYPER["ensemble_size"].sweep)
 """Per preset (``medium`` inherits ``small``'s), from ``spice_ray.config.grids``."""

@@ -16,11 +16,13 @@ variance is env.sigma^2 = 0.09).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spice_ray import sweep
-from spice_ray.config import ExperimentConfig
 from spice_ray.config.grids import GRIDS as HYPER
+
+if TYPE_CHECKING:  # annotations only: --help answers before torch loads
+    from spice_ray.config import ExperimentConfig
 
 GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
     preset: {"noise_var": noise, "v_min": HYPER["v_min"].sweep[preset]}

@@ -35,13 +35,14 @@ Tune's ASHA stop trials whose running regret after a chunk of the tasks is poor:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spice_ray import sweep
-from spice_ray.config import ExperimentConfig, FusionConfig
 from spice_ray.config.grids import GRIDS as HYPER
-from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
 from spice_ray.sweep.params import Conditional
+
+if TYPE_CHECKING:  # annotations only: --help answers before torch loads
+    from spice_ray.config import ExperimentConfig, FusionConfig
 
 KERNELS = ("uniform", "cosine", "rbf")
 GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
@@ -58,6 +59,8 @@ def fusion_grid(base: FusionConfig, taus: tuple[float, ...], betas: tuple[float,
     unused there), so every trial carries all four fields. A stateless environment keeps the
     base kernel (every kernel gives every transition the same weight there).
     """
+    from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
+
     kernels = ([{"kernel": base.kernel, "tau": base.tau}] if stateless else
                [{"kernel": k, "tau": float(t)} for k in KERNELS
                 for t in (taus if k in BANDWIDTH_KERNELS else (base.tau,))])
@@ -73,6 +76,8 @@ def search_space(base: FusionConfig, preset: str, search: str = "grid",
     log-uniform tau for a kernel that reads it, the beta schedule, and log-uniform beta for a
     schedule that reads it (ranges: ``Grid.search``; the others keep the base value, unused)."""
     from ray import tune
+
+    from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
 
     if search == "grid":
         return {"fusion": tune.grid_search(fusion_grid(base, **sweep.preset_grid(GRIDS, preset),

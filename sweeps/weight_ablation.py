@@ -14,21 +14,22 @@ sweeps/ensemble_size.py for the trade-off). Tables: <out>/sweeps/weight_ablation
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spice_ray import sweep
-from spice_ray.config import ExperimentConfig
-from spice_ray.study.experiments import WEIGHT_VARIANTS
 
-VARIANTS = (*WEIGHT_VARIANTS, "all")
-"""none, iw, adv, epi (one weight each, or none) and all (the main SPICE model)."""
+if TYPE_CHECKING:  # annotations only: --help answers before torch loads
+    from spice_ray.config import ExperimentConfig
 
 
 def search_space(cfg: ExperimentConfig | None = None) -> dict[str, Any]:
-    """Tune param_space over the weight variants (the same on every preset)."""
+    """Tune param_space over the weight variants (the same on every preset): none, iw, adv,
+    epi (one weight each, or none) and all (the main SPICE model)."""
     from ray import tune
 
-    return {"variant": tune.grid_search(list(VARIANTS))}
+    from spice_ray.study.experiments import WEIGHT_VARIANTS
+
+    return {"variant": tune.grid_search([*WEIGHT_VARIANTS, "all"])}
 
 
 if __name__ == "__main__":

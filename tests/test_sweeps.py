@@ -531,3 +531,17 @@ def test_a_payload_planted_in_tunes_experiment_state_is_never_run(
     finally:
         state.write_bytes(original)
         os.chmod(state, mode)
+
+
+@pytest.mark.parametrize("script", ["kernel_beta", "fusion_noise", "ensemble_size",
+                                    "weight_ablation"])
+def test_a_sweep_scripts_help_and_a_bad_flag_load_nothing_heavy(script, tmp_path) -> None:
+    """``sweeps/*.py --help``, an unknown preset and an unknown flag answer before torch,
+    pandas, scipy, matplotlib or Ray are imported (4.5-5 CPU-s before their imports were
+    deferred); asserted on the modules loaded, not on a clock."""
+    from conftest import heavy_imports
+
+    path = str(Path(__file__).resolve().parents[1] / "sweeps" / f"{script}.py")
+    for argv, status in ((["--help"], 0), (["--preset", "nope"], 2), (["--nope"], 2)):
+        assert heavy_imports(f"run_path({path!r})", argv, tmp_path) == \
+            f"HEAVY [] CODE {status}", (script, argv)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtr
 
 from spice_ray.common.rng import TaskStreams
 from spice_ray.envs.bandit import Bandit
@@ -80,7 +79,7 @@ class BanditTemplate(Bandit):
         edges = np.linspace(0.0, 1.0, GRID_BINS + 1)
         support = np.concatenate([[0.0], 0.5 * (edges[1:] + edges[:-1]), [1.0]])
         z = (edges[None, :] - self.template()[:, None]) / self.params.spread  # (A, G+1)
-        cdf = ndtr(z)
+        cdf = _ndtr(z)
         mass = np.concatenate([cdf[:, :1], np.diff(cdf, axis=1), 1.0 - cdf[:, -1:]], axis=1)
         with np.errstate(divide="ignore"):
             return support, np.log(mass)
@@ -101,9 +100,17 @@ class BanditTemplate(Bandit):
                          ) -> np.ndarray:
         """Arm means [B, A] drawn from the posterior (independent arms, by inversion)."""
         support, w = self._weights(counts, sums)
-        u = ndtr(draws.normal((self.num_actions,)))  # (B, A) uniforms
+        u = _ndtr(draws.normal((self.num_actions,)))  # (B, A) uniforms
         return inverse_cdf(w, support, u)
 
     def task_posterior(self, gamma: float = 0.0) -> ArmPosterior:
         """The exact posterior of B rollouts (``envs.bayes``)."""
         return ArmPosterior(self.num_actions, self.posterior_moments, self.posterior_sample)
+
+
+def _ndtr(z: np.ndarray) -> np.ndarray:
+    """The standard normal CDF (scipy's, imported on first use: the command lines list the
+    environments before their --help, and scipy costs a second of start-up)."""
+    from scipy.special import ndtr
+
+    return ndtr(z)

@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import pandas as pd
+if TYPE_CHECKING:  # loaded where they are used: --help answers before pandas, torch or Ray
+    import pandas as pd
 
-from spice_ray.common.console import Console
-from spice_ray.config import ExperimentConfig
-from spice_ray.results.schema import settings_of
-from spice_ray.sweep.driver import SweepResult
-from spice_ray.sweep.resources import trial_bundles
+    from spice_ray.common.console import Console
+    from spice_ray.config import ExperimentConfig
+    from spice_ray.sweep.driver import SweepResult
 
 T = TypeVar("T")
 
@@ -26,6 +25,8 @@ def shown_params(params: str) -> str:
             return [item for k in sorted(value) for item in flat(value[k], f"{prefix}{k}.")]
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
         return [f"{prefix[:-1]}={shown}"]
+
+    from spice_ray.results.schema import settings_of
 
     try:
         return ", ".join(flat(settings_of(params)))
@@ -70,6 +71,8 @@ def start_sweep(args: argparse.Namespace, cfgs: Sequence[ExperimentConfig],
     Returns the run directory's lock."""
     from spice_ray.runtime.cli import fail, start_run
     from spice_ray.runtime.resources import sweep_request
+    from spice_ray.sweep.resources import trial_bundles
+
     for cfg in cfgs:
         if cfg.sweep.search != "grid" and importlib.util.find_spec("optuna") is None:
             fail(f"sweep.search={cfg.sweep.search} needs the optuna package (both sampled "
@@ -123,21 +126,26 @@ def main(name: str, space: Callable[[ExperimentConfig], dict[str, Any]], doc: st
         env: sweep this environment only (no --env flag).
         both: environments swept when ``--env both`` (the default then).
     """
-    from spice_ray import envs
-    from spice_ray.data.generate import generate_stage
-    from spice_ray.runtime.cli import add_config_args, config_from_args, run_main
-    from spice_ray.sweep.driver import run_sweep
-    from spice_ray.sweep.trial import ensure_models, pretrain_grid
+    from spice_ray.runtime.args import add_config_args
 
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser, env=env is None and not both)
     if both:
+        from spice_ray import envs  # the environment names (this loads the environments)
+
         parser.add_argument("--env", choices=(*envs.names(), "both"), default="both",
                             help=f"environment to sweep, or both: {' and '.join(both)} "
                                  "(default)")
     add_sweep_args(parser, retrain=retrain)
     args = parser.parse_args(argv)
+    # the work's modules only once the flags are known (--help has answered by now)
+    from spice_ray.common.console import Console
+    from spice_ray.data.generate import generate_stage
+    from spice_ray.runtime.cli import config_from_args, run_main
+    from spice_ray.sweep.driver import run_sweep
+    from spice_ray.sweep.trial import ensure_models, pretrain_grid
+
     if both:
         names: tuple[str | None, ...] = both if args.env == "both" else (args.env,)
     else:

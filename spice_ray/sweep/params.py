@@ -12,11 +12,12 @@ import dataclasses
 import itertools
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import ExperimentConfig, deep_merge, from_dict
-from spice_ray.study.experiments import WEIGHT_VARIANTS
+
+if TYPE_CHECKING:
+    from spice_ray.config import ExperimentConfig
 
 PARAM_SECTIONS = ("fusion", "model", "train", "eval")
 """Config sections a trial may override."""
@@ -73,11 +74,15 @@ def apply_params(base: ExperimentConfig, params: Mapping[str, Any]) -> Experimen
     if unknown:
         raise SweepError(f"trial parameters {sorted(unknown)} are invalid: use the sections "
                          f"{', '.join(PARAM_SECTIONS)} or {VARIANT_KEY!r}")
+    from spice_ray.config import deep_merge, from_dict
+
     sections = {k: v for k, v in params.items() if k in PARAM_SECTIONS}
     cfg = from_dict(deep_merge(base.to_dict(), sections)) if sections else base
     variant = params.get(VARIANT_KEY)
     if variant is None:
         return cfg
+    from spice_ray.study.experiments import WEIGHT_VARIANTS
+
     if variant == "all":
         return cfg.replace(train=dataclasses.replace(cfg.train, use_iw=True, use_adv=True,
                                                      use_epi=True))
