@@ -60,6 +60,26 @@ def _flip_bit(path: Path, at: int | None = None) -> None:
     path.write_bytes(bytes(data))
 
 
+def test_one_freshness_rule_for_files_and_the_records_inside_them() -> None:
+    """``artifacts.is_current`` judges a file by its sidecar and a record already read from a
+    verified file (a tuning choice, a checkpoint's meta, a sweep's inputs) by the same field
+    comparison; the tuning, loss-weight, checkpoint and sweep checks all call it."""
+    assert artifacts.is_current({"inputs": "abc"}, "abc") == (True, "")
+    assert artifacts.is_current({"inputs": "abc"}, "xyz") == (False, "computed from other "
+                                                                       "inputs")
+    assert artifacts.is_current({}, "abc")[0] is False
+    assert artifacts.is_current(None, "abc") == (False, artifacts.MISSING)
+    assert artifacts.is_current({"identity": "id1", "inputs": "x"}, "id1",
+                                field="identity") == (True, "")
+    root = Path(__file__).resolve().parents[1] / "spice_ray"
+    for module in ("study/tuning.py", "study/loss_weights.py", "train/ray_train.py",
+                   "sweep/driver.py"):
+        text = (root / module).read_text()
+        assert "is_current(" in text, module
+        assert '.get("inputs") ==' not in text and '.get("inputs") !=' not in text, module
+        assert '.get("identity") !=' not in text, module
+
+
 # ---- 2. result tables carry checksums ---------------------------------------------------
 
 

@@ -10,7 +10,9 @@ Every file a later stage (or a user) trusts is written the same way:
 A file is *valid* when it and its sidecar exist and its size and SHA-256 match the sidecar;
 it is *current* for some inputs when it is valid and the sidecar's ``inputs`` equal the hash of
 those inputs (:func:`is_current`). A truncated, bit-flipped or half-written file is therefore
-named and recomputed, never read. Dataset shards, result tables and sweep tables all use this.
+named and recomputed, never read. Dataset shards, result tables and sweep tables all use this;
+the records inside such files (a tuning choice, a checkpoint's identity, a sweep's inputs) are
+judged by the same :func:`is_current`.
 
 No Ray and no pandas here: plain files.
 """
@@ -21,7 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,17 +171,29 @@ def verify(path: str | Path) -> tuple[dict[str, Any] | None, str]:
     return record, ""
 
 
-def is_current(path: str | Path, inputs: str) -> tuple[bool, str]:
-    """Whether ``path`` is valid and was computed from ``inputs`` (a hash).
+def is_current(source: str | Path | Mapping[str, Any] | None, inputs: str,
+               field: str = "inputs") -> tuple[bool, str]:
+    """The one freshness rule: whether an output was computed from ``inputs`` (a hash of
+    everything it depends on), by the record it carries.
+
+    ``source`` is a file (its sidecar is the record, after :func:`verify`: a table, a figure,
+    a dataset shard) or a record already read from a verified file (a tuning choice in
+    ``tuning.json``, a checkpoint's ``meta.json``, a sweep's ``<name>.inputs.json``); ``None``
+    is one never written. ``field`` names the record's hash (``"identity"`` for a checkpoint).
 
     Returns:
         (True, "") or (False, reason): why it must be (re)computed; "missing" when it was
         never written.
     """
-    record, reason = verify(path)
-    if record is None:
-        return False, reason
-    if record.get("inputs") != inputs:
+    if source is None:
+        return False, MISSING
+    if isinstance(source, Mapping):
+        record: Mapping[str, Any] | None = source
+    else:
+        record, reason = verify(source)
+        if record is None:
+            return False, reason
+    if record.get(field) != inputs:
         return False, "computed from other inputs"
     return True, ""
 

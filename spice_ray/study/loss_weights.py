@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from spice_ray.agents import AgentSpec
+from spice_ray.common.artifacts import is_current
 from spice_ray.common.console import SILENT, Console
 from spice_ray.config import ExperimentConfig, config_hash
 from spice_ray.config.grids import GRIDS
@@ -116,7 +117,7 @@ def choose_model(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals
     if problem is not None:
         log.warning("[tune] %s: the loss-weight choice in tuning.json %s: scored again", name,
                     problem)
-    if not previous or problem is not None or previous.get("inputs") != inputs:
+    if problem is not None or not is_current(previous, inputs)[0]:
         data = store.load_split(dataset, "validation", limit=cfg.eval.num_tasks)
         spec = AgentSpec("spice", fusion=cfg.fusion)
         grid = []

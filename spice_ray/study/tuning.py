@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.agents import AgentSpec
-from spice_ray.common.artifacts import MISSING, verify
+from spice_ray.common.artifacts import MISSING, is_current, verify
 from spice_ray.config import EnvConfig, EvalConfig, ExperimentConfig, config_hash
 from spice_ray.config.grids import GRIDS
 from spice_ray.data import store
@@ -317,7 +317,7 @@ def prepare(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals,
                   for k, p in sorted(finals.items()) if k[0] == name},
         "data": store.split_id(dataset, "validation"), "tasks": cfg.eval.num_tasks,
         "width_fit": WIDTH_FIT})
-    if previous and previous.get("inputs") == inputs:
+    if is_current(previous, inputs)[0]:
         problem = record_problem(previous)
         if problem is None:
             log.info("[tune] %s: choices are current, skipped", name)

@@ -143,7 +143,7 @@ def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str | None) -> di
     Raises:
         SweepError: naming the file and what is wrong; ``--fresh`` starts again.
     """
-    from spice_ray.common.artifacts import UnreadableFile, read_json
+    from spice_ray.common.artifacts import UnreadableFile, is_current, read_json
 
     try:
         recorded = read_json(inputs_file)
@@ -154,7 +154,7 @@ def check_restorable(exp_dir: Path, inputs_file: Path, inputs: str | None) -> di
     except UnreadableFile as exc:
         raise SweepError(f"{exc}; {exp_dir} is not restored. Use --fresh to start again"
                          ) from exc
-    if inputs is not None and recorded.get("inputs") != inputs:
+    if inputs is not None and not is_current(recorded, inputs)[0]:
         raise SweepError(f"{exp_dir} was run with other inputs (search space, base config, "
                          "checkpoints or dataset); use another name or resume=False "
                          "(--fresh) to start again")

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from spice_ray.common.artifacts import is_current
 from spice_ray.common.console import SILENT, Bar, Console
 from spice_ray.common.placement import TRAINER, placement_resources
 from spice_ray.config import ExperimentConfig, TrainConfig
@@ -356,7 +357,8 @@ def settle_final(final_dir: Path, job: TrainJob) -> bool:
     except ckpt.CheckpointError:
         return False
     last = job.cfg.train.epochs - 1
-    if meta.get("identity") != job.identity() or int(meta.get("epoch", -1)) != last:
+    if (not is_current(meta, job.identity(), field="identity")[0]
+            or int(meta.get("epoch", -1)) != last):
         return False
     try:
         ckpt.load_training_state(final_dir)
