@@ -364,20 +364,27 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     run_study(plan2)
     assert _mtimes(run_dir) == before
     assert (run_dir / "figures" / "aggregate.png").stat().st_mtime_ns == drawn
+    written = report.stat().st_mtime_ns  # (this re-run wrote it: the confirmation added tables)
     assert plan2.timings["pretrain"] < 5 and plan2.timings["evaluate"] < 5
     # a run of one experiment into the study keeps the report whole: every experiment's
-    # sections and the across-experiment ones (a partial re-run rewrote it from one)
+    # sections and the across-experiment ones (a partial re-run once rewrote it from one)
     run_study(plan_study("smoke", tmp_path / "run", experiments=("bandit",)))
+    assert report.stat().st_mtime_ns == written  # nothing changed: the report is kept too
     again = report.read_text()
     for section in ("## Across experiments (normalised scores)", "## Probability of improvement",
                     "## darkroom_online\n", "## bandit_latent_prior\n", "## bandit_online\n"):
         assert section in again, section
-    # a copied run directory is still current: input hashes hold contents, not paths
+    # a copied run directory is still current: input hashes hold contents, not paths; its
+    # report names the new directory, so it is written again, by a run of one experiment:
+    # whole, every experiment's sections and the across-experiment ones
     shutil.copytree(run_dir, tmp_path / "moved")
-    moved = plan_study("smoke", tmp_path / "moved")
+    moved = plan_study("smoke", tmp_path / "moved", experiments=("bandit",))
     moved_before = _mtimes(moved.run_dir)
     run_study(moved)
     assert _mtimes(moved.run_dir) == moved_before
+    rewritten = (moved.run_dir / "report.md").read_text()
+    assert str(moved.run_dir) in rewritten and rewritten.replace(str(moved.run_dir), "") == \
+        again.replace(str(run_dir), "")
     assert moved.timings["pretrain"] < 5 and moved.timings["evaluate"] < 5
     # a bit flipped in a table is found, and that experiment's tables are recomputed, equal
     table = run_dir / "results" / "bandit_online.parquet"
@@ -387,6 +394,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     table.write_bytes(bytes(data))
     run_study(plan_study("smoke", tmp_path / "run"))
     pd.testing.assert_frame_equal(load(run_dir, "bandit_online"), good)
+    assert report.stat().st_mtime_ns != written  # work was done: the report is written again
     after = _mtimes(run_dir)
     changed = sorted(Path(k).name for k in after if after[k] != before[k])
     assert changed == ["bandit_offline.parquet", "bandit_online.parquet",

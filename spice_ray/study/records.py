@@ -118,7 +118,12 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
     # swapped checkpoint directory from the one listed
     entries = kept + [{"experiment": k[0], "kind": k[1], "variant": k[2], "seed": k[3],
                        "path": p, "identity": ckpt.read_meta(run_dir / p).get("identity")}
-                      for k, p in sorted(new.items())]
+                      for k, p in new.items()]
+    # in one order whatever ran last, so the same models give the same bytes (the report's
+    # freshness reads the index's checksum)
+    entries.sort(key=lambda e: (str(e.get("experiment")), str(e.get("kind")),
+                                str(e.get("variant")),
+                                e["seed"] if isinstance(e.get("seed"), int) else -1))
     write_checked_text(path, json.dumps({"checkpoints": entries}, indent=1))
     return path
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spice_ray.common.artifacts import file_sha256
+from spice_ray.common.artifacts import file_sha256, is_current, write_sidecar
+from spice_ray.common.plugins import load_plugins
 from spice_ray.config import ConfigError, ExperimentConfig, config_hash, load_config
 from spice_ray.data import store
 from spice_ray.results import plots
@@ -29,6 +30,7 @@ from spice_ray.study.experiments import EXPERIMENTS, VARIANT, Table, experiment_
 from spice_ray.study.records import (
     CheckpointIndexError,
     Finals,
+    did_work,
     index_entries,
     timing_notes,
     timing_of_work,
@@ -210,12 +212,63 @@ def summary_section(run_dir: Path, configs: dict[str, ExperimentConfig],
     return "Summary", text, pd.DataFrame(rows)
 
 
+def _code_id() -> str:
+    """A hash of the code the report is written by: every module of the package and of each
+    loaded plugin (their experiments, tables and analyses shape the report)."""
+    import importlib
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted(root.rglob("*.py"))
+    for module in sorted(load_plugins().values()):
+        found = sys.modules.get(module) or importlib.import_module(module)
+        if getattr(found, "__file__", None):
+            files.append(Path(found.__file__))
+    return config_hash({str(f.relative_to(root)) if f.is_relative_to(root) else f.name:
+                        file_sha256(f) for f in files})
+
+
+def report_inputs(run_dir: Path, configs: dict[str, ExperimentConfig],
+                  figures: dict[str, list[Path]]) -> str:
+    """What ``report.md`` is written from, as one hash: the run directory (the report names
+    it), every result file's checksum (tables and ``tuning.json``), the checkpoint index,
+    every experiment's config, the figures it embeds and the code (:func:`_code_id`). A re-run
+    that did no work and finds this unchanged keeps the report (its timings are those of the
+    invocation that did the work, which wrote the report and ``logs/timing.json`` together)."""
+    def checksum(path: Path) -> str | None:
+        return file_sha256(path) if path.is_file() else None
+
+    return config_hash({
+        "run": str(Path(run_dir).resolve()),
+        "results": {p.name: checksum(p) for p in sorted((run_dir / "results").glob("*.sha256"))},
+        "index": checksum(run_dir / "checkpoints" / "index.json"),
+        "configs": {name: cfg.to_yaml() for name, cfg in configs.items()},
+        "figures": {name: [p.name for p in paths] for name, paths in sorted(figures.items())},
+        "code": _code_id()})
+
+
 def write_study_report(run_dir: Path, configs: dict[str, ExperimentConfig], finals: Finals,
                        figures: dict[str, list[Path]], across: list[Any],
                        timings: dict[str, float], units: list[dict[str, Any]]) -> Path:
     """``report.md`` over ``configs`` (every experiment of the run: :func:`run_configs`), with
     the settings chosen on validation, the pretraining table of every indexed model and
-    ``finals``, the aggregate sections ``across`` and each table's findings."""
+    ``finals``, the aggregate sections ``across`` and each table's findings; kept as it is
+    when this invocation did no work and its :func:`report_inputs` are unchanged (its checksum
+    sidecar records them), so a re-run over a finished study writes nothing."""
+    inputs = report_inputs(run_dir, configs, figures)
+    path = Path(run_dir) / "report.md"
+    if (not did_work(units) and is_current(path, inputs)[0]
+            and (Path(run_dir) / "configs.md").is_file()):
+        log.info("report.md is current (its tables, figures, configs and code are unchanged)")
+        return path
+    path = _write_study_report(run_dir, configs, finals, figures, across, timings, units)
+    write_sidecar(path, inputs=inputs)
+    return path
+
+
+def _write_study_report(run_dir: Path, configs: dict[str, ExperimentConfig], finals: Finals,
+                        figures: dict[str, list[Path]], across: list[Any],
+                        timings: dict[str, float], units: list[dict[str, Any]]) -> Path:
     first = next(iter(configs.values()))
     presets = {name: f"`{cfg.preset}`, training seeds {list(cfg.seeds)}"
                for name, cfg in configs.items()}
