@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from spice_ray.agents import Agent, AgentSpec, make_agent
+from spice_ray.common.metrics import CUMULATIVE_REGRET, CUMULATIVE_RETURN
 from spice_ray.config import EnvConfig, EvalConfig
 from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
 from spice_ray.evaluate.accuracy import grid_accuracy
@@ -88,8 +89,8 @@ def episode_rows(env_cfg: EnvConfig, eval_cfg: EvalConfig, data: Mapping[str, np
                          draws=agent_draws(eval_cfg.seed, task_ids))
         regret = np.cumsum(env.regret(tasks, run.states, run.actions, run.rewards, H), axis=1)
         config = spec.config_json(eval_cfg, protocol="episode")
-        for metric, values in (("cumulative_return", np.cumsum(run.rewards, axis=1)),
-                               ("cumulative_regret", regret)):
+        for metric, values in ((CUMULATIVE_RETURN, np.cumsum(run.rewards, axis=1)),
+                               (CUMULATIVE_REGRET, regret)):
             frames.append(tidy_rows(env.name, spec.label, spec.rule(), config, seed, task_ids,
                                     metric, steps, values))
         if hasattr(env, "grid"):  # the action at every cell, on the same fixed context

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from spice_ray.agents import AgentSpec, OfflineContexts, OfflinePicker, make_agent
+from spice_ray.common.metrics import SUBOPTIMALITY
 from spice_ray.common.rng import TaskStreams
 from spice_ray.config import EnvConfig, EvalConfig
 from spice_ray.evaluate.online import applicable_specs
@@ -172,7 +173,7 @@ def offline_rows(
         subopt = values.max(axis=1, keepdims=True) - pick_values  # (B, P)
         frames.append(tidy_rows(env.name, spec.label, spec.rule(online=False),
                                 spec.config_json(eval_cfg, online=False, sigma=sigma),
-                                seed, task_ids, "suboptimality", hs, subopt))
+                                seed, task_ids, SUBOPTIMALITY, hs, subopt))
     return concat_rows(frames)
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from spice_ray.agents import Agent, AgentSpec, make_agent
+from spice_ray.common.metrics import CUMULATIVE_REGRET, CUMULATIVE_RETURN, FINAL_REGRET
 from spice_ray.common.rng import StepDraws, TaskStreams
 from spice_ray.config import EnvConfig, EvalConfig
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
@@ -199,13 +200,13 @@ def online_rows(
                 regret = np.cumsum(env.regret(tasks, run.states, run.actions, run.rewards, H,
                                               reading), axis=1)
                 if curves and level == own:
-                    add("cumulative_regret" if main else f"cumulative_regret_{reading}", regret)
+                    add(CUMULATIVE_REGRET if main else f"{CUMULATIVE_REGRET}_{reading}", regret)
                 if final_only and main and level == own:
-                    add("cumulative_regret", regret[:, -1:], steps[-1:])
+                    add(CUMULATIVE_REGRET, regret[:, -1:], steps[-1:])
                 if main and level in final_sigmas:
-                    add("final_regret", regret[:, -1:], steps[-1:])
+                    add(FINAL_REGRET, regret[:, -1:], steps[-1:])
             if curves and level == own and not env.stateless:
-                add("cumulative_return", np.cumsum(run.rewards, axis=1))
+                add(CUMULATIVE_RETURN, np.cumsum(run.rewards, axis=1))
                 visits = visit_counts(env, run.states)
                 if visits is not None:
                     add("visits", visits, np.arange(visits.shape[1]))

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from spice_ray.common.metrics import CUMULATIVE_REGRET, CUMULATIVE_RETURN
 from spice_ray.config import EnvConfig, EvalConfig
 from spice_ray.envs.gym import TaskEnv
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
@@ -211,8 +212,8 @@ def ppo_rows(
             actions, rewards = np.empty((0, H), np.int64), np.empty((0, H))
         regret = env.regret(tasks, states, actions, rewards, H)
         config = ppo_config_json(episode, episodes, H, kwargs)
-        for metric, values in (("cumulative_regret", np.cumsum(regret, axis=1)),
-                               ("cumulative_return", np.cumsum(rewards, axis=1))):
+        for metric, values in ((CUMULATIVE_REGRET, np.cumsum(regret, axis=1)),
+                               (CUMULATIVE_RETURN, np.cumsum(rewards, axis=1))):
             frames.append(tidy_rows(env_cfg.name, METHOD, RULE, config, seed, task_ids,
                                     metric, steps, values))
     return concat_rows(frames)

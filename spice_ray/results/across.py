@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spice_ray.common.metrics import CUMULATIVE_REGRET, SUBOPTIMALITY
 from spice_ray.results.summary import bootstrap_ci, final_values
 from spice_ray.results.tables import ResultsError, load
 
-METRICS = ("cumulative_regret", "suboptimality")
+METRICS = (CUMULATIVE_REGRET, SUBOPTIMALITY)
 """The final values compared (lower is better), the first a table has."""
 
 

@@ -25,13 +25,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spice_ray.common.metrics import CUMULATIVE_REGRET
 from spice_ray.results.summary import RESAMPLES, iqm
 
 REFERENCE = "Random"
 """The method whose mean final regret is each experiment's zero score."""
 TAUS = np.linspace(0.0, 1.0, 101)
 """Score thresholds of the performance profile."""
-METRIC = "cumulative_regret"
+METRIC = CUMULATIVE_REGRET
 
 
 @dataclass(frozen=True)

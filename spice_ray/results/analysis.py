@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from spice_ray.common.metrics import CUMULATIVE_REGRET, SUBOPTIMALITY
 from spice_ray.results.schema import ACCURACY_METRICS, settings_columns, settings_of
 from spice_ray.results.summary import (
     TaskSeedValues,
@@ -63,11 +64,11 @@ def prior_contribution(df: pd.DataFrame) -> list[str]:
     task at the same fusion settings (positive: the learned prior lowers regret or
     suboptimality)."""
     metrics = set(df["metric"])
-    if "cumulative_regret" in metrics:
-        points = [("cumulative_regret", None, "final cumulative regret")]
-    elif "suboptimality" in metrics:  # the prior matters most before evidence piles up
-        xs = sorted(df.loc[df["metric"] == "suboptimality", "x"].unique())
-        points = [("suboptimality", int(h), f"suboptimality at context length h={h}")
+    if CUMULATIVE_REGRET in metrics:
+        points = [(CUMULATIVE_REGRET, None, "final cumulative regret")]
+    elif SUBOPTIMALITY in metrics:  # the prior matters most before evidence piles up
+        xs = sorted(df.loc[df["metric"] == SUBOPTIMALITY, "x"].unique())
+        points = [(SUBOPTIMALITY, int(h), f"suboptimality at context length h={h}")
                   for h in (xs[0], xs[-1])]
     else:
         return []
@@ -104,7 +105,7 @@ def _gap_share(values: TaskSeedValues, learned: str, base: str, best: str,
                                  cluster)
 
 
-def gap_closed(df: pd.DataFrame, metric: str = "cumulative_regret") -> pd.DataFrame:
+def gap_closed(df: pd.DataFrame, metric: str = CUMULATIVE_REGRET) -> pd.DataFrame:
     """The share of the flat-to-oracle gap the learned prior closes, per beta, at step
     :data:`GAP_STEP` and at the final step: (flat - SPICE) / (flat - oracle), the three rows
     paired by task (training seeds averaged per task first), with a percentile interval of
@@ -149,7 +150,7 @@ def gap_closed(df: pd.DataFrame, metric: str = "cumulative_regret") -> pd.DataFr
 def prior_gap(df: pd.DataFrame) -> list[str]:
     """Sentences: the share of the flat-to-oracle gap SPICE's learned prior closes (see
     :func:`gap_closed`), and whether flat - SPICE is resolved (>= 3 paired SEMs)."""
-    metric = "cumulative_regret"
+    metric = CUMULATIVE_REGRET
     table = gap_closed(df, metric)
     out = []
     for r in table.itertuples():
@@ -305,7 +306,7 @@ def final_task_seeds(df: pd.DataFrame) -> TaskSeedValues | None:
     """A tuned table's final cumulative regret per task and training seed for each method
     (variants left out; a method without training seeds repeats its value for every seed);
     None without that metric."""
-    final = final_values(df, "cumulative_regret")
+    final = final_values(df, CUMULATIVE_REGRET)
     final = final[final["variant"] == ""]
     if final.empty:
         return None

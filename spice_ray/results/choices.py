@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from spice_ray.common.metrics import CUMULATIVE_REGRET
 from spice_ray.results.summary import final_values, task_means
 from spice_ray.results.tables import list_experiments, load
 
@@ -180,7 +181,7 @@ def headline(run_dir: Path, experiments: list[str], records: dict[str, Any]
     for exp in experiments:
         if f"{exp}_tuned" not in have:
             continue
-        final = task_means(final_values(load(run_dir, f"{exp}_tuned"), "cumulative_regret"))
+        final = task_means(final_values(load(run_dir, f"{exp}_tuned"), CUMULATIVE_REGRET))
         for method, value in final.groupby("method")["value"].mean().items():
             metrics[f"{_key(exp)}/{_key(str(method))}/final_regret"] = float(value)
     tuning = {exp: r for exp, r in records.items() if exp in experiments}

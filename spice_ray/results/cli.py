@@ -12,6 +12,7 @@ import pandas as pd
 
 from spice_ray.common.console import count
 from spice_ray.common.errors import excerpt
+from spice_ray.common.metrics import CUMULATIVE_REGRET, SUBOPTIMALITY
 from spice_ray.results import paper
 from spice_ray.results.query import QueryError, columns_named, filter_rows, values_hint
 from spice_ray.results.report import _label as row_label
@@ -183,7 +184,7 @@ def compare(run_dir: str, methods: list[str], table: str | None = None) -> pd.Da
     for name in [table] if table else list_experiments(run_dir):
         df = load(run_dir, name)
         df = df[df["variant"] == ""]  # the main models (not ablation variants)
-        metric = next((m for m in ("cumulative_regret", "suboptimality")
+        metric = next((m for m in (CUMULATIVE_REGRET, SUBOPTIMALITY)
                        if m in set(df["metric"])), None)
         if metric is None or not set(methods) <= set(df[df["metric"] == metric]["method"]):
             continue

@@ -18,6 +18,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
+from spice_ray.common.metrics import (
+    CUMULATIVE_REGRET,
+    CUMULATIVE_RETURN,
+    FINAL_REGRET,
+    SUBOPTIMALITY,
+)
 from spice_ray.results.analysis import (  # noqa: E402
     WIDTH_SOURCE_ORDER,
     width_of,
@@ -174,19 +180,19 @@ def _notes(note: str, *extra: list[str]) -> str:
 def plot_offline(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Offline suboptimality vs context length h (log x)."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    hidden = _curves(ax, df, "suboptimality", logx=True)
+    hidden = _curves(ax, df, SUBOPTIMALITY, logx=True)
     ax.set(xlabel="context length h", ylabel=r"suboptimality  $\mu^* - \mu(\hat{a})$", title=title)
     _legend(ax)
-    return _save(fig, path, _notes(band_note(df[df["metric"] == "suboptimality"]), hidden))
+    return _save(fig, path, _notes(band_note(df[df["metric"] == SUBOPTIMALITY]), hidden))
 
 
 def plot_online(df: pd.DataFrame, path: Path, title: str, zoom_methods=("UCB", "TS", "SPICE")
                 ) -> Path:
     """Online cumulative regret: full scale (left) and zoomed to the best methods (right)."""
     fig, (full, zoom) = plt.subplots(1, 2, figsize=(10, 4))
-    online = df[df["metric"] == "cumulative_regret"]
+    online = df[df["metric"] == CUMULATIVE_REGRET]
     for ax in (full, zoom):
-        hidden = _curves(ax, online, "cumulative_regret")
+        hidden = _curves(ax, online, CUMULATIVE_REGRET)
         ax.set(xlabel="step t", ylabel="cumulative regret")
     fig.suptitle(title, fontsize=11)
     full.set_title("full scale", fontsize=9)
@@ -206,7 +212,7 @@ def plot_online(df: pd.DataFrame, path: Path, title: str, zoom_methods=("UCB", "
 def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Final regret vs test-time sigma: a point and its +- SEM bar per method and setting at
     each sigma (dodged), on a log axis (DPT is far larger), settings in the labels."""
-    sub = df[df["metric"] == "final_regret"].copy()
+    sub = df[df["metric"] == FINAL_REGRET].copy()
     sub["sigma"] = sub["config"].map(lambda c: settings_of(c).get("sigma", np.nan))
     sub["label"] = [f"{m} ({t})" if (t := setting_label(c)) else m
                     for m, c in zip(sub["method"], sub["config"], strict=True)]
@@ -231,22 +237,22 @@ def plot_robustness(df: pd.DataFrame, path: Path, title: str) -> Path:
 def plot_online_return(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Online cumulative return (left) and cumulative regret (right)."""
     fig, (ret, reg) = plt.subplots(1, 2, figsize=(10, 4))
-    hidden = _curves(ret, df, "cumulative_return")
+    hidden = _curves(ret, df, CUMULATIVE_RETURN)
     ret.set(xlabel="step t", ylabel="cumulative return", title=f"{title}: return")
-    hidden_regret = _curves(reg, df, "cumulative_regret")
+    hidden_regret = _curves(reg, df, CUMULATIVE_REGRET)
     reg.set(xlabel="step t", ylabel="cumulative regret", title=f"{title}: regret")
     _legend(reg)
-    return _save(fig, path, _notes(band_note(df[df["metric"] == "cumulative_regret"]),
+    return _save(fig, path, _notes(band_note(df[df["metric"] == CUMULATIVE_REGRET]),
                                    hidden, hidden_regret))
 
 
 def plot_weights(df: pd.DataFrame, path: Path, title: str) -> Path:
     """Darkroom weight ablation: cumulative regret per SPICE variant and DPT."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    hidden = _curves(ax, df, "cumulative_regret")
+    hidden = _curves(ax, df, CUMULATIVE_REGRET)
     ax.set(xlabel="step t", ylabel="cumulative regret", title=title)
     _legend(ax)
-    return _save(fig, path, _notes(band_note(df[df["metric"] == "cumulative_regret"]),
+    return _save(fig, path, _notes(band_note(df[df["metric"] == CUMULATIVE_REGRET]),
                                    hidden))
 
 
@@ -301,7 +307,7 @@ def plot_calibration(df: pd.DataFrame, path: Path, title: str) -> Path:
 
 
 def plot_final_distribution(df: pd.DataFrame, path: Path, title: str,
-                            metric: str = "cumulative_regret") -> Path:
+                            metric: str = CUMULATIVE_REGRET) -> Path:
     """Per-task final values, one box per curve (seeds averaged per task): the spread and the
     heavy tail that a mean hides (e.g. tasks that lock onto a wrong arm)."""
     sub = df[df["metric"] == metric]

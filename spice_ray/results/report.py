@@ -8,6 +8,12 @@ from pathlib import Path
 import pandas as pd
 
 from spice_ray.common.artifacts import atomic_write_text
+from spice_ray.common.metrics import (
+    CUMULATIVE_REGRET,
+    CUMULATIVE_RETURN,
+    FINAL_REGRET,
+    SUBOPTIMALITY,
+)
 from spice_ray.results.schema import settings_of
 from spice_ray.results.summary import summarise
 from spice_ray.results.tables import describe, list_experiments, load
@@ -31,7 +37,7 @@ def _label(row: pd.Series) -> str:
     return label
 
 
-def final_regret_table(df: pd.DataFrame, metric: str = "cumulative_regret") -> pd.DataFrame:
+def final_regret_table(df: pd.DataFrame, metric: str = CUMULATIVE_REGRET) -> pd.DataFrame:
     """Mean +- SEM of the last step's value per method/rule/config/variant."""
     sub = df[df["metric"] == metric]
     last = sub[sub["x"] == sub["x"].max()]
@@ -42,7 +48,7 @@ def final_regret_table(df: pd.DataFrame, metric: str = "cumulative_regret") -> p
 
 def offline_table(df: pd.DataFrame, hs: tuple[int, ...]) -> pd.DataFrame:
     """Suboptimality mean +- SEM at the requested context lengths (nearest measured h)."""
-    sub = df[df["metric"] == "suboptimality"]
+    sub = df[df["metric"] == SUBOPTIMALITY]
     measured = sorted(sub["x"].unique())
     picked = {h: min(measured, key=lambda m, h=h: abs(m - h)) for h in hs}
     rows = []
@@ -106,21 +112,21 @@ def write_report(run_dir: str | Path, figures: dict[str, list[Path]], configs: d
         out += [*(f"- {line}" for line in (findings or {}).get(exp, [])), ""]
         metrics = set(df["metric"].unique())
         calibration = any(m.startswith("coverage_") for m in metrics)
-        if "suboptimality" in metrics:
+        if SUBOPTIMALITY in metrics:
             out += ["Offline suboptimality (lower is better):", "",
                     _md_table(offline_table(df, horizon_points)), ""]
-        for metric in ("cumulative_regret", "cumulative_return", "final_regret"):
+        for metric in (CUMULATIVE_REGRET, CUMULATIVE_RETURN, FINAL_REGRET):
             if metric in metrics and not calibration:
                 t = final_regret_table(df, metric)
-                if metric == "final_regret":
+                if metric == FINAL_REGRET:
                     t = t.assign(sigma=t["config"].map(lambda c: settings_of(c).get("sigma")))
                     t = t.sort_values(["sigma", "mean"])
                     shown = t[["label", "sigma", "mean", "sem", "n", "seeds"]]
                 else:
                     shown = t[["label", "mean", "sem", "n", "seeds"]]
-                title = {"cumulative_regret": "Final cumulative regret",
-                         "cumulative_return": "Final cumulative return",
-                         "final_regret": "Final regret by test-time sigma"}[metric]
+                title = {CUMULATIVE_REGRET: "Final cumulative regret",
+                         CUMULATIVE_RETURN: "Final cumulative return",
+                         FINAL_REGRET: "Final regret by test-time sigma"}[metric]
                 out += [f"{title}:", "", _md_table(shown), ""]
         if calibration:
             summ = summarise(df, ["metric", "x"])

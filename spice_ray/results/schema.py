@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,57 +46,13 @@ NO_SEED = -1
 """``seed`` of rows of methods without a training seed (classical and reference agents)."""
 
 
-@dataclass(frozen=True)
-class Metric:
-    """What a ``metric`` value means wherever it is shown: its name in tables and figures and
-    which way is better."""
-
-    name: str
-    """The ``metric`` column's value."""
-    label: str
-    """Its name in a table's header or a figure's axis."""
-    higher_is_better: bool = False
-    """False for regrets, losses and errors; True for returns and accuracies."""
-
-
-METRICS: dict[str, Metric] = {}
-"""Every metric by name (:func:`register_metric`): the study's below, and a plugin's own."""
-
-
-def register_metric(metric: Metric) -> Metric:
-    """Add ``metric`` to :data:`METRICS` (the same entry again is a no-op).
-
-    Raises:
-        ValueError: its name is taken by a different entry.
-    """
-    if METRICS.get(metric.name, metric) != metric:
-        raise ValueError(f"metric {metric.name!r} is already registered as "
-                         f"{METRICS[metric.name]}")
-    METRICS[metric.name] = metric
-    return metric
-
-
-def metric_info(name: str) -> Metric:
-    """The registered :class:`Metric` of ``name``; for a name nobody registered, one that
-    reads as the name with spaces (first letter capitalised), lower better."""
-    if name in METRICS:
-        return METRICS[name]
-    text = str(name).replace("_", " ")
-    return Metric(str(name), text[:1].upper() + text[1:])
-
-
-for _metric in (
-        Metric("cumulative_regret", "Cumulative regret"),
-        Metric("final_regret", "Final regret"),
-        Metric("suboptimality", "Suboptimality"),
-        Metric("cumulative_return", "Return", higher_is_better=True),
-        Metric("return", "Return", higher_is_better=True),
-        Metric("final_return", "Final return", higher_is_better=True),
-        Metric("action_accuracy", "Action accuracy", higher_is_better=True),
-        Metric("stay_accuracy", "Stay accuracy", higher_is_better=True),
-        Metric("context_shows_goal", "Context shows goal", higher_is_better=True),
-        Metric("prior_rmse", "Prior RMSE")):
-    register_metric(_metric)
+# the metric registry lives beside the layers that write metrics (evaluation has no pandas)
+from spice_ray.common.metrics import (  # noqa: E402,F401 -- re-exported: results.schema's names
+    METRICS,
+    Metric,
+    metric_info,
+    register_metric,
+)
 
 ACCURACY_METRICS = ("action_accuracy", "stay_accuracy", "context_shows_goal")
 """The DPT* episode table's per-task metrics (``spice_ray.evaluate.accuracy``): the share of

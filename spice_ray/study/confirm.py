@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from spice_ray.common.metrics import CUMULATIVE_REGRET
 from spice_ray.config import ExperimentConfig, config_hash
 from spice_ray.data.tasks import generate_tasks
 from spice_ray.results.analysis import (
@@ -38,7 +39,7 @@ CONFIRM_OFFSET = 1_000_000_000
 """The confirmation tasks' ids start here: eval-split draws (keyed by data seed, split and
 task id) that no dataset of any preset holds (the largest holds 100,000 tasks a split)."""
 TABLE_SUFFIX = "_confirm"
-METRIC = "cumulative_regret"
+METRIC = CUMULATIVE_REGRET
 
 
 def table_name(experiment: str) -> str:

@@ -19,6 +19,7 @@ import pandas as pd
 
 from spice_ray import envs
 from spice_ray.agents import AgentSpec
+from spice_ray.common.metrics import CUMULATIVE_REGRET, CUMULATIVE_RETURN
 from spice_ray.config import ExperimentConfig
 from spice_ray.results.analysis import tuned_comparison
 
@@ -119,8 +120,8 @@ class Experiment:
         stateless = envs.env_class(self.env).stateless
         return Table(f"{self.name}_tuned", f"{self.name}: every method at the setting chosen "
                      "on validation tasks (results/tuning.json), on the eval tasks",
-                     ("cumulative_regret",) if stateless else ("cumulative_regret",
-                                                               "cumulative_return"),
+                     (CUMULATIVE_REGRET,) if stateless else (CUMULATIVE_REGRET,
+                                                               CUMULATIVE_RETURN),
                      (), ("online", "distribution") if stateless
                      else ("online_return", "distribution"),
                      f"{self.name}, tuned on validation",
@@ -139,12 +140,12 @@ class Experiment:
                 continue
             for reading in env.regret_readings:
                 if reading != env.reading():
-                    metric = f"cumulative_regret_{reading}"
+                    metric = f"{CUMULATIVE_REGRET}_{reading}"
                     out.append(dataclasses.replace(
                         table, name=f"{table.name}_{reading}", other_readings=False,
                         metrics=(metric, *(m for m in table.metrics
-                                           if m != "cumulative_regret")),
-                        rename={metric: "cumulative_regret"},
+                                           if m != CUMULATIVE_REGRET)),
+                        rename={metric: CUMULATIVE_REGRET},
                         description=f"{table.description} ({reading} regret)",
                         title=f"{table.title} ({reading} regret)"))
         return out

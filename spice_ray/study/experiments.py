@@ -16,18 +16,19 @@ import pandas as pd
 
 from spice_ray import envs
 from spice_ray.agents import AgentSpec
+from spice_ray.common.metrics import (
+    CUMULATIVE_REGRET,
+    CUMULATIVE_RETURN,
+    FINAL_REGRET,
+    SUBOPTIMALITY,
+)
 from spice_ray.common.plugins import load_plugins
 from spice_ray.config import ExperimentConfig, FusionConfig
 from spice_ray.config.grids import FIXED_BETAS
 from spice_ray.evaluate.accuracy import METRICS as ACCURACY_METRICS
 from spice_ray.evaluate.calibration import METRICS as CALIBRATION_METRICS
 from spice_ray.evaluate.calibration import ORACLE_METRICS
-from spice_ray.results.analysis import (
-    action_accuracy,
-    prior_contribution,
-    prior_fit,
-    prior_gap,
-)
+from spice_ray.results.analysis import action_accuracy, prior_contribution, prior_fit, prior_gap
 from spice_ray.results.schema import settings_columns
 from spice_ray.study.experiment_spec import Evaluation, Experiment, ModelRef, Select, Table
 
@@ -123,14 +124,13 @@ def bandit_experiment(name: str, title: str, overrides: tuple[str, ...] = (),
     main = tuple(Select(e) for e in ("baselines", "spice", "dpt"))
     tables = [
         Table(f"{name}_offline", f"{title}: offline suboptimality vs context length h",
-              ("suboptimality",), (*main, Select("flat")), ("offline",), f"{title} offline",
+              (SUBOPTIMALITY,), (*main, Select("flat")), ("offline",), f"{title} offline",
               analysis=prior_contribution),
-        Table(f"{name}_online", f"{title}: online cumulative regret", ("cumulative_regret",),
+        Table(f"{name}_online", f"{title}: online cumulative regret", (CUMULATIVE_REGRET,),
               (*main, Select("spice_theory"), Select("flat")), ("online", "distribution"),
-              f"{title} online",
-              analysis=prior_contribution),
+              f"{title} online", analysis=prior_contribution),
         Table(f"{name}_robustness", f"{title}: final online regret vs test-time sigma",
-              ("final_regret",), main, ("robustness",), f"{title}: final regret vs sigma"),
+              (FINAL_REGRET,), main, ("robustness",), f"{title}: final regret vs sigma"),
     ]
     if calibration:
         tables.append(Table("calibration", f"{title}: ensemble prior coverage, pseudo-counts, "
@@ -158,10 +158,10 @@ DARKROOM = Experiment(
     ),
     tables=(
         Table("darkroom_online", "darkroom weak-last: online cumulative regret and return",
-              ("cumulative_regret", "cumulative_return"), DARKROOM_ROWS,
+              (CUMULATIVE_REGRET, CUMULATIVE_RETURN), DARKROOM_ROWS,
               ("online_return", "distribution"), "Darkroom", analysis=prior_contribution),
         Table("darkroom_online", "darkroom weak-last: online cumulative regret and return",
-              ("cumulative_regret", "cumulative_return"), DARKROOM_ROWS,
+              (CUMULATIVE_REGRET, CUMULATIVE_RETURN), DARKROOM_ROWS,
               ("online_return", "distribution"), "Darkroom", analysis=prior_contribution,
               other_readings=True),
         Table("darkroom_visits", "darkroom: state visits per task and cell (x = x * size + y) "
@@ -171,7 +171,7 @@ DARKROOM = Experiment(
                                                                   "random"))),
               ("visits",), "Darkroom"),
         *(Table("darkroom_weights", "darkroom: SPICE weight ablation (none / iw / adv / epi / "
-                "all)", ("cumulative_regret",),
+                "all)", (CUMULATIVE_REGRET,),
                 (Select("spice", _main_beta, "all"),
                  *(Select(v) for v in WEIGHT_VARIANTS), Select("dpt")),
                 ("weights",), "Darkroom weight ablation", other_readings=other)
@@ -221,7 +221,7 @@ DARKROOM_CONTINUOUS = Experiment(
                  Evaluation("random", _random, ("online",))),
     tables=(Table("darkroom_continuous_online", "continuous darkroom (d=10 feature-vector "
                   "states, smooth reward): online cumulative regret and return",
-                  ("cumulative_regret", "cumulative_return"),
+                  (CUMULATIVE_REGRET, CUMULATIVE_RETURN),
                   tuple(Select(e) for e in ("spice", "dpt", "flat", "hill", "random")),
                   ("online_return", "distribution"), "Continuous Darkroom",
                   analysis=prior_contribution),),
@@ -244,7 +244,7 @@ DARKROOM_DPT_STAR = Experiment(
                   "the DPT paper's offline protocol: one episode from the corner (0, 0) acting "
                   "greedily on a fixed context of H transitions from independently drawn cells "
                   "with uniform actions (the DPT paper's roll-in)",
-                  ("cumulative_return", "cumulative_regret", *ACCURACY_METRICS),
+                  (CUMULATIVE_RETURN, CUMULATIVE_REGRET, *ACCURACY_METRICS),
                   (Select("dpt"), Select("random")), ("online_return",),
                   "DPT* on Darkroom (DPT paper protocol)", analysis=action_accuracy),),
     overrides=("data.label=optimal", "env.rollin=uniform"),
@@ -313,8 +313,8 @@ def prior_family(name: str, title: str, references: tuple[str, ...], count: bool
     )
     rows = tuple(Select(e.name) for e in evaluations)
     figures = ("online", "distribution") if stateless else ("online_return", "distribution")
-    metrics = ("cumulative_regret",) if stateless else ("cumulative_regret",
-                                                        "cumulative_return")
+    metrics = (CUMULATIVE_REGRET,) if stateless else (CUMULATIVE_REGRET,
+                                                        CUMULATIVE_RETURN)
     tables = [Table(f"{name}_online", f"{title}: online cumulative regret", metrics, rows,
                     figures, title, analysis=prior_gap)]
     if not stateless:

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.common.artifacts import atomic_path, atomic_write_text, publish_dir, write_checked
+from spice_ray.common.metrics import CUMULATIVE_RETURN
 from spice_ray.config import ConfigError
 from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
@@ -216,7 +217,7 @@ def _tuned_rows(rung: Rung, seeds: int) -> list[dict[str, object]]:
 
 def _dpt_rows(rung: Rung, finals: list[Path]) -> list[dict[str, object]]:
     df = load(rung.run_dir, rung.family)
-    ret = task_means(final_values(df[df["method"] == "DPT"], "cumulative_return").drop(
+    ret = task_means(final_values(df[df["method"] == "DPT"], CUMULATIVE_RETURN).drop(
         columns=["config", "rule"]))["value"]
     out = [_mean_row(rung, len(finals), "return", ret)]
     wide = accuracy_by_task(df)["DPT"]

@@ -52,6 +52,7 @@ import pandas as pd
 
 from spice_ray.agents import AgentSpec
 from spice_ray.common.artifacts import MISSING, is_current, verify
+from spice_ray.common.metrics import CUMULATIVE_REGRET
 from spice_ray.config import EnvConfig, EvalConfig, ExperimentConfig, config_hash
 from spice_ray.config.grids import GRIDS
 from spice_ray.data import store
@@ -178,7 +179,7 @@ def final_scores(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (method, config): mean, SEM (over tasks, seeds averaged per task) and n of the
     final cumulative regret, and ``per_task``: the task values themselves in task-id order
     (what pairs two points task by task)."""
-    sub = rows[rows["metric"] == "cumulative_regret"]
+    sub = rows[rows["metric"] == CUMULATIVE_REGRET]
     sub = sub[sub["x"] == sub["x"].max()]
     sub = sub.assign(config=sub["config"].map(_agent_config))
     per_task = sub.groupby(["method", "config", "task_id"], sort=False)["value"].mean()

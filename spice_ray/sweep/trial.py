@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.common.console import SILENT, Console
+from spice_ray.common.metrics import CUMULATIVE_REGRET
 from spice_ray.config import ExperimentConfig, from_dict
 from spice_ray.results.summary import summarise
 from spice_ray.sweep.params import (
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 TRIAL_ROWS = "rows.parquet"
 """File name of a trial's tidy rows inside its Tune checkpoint."""
-REGRET_METRIC = "cumulative_regret"
+REGRET_METRIC = CUMULATIVE_REGRET
 """Metric of the rows the summary and the trial metrics are computed from."""
 OPTIMISE_METRIC = "regret_mean"
 """Trial metric Tune ranks by (lower is better)."""
