@@ -220,7 +220,8 @@ def _code_id() -> str:
 
     root = Path(__file__).resolve().parents[1]
     files = sorted(root.rglob("*.py"))
-    for module in sorted(load_plugins().values()):
+    for value in sorted(load_plugins().values()):  # an entry point: "module" or "module:attr"
+        module = value.split(":")[0].strip()
         found = sys.modules.get(module) or importlib.import_module(module)
         if getattr(found, "__file__", None):
             files.append(Path(found.__file__))
