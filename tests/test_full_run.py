@@ -344,6 +344,19 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     with pytest.raises(SystemExit):
         confirm(["--out", str(run_dir), "--experiments", "bandit_nope"])
     assert "no tuned table with a usable tuning record for bandit_nope" in capsys.readouterr().err
+    # the training-data prior beside the exact context-free one (tools/data_prior.py), its
+    # rows paired with the tuned table's by task: SPICE's mean there is the table's
+    from spice_ray.results.analysis import final_task_seeds
+    from tools.data_prior import main as data_prior
+
+    capsys.readouterr()
+    assert data_prior([str(run_dir), "bandit_template", "--confirm"]) == 0
+    printed = capsys.readouterr().out
+    assert "chosen on validation: {'beta'" in printed and "confirmation tasks" in printed
+    spice = final_task_seeds(load(run_dir, "bandit_template_tuned")).wide()["SPICE"].mean()
+    assert float(re.search(r"^  SPICE +([-\d.]+) \+-", printed, re.M)[1]) == \
+        pytest.approx(spice, abs=5e-4)
+    assert printed.count("SPICE (training-data prior)") == 4  # a row and a share a split
     # every query the README and docs/usage.md show runs as written on this run (their run
     # names mapped to it): a command or code block that drifts from the code fails here
     from docs_blocks import DOCS, on_run, results_commands, table_code

@@ -296,3 +296,46 @@ def test_the_in_context_share_is_measured_from_the_context_free_row() -> None:
     # without the row: no share, no sentence
     (row,) = tuned_gap(wide.drop(columns=[CONTEXT_FREE])).itertuples()
     assert np.isnan(row.in_context_share) and not row.in_context_defined
+
+
+def test_the_training_data_prior_is_the_empirical_bayes_estimate_per_arm() -> None:
+    """``train.prior.arm_prior_from_sums``: arm a's mean is the average over tasks of its mean
+    reward, its variance the spread of those means less sigma^2 E[1 / n] (the pooled
+    within-task variance); sums over batches add; an arm pulled in fewer than 2 tasks is
+    refused by name."""
+    from spice_ray.train.prior import arm_moment_sums, arm_prior_from_sums
+
+    actions = np.array([[0, 0, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1]])
+    rewards = np.array([[1.0, 3.0, 0.0, 0.0], [5.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 4.0]])
+    sums = arm_moment_sums(actions[:2], rewards[:2], 2) + arm_moment_sums(actions[2:],
+                                                                         rewards[2:], 2)
+    np.testing.assert_array_equal(sums, arm_moment_sums(actions, rewards, 2))
+    means, var = arm_prior_from_sums(sums)
+    # arm 0: task means 2, 5, 1; within-task squares 2 (task 0) + 2 (task 2) over 1 + 2 dof
+    task_means = np.array([2.0, 5.0, 1.0])
+    spread = task_means.var()  # over tasks, ddof 0
+    noise = (2.0 + 2.0) / 3
+    assert means[0] == pytest.approx(task_means.mean())
+    assert var[0] == pytest.approx(spread - noise * np.mean([1 / 2, 1 / 1, 1 / 3]))
+    # arm 1: task means 0, 2, 4; within 0 (task 0) + 2 (task 1) over 1 + 2 dof
+    assert means[1] == pytest.approx(2.0)
+    assert var[1] == pytest.approx(np.var([0.0, 2.0, 4.0]) - (2.0 / 3) * np.mean([1 / 2, 1 / 3, 1]))
+    with pytest.raises(ValueError, match=r"arms \[1\] are pulled in fewer than 2 training"):
+        arm_prior_from_sums(arm_moment_sums(np.array([[0, 0], [0, 1]]), rewards[:2, :2], 2))
+
+
+def test_a_per_arm_flat_prior_gives_each_arm_its_own_moments_in_every_task() -> None:
+    """SPICE (training-data prior): FlatPrior with a mean and a variance per arm; a scalar
+    FlatPrior is unchanged (the same tensors as before per-arm priors existed)."""
+    from spice_ray.agents.priors import FlatPrior
+
+    mean, sd = FlatPrior((0.1, 0.7, 0.4), (0.04, 0.09, 0.01))._full((2, 3))
+    np.testing.assert_array_equal(mean.numpy(), [[0.1, 0.7, 0.4]] * 2)
+    np.testing.assert_allclose(sd.numpy(), [[0.2, 0.3, 0.1]] * 2)
+    mean, sd = FlatPrior(0.5, 1 / 12)._full((2, 3))
+    assert (mean == 0.5).all() and (sd == (1 / 12) ** 0.5).all()
+    with pytest.raises(ValueError, match="a per-action prior of 3 actions for 5 actions"):
+        FlatPrior((0.1, 0.7, 0.4), (0.04, 0.09, 0.01))._full((2, 5))
+    spec = AgentSpec("spice-data-prior", prior=((0.1, 0.7, 0.4), (0.04, 0.09, 0.01)))
+    assert spec.label == "SPICE (training-data prior)"
+    assert spec.config_dict(EvalConfig())["prior_mean"] == (0.1, 0.7, 0.4)

@@ -72,25 +72,35 @@ class _Stateless:
 
 @dataclass(frozen=True)
 class FlatPrior(_Stateless):
-    """The same prior N(mean, var) for every action and state (no network)."""
+    """The same prior N(mean, var) for every action and state (no network); or, with a mean
+    and a variance per action (tuples of A), the same per-action prior in every state and
+    task (a prior estimated from training data that never reads the context)."""
 
-    mean: float
-    var: float
+    mean: float | tuple[float, ...]
+    var: float | tuple[float, ...]
 
     def moments(self, view: ContextView, states: Tensor, h: int, shape: tuple[int, int]
                 ) -> tuple[Tensor, Tensor]:
         return self._full(shape)
 
     def next_values(self, view: ContextView, fusion: FusionConfig) -> Tensor:
-        return torch.full(view.rewards.shape, self.mean, dtype=STATS_DTYPE)
+        best = max(self.mean) if isinstance(self.mean, tuple) else self.mean  # max_a mean
+        return torch.full(view.rewards.shape, best, dtype=STATS_DTYPE)
 
     def offline_moments(self, outputs: dict[str, Tensor], hs: Tensor, shape: tuple[int, ...]
                         ) -> tuple[Tensor, Tensor]:
         return self._full(shape)
 
     def _full(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-        return (torch.full(shape, self.mean, dtype=STATS_DTYPE),
-                torch.full(shape, self.var ** 0.5, dtype=STATS_DTYPE))
+        if not isinstance(self.mean, tuple):
+            return (torch.full(shape, self.mean, dtype=STATS_DTYPE),
+                    torch.full(shape, self.var ** 0.5, dtype=STATS_DTYPE))
+        if len(self.mean) != shape[-1]:
+            raise ValueError(f"a per-action prior of {len(self.mean)} actions for "
+                             f"{shape[-1]} actions")
+        mean = torch.tensor(self.mean, dtype=STATS_DTYPE)  # (A,): the last dim
+        sd = torch.tensor([v ** 0.5 for v in self.var], dtype=STATS_DTYPE)
+        return mean.expand(shape).clone(), sd.expand(shape).clone()
 
 
 class LearnedPrior(_Stateless):
