@@ -228,8 +228,9 @@ class AgentSpec:
     use_cache: bool = True
     """Model agents in stateless environments: KV-cache decoding (True) or a full forward every
     step. An execution detail (the actions are the same), so it is not part of the config."""
-    prior: tuple[float, float] = (0.5, 1.0 / 12.0)
-    """spice-flat and count: the constant prior (mean, variance) of every action."""
+    prior: tuple[float, float] | tuple[tuple[float, ...], tuple[float, ...]] = (0.5, 1.0 / 12.0)
+    """spice-flat and count: the constant prior (mean, variance) of every action;
+    spice-data-prior: a mean and a variance per action (tuples of A)."""
     options: tuple[tuple[str, Any], ...] = ()
     """Values of the method's own options (its option :class:`Tunable` s), sorted by name;
     an option not here is at its declared default."""
