@@ -303,8 +303,8 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
                   "darkroom_region": {"Count-UCB", "Nearest-unvisited", "Random"}}
     for family, extra in references.items():
         rows = load(run_dir, f"{family}_online")
-        if family != "darkroom_region":
-            extra = extra | {"SPICE (learned mean, exact sd)"}
+        if family != "darkroom_region":  # the bandits' diagnostic and training-data rows
+            extra = extra | {"SPICE (learned mean, exact sd)", "SPICE (training-data prior)"}
         assert set(rows["method"]) == {"SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
                                        "SPICE (context-free prior)",
                                        "Bayes posterior-UCB"} | extra, family

@@ -174,8 +174,9 @@ class Method:
     """Acts on the Normal-Normal posterior of ``spice_ray.fusion`` (its settings matter)."""
     prior: str = ""
     """Model-free fused methods: where the prior comes from: "flat" (one constant prior,
-    ``AgentSpec.prior``), "oracle" (the environment's exact task posterior) or "context-free"
-    (that posterior before any context)."""
+    ``AgentSpec.prior``), "data" (a prior per action estimated from the training tasks, which
+    the study fills into ``AgentSpec.prior`` from the dataset), "oracle" (the environment's
+    exact task posterior) or "context-free" (that posterior before any context)."""
     requires: str = ""
     """An attribute the environment must have (e.g. ``task_posterior``, ``arm_features``,
     ``grid``): the method applies only there."""
@@ -312,7 +313,7 @@ class AgentSpec:
             if not online:
                 out.pop("beta")
                 out.pop("beta_schedule")
-            if self.info.prior == "flat":
+            if self.info.prior in ("flat", "data"):
                 out["prior_mean"], out["prior_var"] = self.prior
             return out
         if self.info.settings:

@@ -321,10 +321,10 @@ marginal at the current state), never conditioned on the context: what knowing t
 gives without reading the context. SPICE below it is in-context inference, not population
 knowledge."""
 register_method("spice-data-prior", Method("SPICE (training-data prior)", _model_free,
-                                           fused=True, prior="flat"))
+                                           fused=True, prior="data", stateless_only=True))
 """SPICE's fusion and rule fed a per-arm prior estimated from the training tasks' rewards
 (``spice_ray.train.prior.data_arm_prior``: what SPICE could know of a bandit family's arms
-without reading a context; ``AgentSpec.prior`` holds its means and variances per arm), beside
-the exact context-free prior (``tools/data_prior.py`` scores it)."""
+without reading a context; ``AgentSpec.prior`` holds its means and variances per arm, filled in
+by the study from the dataset), beside the exact context-free prior."""
 register_method("count", Method("Count-UCB", _model_free, fused=True, prior="flat"))
 """Tabular posterior-UCB over exact states with the constant prior (a count-based explorer)."""

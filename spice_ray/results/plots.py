@@ -40,14 +40,15 @@ METHOD_ORDER = ("SPICE", "SPICE (flat prior)", "SPICE (oracle prior)",
                 "SPICE (learned mean, exact sd)", "Bayes posterior-UCB", "Count-UCB", "DPT",
                 "AD-BC", "UCB", "TS", "TS (true prior)", "LinUCB", "LinTS (true prior)", "Emp",
                 "LCB", "Nearest-unvisited", "Hill-climbing", "Random", "PPO", "Optimal",
-                "SPICE (context-free prior)")
+                "SPICE (context-free prior)", "SPICE (training-data prior)")
 """Every method's place in legends and tables, and its colour (:func:`style`): one colour per
 method in every figure. A test checks that every method of the registry is here. A new method
 goes at the end, so the others keep their colours."""
 
 _COLOURS = ("#1f77b4", "#7f7f7f", "#2ca02c", "#17becf", "#9467bd", "#8c564b", "#d62728",
             "#ff7f0e", "#bcbd22", "#e377c2", "#c51b7d", "#01665e", "#a6761d", "#c49c94",
-            "#5e3c99", "#b8860b", "#6b6ecf", "#000000", "#d95f02", "#525252", "#66a61e")
+            "#5e3c99", "#b8860b", "#6b6ecf", "#000000", "#d95f02", "#525252", "#66a61e",
+            "#4d004b")
 """One per method of :data:`METHOD_ORDER`, none pale on the white background (the reference
 methods that had light tints, LinUCB's and LinTS's among them, were hard to see; tested)."""
 _DASHES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3)))

@@ -2,9 +2,8 @@
 
 Each is an :class:`~spice_ray.study.experiment_spec.Experiment` (its environment, the models it
 trains, the evaluations it runs and the tables their rows become; the types live in
-``spice_ray.study.experiment_spec`` and are importable from here too). The
-study (``spice_ray.study``) runs any experiment the same way; adding one is an entry in
-:data:`EXPERIMENTS`.
+``spice_ray.study.experiment_spec`` and are importable from here too). The study
+(``spice_ray.study``) runs any experiment alike; adding one is an entry in :data:`EXPERIMENTS`.
 """
 
 from __future__ import annotations
@@ -290,13 +289,12 @@ def _methods(*names: str) -> Callable[[ExperimentConfig], list[AgentSpec]]:
 def prior_family(name: str, title: str, references: tuple[str, ...], count: bool = False
                  ) -> Experiment:
     """A family where the prior must matter: SPICE, the flat, the oracle and the context-free
-    prior (the family's h = 0 marginal, never reading the context) under SPICE's fusion, Bayes
-    posterior-UCB on the exact posterior (each at beta 1 and 2), and classical references; one
-    online table whose analysis is the share of the flat-to-oracle gap SPICE closes (and, in
-    the tuned table, the in-context share against the context-free row). In the bandit
-    families "SPICE (learned mean, exact sd)" is a diagnostic: the learned prior's mean with
-    the exact posterior's width (is the mean learned but the width too wide for the fusion to
-    use it?)."""
+    prior (the family's h = 0 marginal, never reading the context; in the bandits also one
+    estimated from the training tasks) under SPICE's fusion, Bayes posterior-UCB on the exact
+    posterior (each at beta 1 and 2), and classical references; one online table whose analysis
+    is the share of the flat-to-oracle gap SPICE closes (and, in the tuned table, the
+    in-context share against the context-free row). In the bandits "SPICE (learned mean, exact
+    sd)" is a diagnostic: the learned mean with the exact posterior's width."""
     stateless = envs.env_class(name).stateless
     learned = _at_betas("spice")
     if stateless:  # the diagnostic row: the learned mean with the exact posterior's width
@@ -307,14 +305,15 @@ def prior_family(name: str, title: str, references: tuple[str, ...], count: bool
         Evaluation("oracle", _at_betas("spice-oracle", state_kernel=True), ("online",)),
         Evaluation("context_free", _at_betas("spice-context-free", state_kernel=True),
                    ("online",)),
+        *((Evaluation("data_prior", _at_betas("spice-data-prior", state_kernel=True),
+                      ("online",)),) if stateless else ()),
         Evaluation("bayes", _at_betas("bayes-ucb"), ("online",)),
         Evaluation("references", _methods(*references), ("online",)),
         *((Evaluation("count", _count_at_betas, ("online",)),) if count else ()),
     )
     rows = tuple(Select(e.name) for e in evaluations)
     figures = ("online", "distribution") if stateless else ("online_return", "distribution")
-    metrics = (CUMULATIVE_REGRET,) if stateless else (CUMULATIVE_REGRET,
-                                                        CUMULATIVE_RETURN)
+    metrics = (CUMULATIVE_REGRET,) if stateless else (CUMULATIVE_REGRET, CUMULATIVE_RETURN)
     tables = [Table(f"{name}_online", f"{title}: online cumulative regret", metrics, rows,
                     figures, title, analysis=prior_gap)]
     if not stateless:
@@ -331,7 +330,9 @@ def prior_family(name: str, title: str, references: tuple[str, ...], count: bool
                              "action rule fed the family's exact prior before any context (its "
                              "h = 0 marginal at the current state), never conditioned on the "
                              "context: SPICE below it reads the context, not only the "
-                             "population.",
+                             "population. SPICE (training-data prior), in the bandits, is the "
+                             "same with a per-arm prior estimated from the training tasks' "
+                             "rewards: what SPICE could know of the population.",
                              f"{title}: SPICE (oracle prior) is SPICE's own fusion and action "
                              "rule fed the exact Bayes posterior of the task family given the "
                              "context as its prior; Bayes posterior-UCB acts on that posterior "

@@ -241,14 +241,19 @@ def _flat_prior(cfg: ExperimentConfig, dataset: Path) -> tuple[float, float]:
 
 def agent_specs(exp: Experiment, cfg: ExperimentConfig, dataset: Path
                 ) -> dict[str, list[AgentSpec]]:
-    """Every evaluation's agents, the flat prior filled in from the dataset."""
+    """Every evaluation's agents, the flat and the per-arm (training-data) prior from the data."""
+    from spice_ray.train.prior import data_arm_prior
+
+    fill = {"flat": lambda: _flat_prior(cfg, dataset),
+            "data": lambda: data_arm_prior(cfg, dataset)}
     out = {}
     for ev in exp.evaluations:
         specs = ev.agents(cfg)
-        if any(s.info.prior == "flat" for s in specs):
-            prior = _flat_prior(cfg, dataset)
-            specs = [dataclasses.replace(s, prior=prior) if s.info.prior == "flat" else s
-                     for s in specs]
+        for kind, prior in fill.items():
+            if any(s.info.prior == kind for s in specs):
+                value = prior()
+                specs = [dataclasses.replace(s, prior=value) if s.info.prior == kind else s
+                         for s in specs]
         out[ev.name] = specs
     return out
 
