@@ -32,14 +32,11 @@ import torch
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import load_config
 from spice_ray.data.store import dataset_dir, load_split
-from spice_ray.evaluate.darkroom_prior import darkroom_prior_rows
+from spice_ray.evaluate.darkroom_prior import SHOWN_FROM, darkroom_prior_rows, pooled_shares
 from spice_ray.model.checkpoint import read_meta
 from spice_ray.model.registry import load_model, torch_threads
 from spice_ray.study.run_models import model_and_dataset
 from spice_ray.train.ray_train import plan_job
-
-SHOWN_FROM = 10
-"""The budget's score pools the goal-shown rows at h >= this (at h = 0 nothing is shown)."""
 
 
 def epoch_checkpoints(run: Path, experiment: str, seed: int) -> list[Path]:
@@ -92,13 +89,15 @@ def show(rows: pd.DataFrame) -> str:
 
 def budget_score(rows: pd.DataFrame) -> pd.DataFrame:
     """Per checkpoint (epoch, steps): the optimal share where the goal was shown, at
-    h >= :data:`SHOWN_FROM`, pooled over states and seeds, and per seed."""
-    shown = rows[(rows["context"] == "goal shown") & (rows["h"] >= SHOWN_FROM) & (rows["n"] > 0)]
-    hits = shown.assign(hits=shown["optimal_share"] * shown["n"])
-    per_seed = hits.groupby(["epoch", "steps", "seed"])[["hits", "n"]].sum()
-    per_seed = (per_seed["hits"] / per_seed["n"]).unstack("seed")
-    pooled = hits.groupby(["epoch", "steps"])[["hits", "n"]].sum()
-    return per_seed.assign(pooled=pooled["hits"] / pooled["n"]).reset_index()
+    h >= :data:`SHOWN_FROM`, pooled over states and seeds, and per seed (``pooled_shares``)."""
+    shares = pooled_shares(rows)
+    shown = shares[shares["context"] == "goal shown"]
+    table = shown.pivot(index="steps", columns="seed", values="optimal_share")
+    table = table.drop(columns=-1).assign(pooled=table[-1]).rename_axis(columns=None)
+    epoch = rows.drop_duplicates("steps").set_index("steps")["epoch"]
+    out = table.reset_index()
+    out.insert(0, "epoch", out["steps"].map(epoch))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,27 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-SHOWN_FROM = 10
-"""Positions pooled: h >= this (at h = 0 nothing is shown), as the step budget's score."""
-
-CONTEXTS = ("goal shown", "goal not shown")
-SHARES = ("optimal_share", "optimal_share_bayes", "optimal_share_blind")
-
-
-def pooled_shares(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (context, steps, seed) and pooled over seeds (seed = -1): each share of
-    :data:`SHARES` weighted by its row's state count, over h >= :data:`SHOWN_FROM`."""
-    rows = rows.drop_duplicates(["steps", "seed", "h", "context"], keep="first")
-    use = rows[rows["context"].isin(CONTEXTS) & (rows["h"] >= SHOWN_FROM) & (rows["n"] > 0)]
-    hits = use[["context", "steps", "seed", "n"]].assign(
-        **{s: use[s] * use["n"] for s in SHARES})
-    per_seed = hits.groupby(["context", "steps", "seed"], as_index=False)[[*SHARES, "n"]].sum()
-    pooled = (per_seed.groupby(["context", "steps"], as_index=False)[[*SHARES, "n"]].sum()
-              .assign(seed=-1))
-    out = pd.concat([per_seed, pooled], ignore_index=True)
-    for s in SHARES:
-        out[s] = out[s] / out["n"]
-    return out.sort_values(["context", "steps", "seed"], ignore_index=True)
+from spice_ray.evaluate.darkroom_prior import CONTEXTS, SHARES, SHOWN_FROM, pooled_shares
 
 
 def read_family(paths: list[Path]) -> pd.DataFrame:

@@ -299,3 +299,28 @@ def darkroom_prior_rows(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str
     learned = learned_readout(model, env_cfg, data, lengths)
     return readout_rows(learned["prior_mean"], width_sources(fusion, learned, lengths), exact,
                         fusion.noise_var, fusion.v_min)
+
+
+SHOWN_FROM = 10
+"""The read-out's shares are pooled over positions h >= this (at h = 0 nothing is shown): the
+label-free number a step budget is chosen by, and what the read-out figure draws."""
+CONTEXTS = ("goal shown", "goal not shown")
+SHARES = ("optimal_share", "optimal_share_bayes", "optimal_share_blind")
+
+
+def pooled_shares(rows: pd.DataFrame) -> pd.DataFrame:
+    """Read-out rows (:func:`darkroom_prior_rows` with ``steps`` and ``seed``) pooled per
+    (context, steps, seed), and over seeds (seed = -1): each share of :data:`SHARES` weighted
+    by its row's state count, over h >= :data:`SHOWN_FROM`; a (steps, seed) read twice keeps
+    its first reading."""
+    rows = rows.drop_duplicates(["steps", "seed", "h", "context"], keep="first")
+    use = rows[rows["context"].isin(CONTEXTS) & (rows["h"] >= SHOWN_FROM) & (rows["n"] > 0)]
+    hits = use[["context", "steps", "seed", "n"]].assign(
+        **{s: use[s] * use["n"] for s in SHARES})
+    per_seed = hits.groupby(["context", "steps", "seed"], as_index=False)[[*SHARES, "n"]].sum()
+    pooled = (per_seed.groupby(["context", "steps"], as_index=False)[[*SHARES, "n"]].sum()
+              .assign(seed=-1))
+    out = pd.concat([per_seed, pooled], ignore_index=True)
+    for s in SHARES:
+        out[s] = out[s] / out["n"]
+    return out.sort_values(["context", "steps", "seed"], ignore_index=True)
