@@ -13,7 +13,13 @@ Per (experiment, model kind) at the ``small`` config (bandit T = 500, darkroom T
     the same model-steps per second whatever M is;
   - ``population M``: one step of M models stacked as one (``spice_ray.train.population``:
     vmap of the same loss over the stacked weights, per-model clip, one AdamW), M models'
-    steps at once.
+    steps at once;
+  - ``graph M`` (GPU only): the same population step captured once as a CUDA graph and
+    replayed (``spice_ray.train.population.Stepper``, what ``fit_population`` runs on a GPU),
+    with the batch gathered inside the step as training does. After the timings, one check
+    per kind: M = 3 trained 20 steps eagerly, again eagerly and captured, from the same
+    weights; the largest weight difference graph - eager beside eager - eager (the GPU's own
+    run-to-run rounding).
 
 Printed per row: ms per step, model-steps per second, the achieved matmul FLOP/s (the dry
 run's count of one model's forward + backward, ``spice_ray.train.rates.step_flops``, times M)
@@ -39,7 +45,7 @@ from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import make_tokens
 from spice_ray.train import rates
 from spice_ray.train.loop import compute_loss, make_optimizer, optimiser_step
-from spice_ray.train.population import TOKEN_FIELDS, Population
+from spice_ray.train.population import TOKEN_FIELDS, Population, Stepper
 
 
 def median_seconds(steps: dict[str, Callable[[], None]], device: torch.device, n: int,
@@ -60,6 +66,37 @@ def median_seconds(steps: dict[str, Callable[[], None]], device: torch.device, n
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
+def population(kind: str, cfg, M: int, device: torch.device) -> Population:
+    """M models of ``kind`` seeded 0..M-1, stacked."""
+    return Population(kind, cfg, [build_model(kind, cfg, torch.Generator().manual_seed(s))
+                                  for s in range(M)], device)
+
+
+def gathered(stacked: list[torch.Tensor], ids: torch.Tensor):
+    """A batch function for :class:`Stepper` that gathers rows of one resident batch (row
+    ``i`` of model ``m`` is the batch's row ``i``), as training gathers from its split."""
+    def batch_of(idx: torch.Tensor):
+        rows = idx + torch.arange(idx.shape[1], device=idx.device)
+        return ([f.gather(1, rows.view(*rows.shape, *(1,) * (f.dim() - 2))
+                          .expand(*rows.shape, *f.shape[2:])) for f in stacked],
+                ids.gather(1, rows))
+    return batch_of
+
+
+def trained(kind: str, cfg, device: torch.device, batch_of, graph: bool, n: int = 20
+            ) -> dict[str, torch.Tensor]:
+    """Three models' weights after ``n`` steps, eagerly or captured."""
+    stepper = Stepper(population(kind, cfg, 3, device), batch_of, graph=graph)
+    rows = torch.zeros_like(stepper.idx)
+    for _ in range(n):
+        stepper.run(rows)
+    return {k: v.detach().float().clone() for k, v in stepper.pop.params.items()}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,6 +108,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-graph", action="store_true",
+                   help="on a GPU, leave out the captured (CUDA graph) rows")
     args = p.parse_args()
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
@@ -105,18 +144,34 @@ def main() -> None:
 
             steps: dict[str, Callable[[], None]] = {"alone": alone}
             for M in sizes:
-                pop = Population(kind, cfg, [build_model(kind, cfg, torch.Generator()
-                                                         .manual_seed(s)) for s in range(M)],
-                                 device)
                 stacked = [f.unsqueeze(0).expand(M, *f.shape) for f in fields]
                 ids_m = ids.unsqueeze(0).expand(M, *ids.shape)
+                pop = population(kind, cfg, M, device)
                 steps[f"population {M}"] = (
-                    lambda pop=pop, stacked=stacked, ids_m=ids_m: pop.step(stacked, ids_m, 1))
+                    lambda pop=pop, stacked=stacked, ids_m=ids_m: pop.step(stacked, ids_m))
+                if gpu and not args.no_graph:
+                    stepper = Stepper(population(kind, cfg, M, device),
+                                      gathered(stacked, ids_m), graph=True)
+                    rows = torch.zeros_like(stepper.idx)
+                    steps[f"graph {M}"] = lambda stepper=stepper, rows=rows: stepper.run(rows)
             sec = median_seconds(steps, device, args.steps, args.rounds)
             print(f"\n{experiment} {kind} (small: T={cfg.env.horizon}, batch "
                   f"{cfg.train.batch_size}, {cfg.model.n_layer} layers x {cfg.model.n_embd}): "
                   f"{flops / 1e9:.2f} GFLOP of matmuls per model-step")
             base = 1 / sec["alone"]
+            if gpu and not args.no_graph:
+                stacked = [f.unsqueeze(0).expand(3, *f.shape) for f in fields]
+                ids_m = ids.unsqueeze(0).expand(3, *ids.shape)
+                eager = [trained(kind, cfg, device, gathered(stacked, ids_m), False)
+                         for _ in range(2)]
+                captured = trained(kind, cfg, device, gathered(stacked, ids_m), True)
+                graph_diff, floor = max_diff(captured, eager[0]), max_diff(eager[1], eager[0])
+                # the captured step must do the eager step's arithmetic: its difference no
+                # larger than the GPU's own run-to-run rounding (or bf16's, if that is 0)
+                ok = graph_diff <= 10 * max(floor, 1e-3)
+                print(f"  20 steps, M = 3: largest weight difference graph - eager "
+                      f"{graph_diff:.2e}, eager - eager {floor:.2e}: graph check "
+                      f"{'ok' if ok else 'FAILED'}")
             for label, s in sec.items():
                 M = 1 if label == "alone" else int(label.split()[-1])
                 rate = M / s

@@ -244,7 +244,24 @@ def test_a_ray_train_worker_trains_whole_populations(ray_local, dataset, tmp_pat
     _assert_equal_to_direct(finals, dataset, tmp_path / "direct")
 
 
-def test_the_population_tool_trains_a_study_without_ray_and_resumes(tmp_path) -> None:
+def test_a_captured_step_is_refused_with_a_cosine_rate_and_is_eager_on_a_cpu(dataset, tmp_path
+                                                                          ) -> None:
+    """A CUDA graph keeps the learning rate it was captured with, so ``graph=True`` refuses a
+    cosine schedule by its field; on a CPU there is nothing to capture and ``graph=True``
+    trains the eager path's weights bit for bit."""
+    job, run_dir = plan_job(_cfg(tmp_path / "cos", "train.cosine_schedule=true"), "dpt", 0,
+                            dataset)
+    with pytest.raises(PopulationError, match=r"train\.cosine_schedule"):
+        fit_population([job], [run_dir], graph=True)
+    finals = []
+    for graph in (False, True):
+        job, run_dir = plan_job(_cfg(tmp_path / f"g{graph}"), "dpt", 0, dataset)
+        fit_population([job], [run_dir], graph=graph)
+        finals.append(_weights(_last(run_dir)))
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_the_population_tool_trains_a_study_without_ray_and_resumes(tmp_path, capsys) -> None:
     """``tools/population_train.py``: a study's models from the datasets already in the run,
     stopped at a deadline (checkpoints written, exit 0), then resumed to finals the study's
     pretraining stage takes as current; a missing dataset is one error line."""
@@ -265,6 +282,9 @@ def test_the_population_tool_trains_a_study_without_ray_and_resumes(tmp_path) ->
         assert tool.cli([*args, "--stop-after", "0"]) == 0
         dirs = sorted((run / "checkpoints").glob("*/spice-*-seed*"))
         assert dirs and all(not (d / "final").exists() for d in dirs)
+        capsys.readouterr()
+        assert tool.cli([*args, "--plan"]) == 0
+        assert "resumes at epoch 2 of 2 (" in capsys.readouterr().out
         assert tool.cli(args) == 0
     for d in dirs:
         job, run_dir = plan_job(cfg, "spice", int(d.name.rsplit("seed", 1)[1]),

@@ -6,14 +6,19 @@
 # RUN holds the datasets (and any checkpoints to resume) of the darkroom families at the DPT
 # recipe, made here by `pipelines/generate_data.py` (RECIPE below; the GPU machine has no Ray,
 # so nothing there generates data); SECONDS is the wall time the whole command may take.
-#  1. the population benchmark on the GPU (benchmarks/bench_population.py, at most 100 s);
-#  2. every model of darkroom, darkroom_region and darkroom_continuous at the DPT recipe, one
-#     process per population (8: a population is one kind and config, its seeds) (tools/population_train.py), side by side, each stopping at the
-#     first epoch end past the deadline with its checkpoints written (the same command
-#     resumes them: a longer training resumes from a shorter one's checkpoints);
-#  3. OUT (default $OUT) gets the logs and the checkpoints packed into 15 MB parts: every
-#     model's newest checkpoint, and the main SPICE models' earlier ones (what the read-out
-#     chooses the step budget from). Unpack with `cat OUT/ckpt.tgz.* | tar xz`.
+#  1. the population benchmark on the GPU (benchmarks/bench_population.py, at most 100 s),
+#     eager and captured (CUDA graph) steps, and its check that the captured step trains the
+#     same weights as the eager one: training captures its steps only if that check passed;
+#  2. the main SPICE models of darkroom, darkroom_region and darkroom_continuous at the DPT
+#     recipe, one process per population (a population is one kind and config, its seeds;
+#     POPULATIONS below), side by side, each stopping at the first epoch end past the deadline
+#     with its checkpoints written (the same command resumes them: a longer training resumes
+#     from a shorter one's checkpoints);
+#  3. OUT (default $OUT) gets bench.txt (the machine and the benchmark), train.log (every
+#     population's log) and the checkpoints packed into 15 MB parts: every model's newest
+#     checkpoint whole, and the main SPICE models' earlier ones without their optimiser state
+#     (what the read-out chooses the step budget from), thinned evenly to fit PACK_MB.
+#     Unpack with `cat OUT/ckpt.tgz.* | tar xz`.
 set -u
 RUN=${1:?usage: tools/device_run.sh RUN SECONDS [OUT]}
 SECONDS_ALLOWED=${2:?usage: tools/device_run.sh RUN SECONDS [OUT]}
@@ -24,47 +29,80 @@ OUT=${3:-${OUT:?no OUT given and none in the environment}}
 DEVICE=${DEVICE:-cuda}
 if [ -n "${RECIPE_ARGS:-}" ]; then read -r -a RECIPE <<< "$RECIPE_ARGS"; else
 RECIPE=(--set data.num_train_tasks=80000 --set train.batch_size=64 --set model.n_layer=4
-        --set model.n_embd=32 --set train.epochs=200 --set train.checkpoint_every=3); fi
+        --set model.n_embd=32 --set train.epochs=200 --set train.checkpoint_every=2); fi
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 left() { echo $(( SECONDS_ALLOWED - ($(date +%s) - T0) )); }
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)'
-} > "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+} > "$OUT/bench.txt" 2>&1
 
-[ "${BENCH:-1}" = 1 ] && timeout 100 python3 benchmarks/bench_population.py --device "$DEVICE" --threads 1 \
-    --models ${BENCH_MODELS:-1 3 8 24 48} --steps 5 --rounds 2 > "$OUT/bench.txt" 2>&1
-echo "benchmark: exit $?, $(left) s left"; tail -25 "$OUT/bench.txt"
+GRAPH=off
+if [ "${BENCH:-1}" = 1 ]; then
+  timeout 100 python3 benchmarks/bench_population.py --device "$DEVICE" --threads 1 \
+      --experiments darkroom bandit --models ${BENCH_MODELS:-1 3 24 48} --steps 5 --rounds 2 \
+      >> "$OUT/bench.txt" 2>&1
+  echo "benchmark: exit $?, $(left) s left" | tee -a "$OUT/bench.txt"
+  # captured steps train only where the benchmark saw them give the eager step's weights
+  grep -q "graph check ok" "$OUT/bench.txt" && ! grep -q "graph check FAILED" "$OUT/bench.txt" \
+      && GRAPH=on
+fi
+GRAPH=${FORCE_GRAPH:-$GRAPH}
+cat "$OUT/bench.txt"
 
-# one process per population, side by side: the GPU is launch-bound at these sizes
-STOP=$(( $(left) - 150 ))
-HARD=$(( $(left) - 40 ))
-echo "training: --stop-after $STOP s, killed at $HARD s"
+# one process per population, side by side; an eager epoch at the recipe takes about 80 s on
+# an H200 beside seven others, a captured one a few seconds: the margin for the last epoch
+if [ "$GRAPH" = on ]; then MARGIN=60; else MARGIN=150; fi
+STOP=$(( $(left) - MARGIN ))
+HARD=$(( $(left) - 25 ))
+echo "training: captured steps $GRAPH, --stop-after $STOP s, killed at $HARD s"
 pids=()
-POPULATIONS=${POPULATIONS:-"darkroom spice main;darkroom spice none;darkroom spice adv;\
-darkroom spice epi;darkroom dpt main;darkroom_region spice main;darkroom_continuous spice main;\
-darkroom_continuous dpt main"}
+POPULATIONS=${POPULATIONS:-"darkroom spice main;darkroom_region spice main;\
+darkroom_continuous spice main"}
 IFS=';' read -r -a SPECS <<< "$POPULATIONS"
+logs=()
 for spec in "${SPECS[@]}"; do
   set -- $spec
-  timeout "$HARD" python3 tools/population_train.py "$RUN" --experiments "$1" --kinds "$2" \
-      --variants "$3" "${RECIPE[@]}" --device "$DEVICE" --stop-after "$STOP" \
-      > "$OUT/train-$1-$2-$3.log" 2>&1 &
+  log=$(mktemp)
+  logs+=("$log")
+  { echo "== $spec"; timeout "$HARD" python3 tools/population_train.py "$RUN" --experiments "$1" \
+      --kinds "$2" --variants "$3" "${RECIPE[@]}" --device "$DEVICE" --stop-after "$STOP" \
+      --graph "$GRAPH"; echo "exit $?"; } > "$log" 2>&1 &
   pids+=($!)
 done
-for pid in "${pids[@]}"; do wait "$pid"; echo "population job $pid: exit $?"; done
-grep -h "population of\|stopped after\|error\|Error" "$OUT"/train-*.log | tail -30
+for pid in "${pids[@]}"; do wait "$pid"; done
+cat "${logs[@]}" > "$OUT/train.log"
+grep -h "==\|population of\|stopped after\|error\|Error\|^exit" "$OUT/train.log" | tail -40
 
-# pack: every model's newest checkpoint, and the SPICE models' earlier ones
+# pack: every model's newest checkpoint whole; the main SPICE models' earlier ones without
+# their optimiser state, thinned evenly to fit PACK_MB
 LIST=$(mktemp)
-for model in "$RUN"/checkpoints/*/*-seed*; do
-  ls -d "$model"/local/epoch-* 2>/dev/null | tail -1
-  # the main SPICE models (all three weights on): every earlier checkpoint too
-  if [[ $(basename "$model") == spice-* ]] && grep -q "use_adv: true" "$model/config.yaml" \
-      && grep -q "use_epi: true" "$model/config.yaml"; then ls -d "$model"/local/epoch-* 2>/dev/null | head -n -1; fi
-done > "$LIST"
+python3 - "$RUN" "${PACK_MB:-56}" > "$LIST" <<'PY'
+import sys, math
+from pathlib import Path
+run, budget = Path(sys.argv[1]), float(sys.argv[2]) * 1e6
+newest, earlier = [], []
+for model in sorted(run.glob("checkpoints/*/*-seed*")):
+    epochs = sorted(model.glob("local/epoch-*"))
+    if not epochs:
+        continue
+    newest += [p for p in epochs[-1].iterdir()]
+    cfg = (model / "config.yaml").read_text() if (model / "config.yaml").exists() else ""
+    if model.name.startswith("spice-") and "use_adv: true" in cfg and "use_epi: true" in cfg:
+        earlier.append([[p for p in e.iterdir() if not p.name.startswith("optimizer")]
+                        for e in epochs[:-1]])
+size = lambda files: sum(p.stat().st_size for p in files)
+room = budget - size(newest)
+per = [sum(size(e) for e in m) for m in earlier]
+keep = 1 if sum(per) <= room else max(1, math.ceil(sum(per) / max(room, 1.0)))
+for p in newest:
+    print(p)
+for m in earlier:  # every keep-th, counted back from the newest
+    for e in m[::-1][keep - 1::keep]:
+        for p in e:
+            print(p)
+PY
 tar czf - -T "$LIST" | split -b 15M - "$OUT/ckpt.tgz."
-echo "packed $(wc -l < "$LIST") checkpoints: $(du -ch "$OUT"/ckpt.tgz.* | tail -1)"
+echo "packed $(wc -l < "$LIST") files: $(du -ch "$OUT"/ckpt.tgz.* | tail -1)"
 echo "done in $(( $(date +%s) - T0 )) s"

@@ -3,7 +3,7 @@
     python tools/population_train.py RUN --experiments darkroom,darkroom_region \\
         [--preset small] [--set SECTION.FIELD=VALUE ...] [--kinds spice,dpt] \\
         [--variants main,none,adv,epi] \\
-        [--device cuda] [--stop-after SECONDS]
+        [--device cuda] [--stop-after SECONDS] [--graph auto|on|off]
 
 The models an experiment trains (every kind, variant and seed, as ``full_run.py`` plans them)
 are grouped into populations of one kind, architecture and loss
@@ -32,8 +32,8 @@ from spice_ray.data import store
 from spice_ray.study.experiments import EXPERIMENTS
 from spice_ray.study.loss_weights import trained_models
 from spice_ray.study.stages import plan_study
-from spice_ray.train.loop import publish_final
-from spice_ray.train.population import fit_population, population_key
+from spice_ray.train.loop import publish_final, steps_per_epoch
+from spice_ray.train.population import fit_population, population_key, resume_epoch
 from spice_ray.train.ray_train import plan_job, settle_final
 
 
@@ -51,6 +51,12 @@ def cli(argv: list[str] | None = None) -> int:
                              "and weight-ablation names, e.g. main,none (default: all)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--stop-after", type=float, default=None, metavar="SECONDS")
+    parser.add_argument("--plan", action="store_true",
+                        help="print each population and the epoch it would resume at; train "
+                             "nothing")
+    parser.add_argument("--graph", choices=("auto", "on", "off"), default="auto",
+                        help="capture each population's step as a CUDA graph (auto: on a GPU "
+                             "with a constant learning rate)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     t_start = time.perf_counter()
@@ -82,10 +88,17 @@ def cli(argv: list[str] | None = None) -> int:
             for job, run_dir in zip(jobs, dirs, strict=True):
                 run_dir.mkdir(parents=True, exist_ok=True)
                 job.cfg.write(run_dir)
+            if args.plan:
+                start = resume_epoch(jobs, dirs)
+                print(f"population of {len(jobs)} ({', '.join(names)}): resumes at epoch "
+                      f"{start + 1} of {jobs[0].cfg.train.epochs} "
+                      f"({start * steps_per_epoch(jobs[0].cfg):,} steps done)")
+                continue
             left = (None if args.stop_after is None
                     else max(0.0, args.stop_after - (time.perf_counter() - t_start)))
             t0 = time.perf_counter()
-            result = fit_population(jobs, dirs, args.device, stop_after=left)
+            result = fit_population(jobs, dirs, args.device, stop_after=left,
+                                    graph={"auto": None, "on": True, "off": False}[args.graph])
             epochs = jobs[0].cfg.train.epochs
             print(f"population of {len(jobs)} ({', '.join(names)}) on {args.device}: epochs "
                   f"{result.start_epoch + 1}-{result.last_epoch + 1} of {epochs} in "

@@ -150,6 +150,7 @@ def _model_opt_state(optimizer: torch.optim.Optimizer, names: list[str],
     (parameters numbered in ``names`` order, as ``fit``'s optimiser numbers them)."""
     full = optimizer.state_dict()
     group = {k: v for k, v in full["param_groups"][0].items() if k != "params"}
+    group["capturable"] = False  # as ``fit`` makes it (a captured step sets it on)
     state = {}
     for i, name in enumerate(names):
         s = optimizer.state.get(stacked[name])
@@ -223,29 +224,41 @@ class Population:
             return functional_call(template, (p, b), batch)
 
         self._loss = vmap(one_loss)
+        # no autocast weight cache: a captured step (CUDA graph) must not keep one across
+        # replays, and each stacked weight is cast once per step anyway
         self.autocast = dict(device_type=device.type, dtype=torch.bfloat16,
-                             enabled=device.type == "cuda")
+                             enabled=device.type == "cuda", cache_enabled=False)
         self.first_bad = torch.full((self.M,), -1, dtype=torch.long, device=device)
+        self.step_t = torch.zeros((), dtype=torch.long, device=device)
+        """The global step of the last update, on the device (a captured step counts it)."""
 
     def load_optimizer(self, states: list[dict[str, Any]], scheduler: dict[str, Any]) -> None:
         """The models' own AdamW states (as ``fit`` saves them) into the stacked one."""
         _stack_opt_state(states, self.optimizer, self.names, self.params)
         self.scheduler.load_state_dict(scheduler)
 
-    def step(self, fields: Sequence[Tensor], ids: Tensor, global_step: int
-             ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+    def update(self, fields: Sequence[Tensor], ids: Tensor
+               ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
         """One optimiser step of every model on its own batch (token fields [M, B, ...] in
-        :data:`TOKEN_FIELDS` order, task ids [M, B]); returns (losses [M], detached loss
-        components [M] each, gradient norms [M]). No host sync."""
+        :data:`TOKEN_FIELDS` order, task ids [M, B]), without the learning-rate schedule;
+        returns (losses [M], detached loss components [M] each, gradient norms [M]). Only
+        device work: no host sync and no host state, so a CUDA graph can capture it."""
+        self.step_t.add_(1)
         with torch.autocast(**self.autocast):
             loss, parts = self._loss(self._p, self._b, *fields, ids)
         self.optimizer.zero_grad(set_to_none=True)
         loss.sum().backward()
         norm = _clip_per_model(self.trainable, self.cfg.train.grad_clip, loss, self.first_bad,
-                               global_step)
+                               self.step_t)
         self.optimizer.step()
+        return loss.detach(), {k: v.detach() for k, v in parts.items()}, norm
+
+    def step(self, fields: Sequence[Tensor], ids: Tensor
+             ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+        """:meth:`update`, then the learning-rate schedule's step."""
+        out = self.update(fields, ids)
         self.scheduler.step()
-        return loss.detach(), parts, norm
+        return out
 
     def model_state(self, m: int) -> dict[str, Tensor]:
         """Model ``m``'s ``state_dict``."""
@@ -253,18 +266,86 @@ class Population:
                 | {k: v[m].detach() for k, v in self.buffers.items()})
 
 
+class Stepper:
+    """Steps a population on batches gathered by row index, eagerly or as one CUDA graph.
+
+    ``run(rows)`` copies the [M, B] row indices into a fixed device buffer, then runs one
+    training step from it: the batch gather, :meth:`Population.update` and the sums of the
+    loss components. With ``graph`` (CUDA only), the first :data:`WARMUP` steps run eagerly
+    on a side stream (as CUDA graph capture wants: the libraries' lazy set-up happens there),
+    the next is captured once and replayed for every later step, so a step costs one launch
+    instead of a few thousand: at these model sizes the GPU is bound by launches, not
+    arithmetic. The graph replays exactly the kernels of the eager step on the same buffers,
+    so both paths do the same arithmetic. The learning-rate schedule steps on the host
+    after each update (a constant rate is a constant in the graph; see :func:`fit_population`).
+    """
+
+    WARMUP = 3
+
+    def __init__(self, pop: Population, batch_of, graph: bool = False) -> None:
+        self.pop, self.batch_of = pop, batch_of
+        self.graph = graph and pop.device.type == "cuda"
+        self.idx = torch.zeros((pop.M, pop.cfg.train.batch_size), dtype=torch.long,
+                               device=pop.device)
+        self.sums: dict[str, Tensor] | None = None
+        self.norm: Tensor | None = None
+        self.parts: dict[str, Tensor] = {}
+        self._graph: Any = None
+        self._warm = 0
+
+    def _body(self) -> None:
+        fields, ids = self.batch_of(self.idx)
+        _, parts, norm = self.pop.update(fields, ids)
+        if self.sums is None:
+            self.sums = {k: torch.zeros_like(v, dtype=torch.float32) for k, v in parts.items()}
+        for k, v in parts.items():
+            self.sums[k].add_(v.float())
+        self.parts, self.norm = parts, norm
+
+    def reset_sums(self) -> None:
+        for v in (self.sums or {}).values():
+            v.zero_()
+
+    def run(self, rows: Tensor) -> None:
+        self.idx.copy_(rows)
+        if not self.graph:
+            self._body()
+        elif self._graph is not None:
+            self._graph.replay()
+        elif self._warm < self.WARMUP:
+            side = torch.cuda.Stream(self.pop.device)
+            side.wait_stream(torch.cuda.current_stream(self.pop.device))
+            with torch.cuda.stream(side):
+                self._body()
+            torch.cuda.current_stream(self.pop.device).wait_stream(side)
+            self._warm += 1
+        else:
+            for group in self.pop.optimizer.param_groups:
+                group["capturable"] = True  # AdamW's check; fused AdamW is capturable as is
+            self.pop.optimizer.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._body()
+            self._graph = graph
+            graph.replay()  # capture records the step without running it
+        self.pop.scheduler.step()
+
+
 def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
                    device: str | torch.device = "cpu", stop_after: float | None = None,
                    observers: Sequence[StepObserver] = (),
-                   clock=time.perf_counter) -> PopulationResult:
+                   clock=time.perf_counter, graph: bool | None = None) -> PopulationResult:
     """Pretrain ``jobs`` as one population, each into its run directory's ``local/``.
 
     Resumes from the newest epoch that every model has an intact checkpoint of (or from the
     start). ``stop_after`` (seconds): after the first epoch that ends past it, write every
-    model's checkpoint of that epoch and return (a later call resumes there).
+    model's checkpoint of that epoch and return (a later call resumes there). ``graph``:
+    capture the step as a CUDA graph (:class:`Stepper`); ``None`` does so on a GPU when the
+    learning rate is constant (a cosine rate would be a constant in the graph).
 
     Raises:
-        PopulationError: the jobs cannot train as one (names the field).
+        PopulationError: the jobs cannot train as one (names the field), or ``graph`` is asked
+            for with ``train.cosine_schedule`` on.
         TrainingDiverged: naming each model whose loss or gradient norm became non-finite,
             with its step; no checkpoint of that epoch is written.
     """
@@ -277,15 +358,22 @@ def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
     per_epoch = steps_per_epoch(cfg)
     models = [_initial_model(job) for job in jobs]
     start_epoch, opt_states, sched_state = _resume(jobs, run_dirs, models)
+    if graph and tc.cosine_schedule:
+        raise PopulationError("train.cosine_schedule is on: a captured step (graph) keeps the "
+                              "learning rate constant; train this population without one")
+    if graph is None:
+        graph = device.type == "cuda" and not tc.cosine_schedule
     pop = Population(jobs[0].kind, cfg, models, device)
     if opt_states is not None:
         pop.load_optimizer(opt_states, sched_state)
+    pop.step_t.fill_(start_epoch * per_epoch)
     train = load_all(jobs, "train", device)
     rows = {job.dataset_dir: train[job.dataset_dir].num_rows for job in jobs}
     if len(set(rows.values())) > 1:  # a population steps together: equal epochs
         raise PopulationError("the models' training splits differ in size: "
                               + ", ".join(f"{d} {n} rows" for d, n in rows.items()))
     val = load_all(jobs, "validation", device)
+    stepper = Stepper(pop, lambda idx: population_batch(jobs, train, idx), graph)
     metrics: list[dict[str, float]] = [{} for _ in jobs]
     steps_done, t_steps = 0, 0.0
     epoch = start_epoch - 1
@@ -297,15 +385,14 @@ def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
                         np.random.default_rng([job.seed, epoch]),
                         train[job.dataset_dir].num_rows)
             for job in jobs]), device=device)  # (M, steps, B)
-        sums: dict[str, Tensor] = {}
+        stepper.reset_sums()
         for step in range(order.shape[1]):
-            fields, ids = population_batch(jobs, train, order[:, step])
-            _, parts, norm = pop.step(fields, ids, epoch * per_epoch + step + 1)
-            for k, v in parts.items():
-                sums[k] = sums[k] + v.float() if k in sums else v.float()
+            stepper.run(order[:, step])
             for obs in observers:
                 obs.step(epoch * per_epoch + step + 1, tc.epochs * per_epoch, epoch,
-                         {k: v[0] for k, v in parts.items()} | {"grad_norm": norm[0]})
+                         {k: v[0] for k, v in stepper.parts.items()}
+                         | {"grad_norm": stepper.norm[0]})
+        sums = stepper.sums or {}
         steps = order.shape[1]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -348,7 +435,7 @@ def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
 
 
 def _clip_per_model(grads_of: list[Tensor], clip: float, loss: Tensor, first_bad: Tensor,
-                    step: int) -> Tensor:
+                    step: Tensor) -> Tensor:
     """Each model's gradient norm [M]; clips each model's gradients to ``clip`` (0: measure
     only) as ``clip_grad_norm_`` does alone, and zeroes the gradients of a model whose loss or
     norm is not finite, recording the step in ``first_bad`` (no host sync)."""
@@ -419,6 +506,11 @@ def _save_all(pop: Population, jobs: Sequence[TrainJob], run_dirs: Sequence[Path
             extra={"identity": job.identity(), "seed": job.seed})
 
 
+def resume_epoch(jobs: Sequence[TrainJob], run_dirs: Sequence[Path]) -> int:
+    """The epoch :func:`fit_population` would start these models at (0: from scratch)."""
+    return _resume(jobs, run_dirs, [_initial_model(job) for job in jobs])[0]
+
+
 def _resume(jobs: Sequence[TrainJob], run_dirs: Sequence[Path], models: list[nn.Module]
             ) -> tuple[int, list[dict[str, Any]] | None, dict[str, Any] | None]:
     """Load the newest epoch every model has an intact checkpoint of into ``models``; returns
@@ -442,7 +534,7 @@ def _resume(jobs: Sequence[TrainJob], run_dirs: Sequence[Path], models: list[nn.
             raise ckpt.CheckpointError(f"{mine[epoch]} has no optimiser state to resume from")
         opt_states.append(opt["optimizer"])
         sched = opt["scheduler"]
-    log.info("population resumes at epoch %d from %s", epoch + 1,
+    log.info("population resumes after epoch %d from %s", epoch + 1,
              ", ".join(str(found[i][epoch]) for i in range(len(jobs))))
     return epoch + 1, opt_states, sched
 
