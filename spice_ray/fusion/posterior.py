@@ -233,6 +233,14 @@ def prior_variance(prior_std: Tensor, v_min: float) -> Tensor:
     return prior_std.square().clamp_min(v_min)
 
 
+def _on(x, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``x`` as a tensor on ``device``; a Python number is filled there (a kernel, not a copy
+    from the host: a step captured as a CUDA graph may not copy from pageable host memory)."""
+    if isinstance(x, (int, float)):
+        return torch.full((), float(x), dtype=dtype, device=device)
+    return torch.as_tensor(x, dtype=dtype, device=device)
+
+
 def gaussian_posterior(
     prior_mean: Tensor | float,
     prior_var: Tensor | float,
@@ -265,9 +273,9 @@ def gaussian_posterior(
     """
     dtype = counts.dtype if counts.is_floating_point() else torch.get_default_dtype()
     device = counts.device
-    prior_mean = torch.as_tensor(prior_mean, dtype=dtype, device=device)
-    v_pri = torch.as_tensor(prior_var, dtype=dtype, device=device).clamp_min(v_min)  # v_pri
-    noise_var = torch.as_tensor(noise_var, dtype=dtype, device=device).clamp_min(NOISE_VAR_FLOOR)
+    prior_mean = _on(prior_mean, dtype, device)
+    v_pri = _on(prior_var, dtype, device).clamp_min(v_min)  # v_pri
+    noise_var = _on(noise_var, dtype, device).clamp_min(NOISE_VAR_FLOOR)
     counts = counts.to(dtype)
     precision = 1.0 / v_pri + counts / noise_var
     post_var = 1.0 / precision
