@@ -261,6 +261,47 @@ def test_a_captured_step_is_refused_with_a_cosine_rate_and_is_eager_on_a_cpu(dat
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
+HOST_OPS = ("lift_fresh", "lift_fresh_copy", "_local_scalar_dense", "nonzero", "masked_select",
+            "_unique2", "unique_consecutive")
+"""Operators that read from or wait for the host: a tensor made from Python data (a copy from
+pageable memory on a GPU), a value read back (``.item()``, ``bool()``), a shape that depends
+on data. Inside a CUDA graph capture each is an error, so a captured step may have none."""
+
+
+@pytest.mark.parametrize("kind", ["spice", "dpt"])
+def test_a_population_step_does_only_device_work(dataset, tmp_path, kind) -> None:
+    """What a GPU capture needs, checked on the CPU: one population step (the batch gather,
+    the loss, backward, the per-model clip, AdamW) calls no operator that reads the host. The
+    first capture on an H200 failed on exactly such a copy (a Python number in the shrinkage
+    posterior)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from spice_ray.train.population import Population, Stepper, load_all, population_batch
+
+    class HostReads(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in HOST_OPS:
+                self.seen.append(name)
+            return func(*args, **(kwargs or {}))
+
+    jobs = [plan_job(_cfg(tmp_path), kind, s, dataset)[0] for s in (0, 1)]
+    train = load_all(jobs, "train", torch.device("cpu"))
+    pop = Population(kind, jobs[0].cfg, [pop_module._initial_model(j) for j in jobs],
+                     torch.device("cpu"))
+    stepper = Stepper(pop, lambda idx: population_batch(jobs, train, idx))
+    rows = torch.arange(2 * jobs[0].cfg.train.batch_size).view(2, -1)
+    stepper.run(rows)  # the optimiser's lazy state is made on the first step, as in warm-up
+    with HostReads() as spy:
+        stepper._body()
+    assert spy.seen == []
+    assert int(pop.step_t) == 2
+
+
 def test_the_population_tool_trains_a_study_without_ray_and_resumes(tmp_path, capsys) -> None:
     """``tools/population_train.py``: a study's models from the datasets already in the run,
     stopped at a deadline (checkpoints written, exit 0), then resumed to finals the study's

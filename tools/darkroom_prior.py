@@ -119,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     frames = []
     for seed in seeds:
-        ckpts = (epoch_checkpoints(args.run, args.experiment, seed) if args.every_checkpoint
-                 else [args.checkpoint])
+        try:  # a missing run, experiment or config is one line naming it
+            ckpts = (epoch_checkpoints(args.run, args.experiment, seed) if args.every_checkpoint
+                     else [args.checkpoint])
+        except (OSError, ValueError, SpiceRayError) as exc:
+            raise SystemExit(f"error: {exc}") from None
         for ckpt in ckpts:
             try:
                 rows = readout(args.run, args.experiment, seed, args.tasks, args.split, ckpt)
