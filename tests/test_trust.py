@@ -195,6 +195,31 @@ def test_checkpoint_with_non_finite_weights_is_refused(tmp_path) -> None:
         load_model(path)
 
 
+def test_a_checkpoint_made_weights_only_loads_the_same_and_its_weights_stay_checked(
+        tmp_path) -> None:
+    from spice_ray.model import checkpoint as ckpt
+    from spice_ray.model.registry import build_model
+
+    cfg = make_config("smoke", "bandit")
+    model = build_model("dpt", cfg, generator=torch.Generator().manual_seed(0))
+    path = ckpt.save_checkpoint(tmp_path / "c", model, cfg, "h", epoch=3,
+                                optimizer_state={"optimizer": {"state": {}}},
+                                extra={"identity": "job"})
+    (path / ckpt.OPTIMIZER).unlink()  # left behind, as a device run's pack leaves it
+    with pytest.raises(ckpt.CheckpointError, match=r"optimizer\.pt is missing"):
+        ckpt.load_training_state(path)
+    ckpt.drop_optimizer(path)
+    meta, weights, opt = ckpt.load_training_state(path)
+    assert opt is None and meta["files"] == [ckpt.WEIGHTS]
+    assert (meta["epoch"], meta["identity"]) == (3, "job")
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert sorted(p.name for p in path.iterdir()) == [
+        "meta.json", "meta.json.sha256", "model.safetensors", "model.safetensors.sha256"]
+    (path / ckpt.WEIGHTS).write_bytes(b"edited")
+    with pytest.raises(ckpt.CheckpointError, match="model.safetensors fails its SHA-256"):
+        ckpt.drop_optimizer(path)
+
+
 def test_known_failures_exit_1_with_one_line(capsys) -> None:
     from spice_ray.runtime.cli import run_main
     from spice_ray.train.loop import TrainingDiverged

@@ -16,8 +16,8 @@
 #     from a shorter one's checkpoints);
 #  3. OUT (default $OUT) gets bench.txt (the machine and the benchmark), train.log (every
 #     population's log) and the checkpoints packed into 15 MB parts: every model's newest
-#     checkpoint whole, and the main SPICE models' earlier ones without their optimiser state
-#     (what the read-out chooses the step budget from), thinned evenly to fit PACK_MB.
+#     checkpoint whole, and the main SPICE models' earlier ones weights-only (what the
+#     read-out chooses the step budget from, and a study's final), thinned to fit PACK_MB.
 #     Unpack with `cat OUT/ckpt.tgz.* | tar xz`.
 set -u
 RUN=${1:?usage: tools/device_run.sh RUN SECONDS [OUT]}
@@ -75,12 +75,14 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 cat "${logs[@]}" > "$OUT/train.log"
 grep -h "==\|population of\|stopped after\|error\|Error\|^exit" "$OUT/train.log" | tail -40
 
-# pack: every model's newest checkpoint whole; the main SPICE models' earlier ones without
-# their optimiser state, thinned evenly to fit PACK_MB
+# pack: every model's newest checkpoint whole; the main SPICE models' earlier ones made
+# weights-only (spice_ray.model.checkpoint.drop_optimizer: they still load and settle as a
+# final, at a third of the size), thinned evenly to fit PACK_MB
 LIST=$(mktemp)
 python3 - "$RUN" "${PACK_MB:-56}" > "$LIST" <<'PY'
 import sys, math
 from pathlib import Path
+from spice_ray.model.checkpoint import drop_optimizer
 run, budget = Path(sys.argv[1]), float(sys.argv[2]) * 1e6
 newest, earlier = [], []
 for model in sorted(run.glob("checkpoints/*/*-seed*")):
@@ -90,17 +92,17 @@ for model in sorted(run.glob("checkpoints/*/*-seed*")):
     newest += [p for p in epochs[-1].iterdir()]
     cfg = (model / "config.yaml").read_text() if (model / "config.yaml").exists() else ""
     if model.name.startswith("spice-") and "use_adv: true" in cfg and "use_epi: true" in cfg:
-        earlier.append([[p for p in e.iterdir() if not p.name.startswith("optimizer")]
-                        for e in epochs[:-1]])
+        earlier.append(epochs[:-1])
 size = lambda files: sum(p.stat().st_size for p in files)
+weights = lambda e: [p for p in e.iterdir() if not p.name.startswith("optimizer")]
 room = budget - size(newest)
-per = [sum(size(e) for e in m) for m in earlier]
-keep = 1 if sum(per) <= room else max(1, math.ceil(sum(per) / max(room, 1.0)))
+total = sum(size(weights(e)) for m in earlier for e in m)
+keep = 1 if total <= room else max(1, math.ceil(total / max(room, 1.0)))
 for p in newest:
     print(p)
 for m in earlier:  # every keep-th, counted back from the newest
     for e in m[::-1][keep - 1::keep]:
-        for p in e:
+        for p in drop_optimizer(e).iterdir():
             print(p)
 PY
 tar czf - -T "$LIST" | split -b 15M - "$OUT/ckpt.tgz."

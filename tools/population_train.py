@@ -1,7 +1,7 @@
 """Pretrain a study's models as populations, in this process, without Ray.
 
     python tools/population_train.py RUN --experiments darkroom,darkroom_region \\
-        [--preset small] [--set SECTION.FIELD=VALUE ...] [--kinds spice,dpt] \\
+        [--preset small] [--variant NAME] [--set SECTION.FIELD=VALUE ...] [--kinds spice,dpt] \\
         [--variants main,none,adv,epi] \\
         [--device cuda] [--stop-after SECONDS] [--graph auto|on|off]
 
@@ -45,6 +45,8 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--set", action="append", default=[], dest="overrides",
                         metavar="SECTION.FIELD=VALUE")
+    parser.add_argument("--variant", default="",
+                        help="the study variant the models belong to (full_run.py --variant)")
     parser.add_argument("--kinds", default="", help="only these model kinds (default: all)")
     parser.add_argument("--variants", default=None,
                         help="only these variants: main (the experiment's own SPICE or DPT) "
@@ -62,7 +64,8 @@ def cli(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     try:
         plan = plan_study(args.preset, args.run, None, args.overrides,
-                          tuple(e for e in args.experiments.split(",") if e))
+                          tuple(e for e in args.experiments.split(",") if e),
+                          variant=args.variant)
         kinds = {k for k in args.kinds.split(",") if k}
         variants = (None if args.variants is None else
                     {"" if v == "main" else v for v in args.variants.split(",")})

@@ -165,6 +165,30 @@ def _checked_sha256(directory: Path, name: str, meta: dict[str, Any]) -> str:
     return str(record["sha256"])
 
 
+def drop_optimizer(directory: str | Path) -> Path:
+    """Make a checkpoint weights-only: its weights checked against their sidecar, then
+    ``optimizer.pt`` taken off meta.json's list of files (meta.json rewritten with its sidecar)
+    and deleted if present. The result loads, scores and settles as a training's final like
+    any checkpoint; it cannot resume a training. For shipping a training's earlier
+    checkpoints at a third of their size (a device run packs them so), and for one whose
+    optimiser file was left behind.
+
+    Raises:
+        CheckpointError: naming the file, when meta.json or the weights fail their check.
+    """
+    directory = Path(directory)
+    meta = read_meta(directory)
+    _checked_sha256(directory, weights_file(meta), meta)
+    if isinstance(meta["files"], dict):
+        raise CheckpointError(f"{directory / META} is of the format before sidecars: not "
+                              "rewritten")
+    if OPTIMIZER in meta["files"]:
+        write_meta(directory, {**meta, "files": [f for f in meta["files"] if f != OPTIMIZER]})
+    for name in (OPTIMIZER, OPTIMIZER + ".sha256"):
+        (directory / name).unlink(missing_ok=True)
+    return directory
+
+
 def weights_file(meta: dict[str, Any]) -> str:
     """The name of a checkpoint's weights file (:data:`WEIGHTS`, or an older checkpoint's
     :data:`LEGACY_WEIGHTS`), from its meta.json's list of files."""
