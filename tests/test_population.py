@@ -3,6 +3,7 @@ trained alone: same batches, same weights to rounding, same checkpoints, same re
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -221,6 +222,20 @@ def _specs(out: Path, *extra: str) -> list[ModelSpec]:
         ModelSpec(cfg, "dpt", 0, "dpt seed 0")]
 
 
+def test_populations_stepped_in_turn_equal_each_trained_alone(dataset, tmp_path) -> None:
+    """``fit_populations`` (one process, a step of each population in turn, as the device
+    script trains) gives each population's weights bit for bit."""
+    from spice_ray.train.population import fit_populations
+
+    groups = [[plan_job(_cfg(tmp_path / "turns"), kind, s, dataset) for s in seeds]
+              for kind, seeds in (("spice", (0, 1)), ("dpt", (0,)))]
+    with torch_threads(1):
+        results = fit_populations([([j for j, _ in g], [d for _, d in g]) for g in groups])
+    assert [(r.start_epoch, r.last_epoch) for r in results] == [(0, 1), (0, 1)]
+    _assert_equal_to_direct([_last(d) for g in groups for _, d in g], dataset,
+                            tmp_path / "direct")
+
+
 def test_the_study_trains_populations_in_the_driver(dataset, tmp_path) -> None:
     """``train.population`` with ``num_workers=0``: the seeds of one kind train as one
     population in the driver, the same weights as the population trained directly; a re-run
@@ -314,9 +329,10 @@ def test_the_population_tool_trains_a_study_without_ray_and_resumes(tmp_path, ca
     spec.loader.exec_module(tool)
     run = tmp_path / "run"
     args = [str(run), "--preset", "smoke", "--experiments", "darkroom_region", "--device",
-            "cpu", "--set", "train.epochs=2", "--set", "train.checkpoint_every=1"]
+            "cpu", "--set", "train.epochs=2", "--set", "train.checkpoint_every=1",
+            "--set", "seeds=[0,1]"]
     assert tool.cli(args) == 1  # no dataset yet
-    cfg = make_config("smoke", "darkroom_region", overrides=["train.epochs=2",
+    cfg = make_config("smoke", "darkroom_region", overrides=["train.epochs=2", "seeds=[0,1]",
                                                               f"out_dir={run}"])
     generate_dataset(cfg, store.dataset_dir(run / "datasets", cfg))
     with torch_threads(1):
@@ -325,7 +341,15 @@ def test_the_population_tool_trains_a_study_without_ray_and_resumes(tmp_path, ca
         assert dirs and all(not (d / "final").exists() for d in dirs)
         capsys.readouterr()
         assert tool.cli([*args, "--plan"]) == 0
-        assert "resumes at epoch 2 of 2 (" in capsys.readouterr().out
+        assert "population of 2 (darkroom_region spice seed 0, darkroom_region spice seed 1)" \
+            ": resumes at epoch 2 of 2 (" in capsys.readouterr().out
+        # a model one epoch behind trains in its own population, not restarting the other
+        behind = next(d for d in dirs if d.name.endswith("seed1"))
+        shutil.rmtree(sorted((behind / "local").glob("epoch-*"))[0])
+        assert tool.cli([*args, "--plan"]) == 0
+        plan = capsys.readouterr().out
+        assert "population of 1 (darkroom_region spice seed 0): resumes at epoch 2" in plan
+        assert "population of 1 (darkroom_region spice seed 1): resumes at epoch 1" in plan
         assert tool.cli(args) == 0
     for d in dirs:
         job, run_dir = plan_job(cfg, "spice", int(d.name.rsplit("seed", 1)[1]),

@@ -10,12 +10,12 @@
 #     eager and captured (CUDA graph) steps, and its check that the captured step trains the
 #     same weights as the eager one: training captures its steps only if that check passed;
 #  2. the main SPICE models of darkroom, darkroom_region and darkroom_continuous at the DPT
-#     recipe, one process per population (a population is one kind and config, its seeds;
-#     POPULATIONS below), side by side, each stopping at the first epoch end past the deadline
-#     with its checkpoints written (the same command resumes them: a longer training resumes
-#     from a shorter one's checkpoints);
-#  3. OUT (default $OUT) gets bench.txt (the machine and the benchmark), train.log (every
-#     population's log) and the checkpoints packed into 15 MB parts: every model's newest
+#     recipe (EXPERIMENTS, KINDS, VARIANTS below), as populations (one kind, config and
+#     resume epoch each) stepped in turn in one process, each stopping at the first epoch end
+#     past the deadline with its checkpoints written (the same command resumes them: a longer
+#     training resumes from a shorter one's checkpoints);
+#  3. OUT (default $OUT) gets bench.txt (the machine and the benchmark), train.log (the
+#     training's log) and the checkpoints packed into 15 MB parts: every model's newest
 #     checkpoint whole, and the main SPICE models' earlier ones weights-only (what the
 #     read-out chooses the step budget from, and a study's final), thinned to fit PACK_MB.
 #     Unpack with `cat OUT/ckpt.tgz.* | tar xz`.
@@ -23,9 +23,13 @@ set -u
 RUN=${1:?usage: tools/device_run.sh RUN SECONDS [OUT]}
 SECONDS_ALLOWED=${2:?usage: tools/device_run.sh RUN SECONDS [OUT]}
 OUT=${3:-${OUT:?no OUT given and none in the environment}}
-# DEVICE, RECIPE_ARGS, BENCH_MODELS, BENCH=0 and POPULATIONS ("experiment kind variant;...")
-# change the device, the training settings, the benchmark's population sizes (or skip it) and
+# DEVICE, RECIPE_ARGS, BENCH_MODELS, BENCH=0, FORCE_GRAPH=on|off and EXPERIMENTS, KINDS,
+# VARIANTS (comma-separated, as tools/population_train.py takes them) change the device, the
+# training settings, the benchmark's population sizes (or skip it), the capture decision and
 # what trains (a CPU rehearsal: DEVICE=cpu RECIPE_ARGS="--preset smoke").
+EXPERIMENTS=${EXPERIMENTS:-darkroom,darkroom_region,darkroom_continuous}
+KINDS=${KINDS:-spice}
+VARIANTS=${VARIANTS:-main}
 DEVICE=${DEVICE:-cuda}
 if [ -n "${RECIPE_ARGS:-}" ]; then read -r -a RECIPE <<< "$RECIPE_ARGS"; else
 RECIPE=(--set data.num_train_tasks=80000 --set train.batch_size=64 --set model.n_layer=4
@@ -51,29 +55,19 @@ fi
 GRAPH=${FORCE_GRAPH:-$GRAPH}
 cat "$OUT/bench.txt"
 
-# one process per population, side by side; an eager epoch at the recipe takes about 80 s on
-# an H200 beside seven others, a captured one a few seconds: the margin for the last epoch
+# every population in one process, a step of each in turn (a process per population
+# time-slices the GPU: three captured populations side by side ran at about one's rate). An
+# eager epoch at the recipe takes about 40 s per population, a captured one a few seconds:
+# the margin for the last epoch
 if [ "$GRAPH" = on ]; then MARGIN=60; else MARGIN=150; fi
 STOP=$(( $(left) - MARGIN ))
 HARD=$(( $(left) - 25 ))
 echo "training: captured steps $GRAPH, --stop-after $STOP s, killed at $HARD s"
-pids=()
-POPULATIONS=${POPULATIONS:-"darkroom spice main;darkroom_region spice main;\
-darkroom_continuous spice main"}
-IFS=';' read -r -a SPECS <<< "$POPULATIONS"
-logs=()
-for spec in "${SPECS[@]}"; do
-  set -- $spec
-  log=$(mktemp)
-  logs+=("$log")
-  { echo "== $spec"; timeout "$HARD" python3 tools/population_train.py "$RUN" --experiments "$1" \
-      --kinds "$2" --variants "$3" "${RECIPE[@]}" --device "$DEVICE" --stop-after "$STOP" \
-      --graph "$GRAPH"; echo "exit $?"; } > "$log" 2>&1 &
-  pids+=($!)
-done
-for pid in "${pids[@]}"; do wait "$pid"; done
-cat "${logs[@]}" > "$OUT/train.log"
-grep -h "==\|population of\|stopped after\|error\|Error\|^exit" "$OUT/train.log" | tail -40
+timeout "$HARD" python3 tools/population_train.py "$RUN" --experiments "$EXPERIMENTS" \
+    --kinds "$KINDS" --variants "$VARIANTS" "${RECIPE[@]}" --device "$DEVICE" \
+    --stop-after "$STOP" --graph "$GRAPH" > "$OUT/train.log" 2>&1
+echo "training: exit $?" | tee -a "$OUT/train.log"
+grep -h "population of\|stopped after\|error\|Error" "$OUT/train.log" | tail -40
 
 # pack: every model's newest checkpoint whole; the main SPICE models' earlier ones made
 # weights-only (spice_ray.model.checkpoint.drop_optimizer: they still load and settle as a

@@ -6,9 +6,12 @@
         [--device cuda] [--stop-after SECONDS] [--graph auto|on|off]
 
 The models an experiment trains (every kind, variant and seed, as ``full_run.py`` plans them)
-are grouped into populations of one kind, architecture and loss
+are grouped into populations of one kind, architecture, loss and resume epoch
 (``spice_ray.train.population``), and each population trains as one: on a GPU one step costs
-about one model's step. Checkpoints go where the study's pretraining stage puts them
+about one model's step. Every population trains in this one process, a step of each in turn
+(``fit_populations``), so on a GPU their captured steps queue back to back instead of
+time-slicing the device between processes. ``--plan`` prints each population and where it
+would resume, and trains nothing. Checkpoints go where the study's pretraining stage puts them
 (``RUN/checkpoints/<dataset>/<kind>-<id>-seed<k>/local/epoch-*``, and ``final`` when a model
 reaches its last epoch), so ``python pipelines/full_run.py --out RUN`` with the same settings
 finds them current (or resumes them) and goes on with tuning and evaluation. The datasets
@@ -33,7 +36,7 @@ from spice_ray.study.experiments import EXPERIMENTS
 from spice_ray.study.loss_weights import trained_models
 from spice_ray.study.stages import plan_study
 from spice_ray.train.loop import publish_final, steps_per_epoch
-from spice_ray.train.population import fit_population, population_key, resume_epoch
+from spice_ray.train.population import fit_populations, population_key, resume_epoch
 from spice_ray.train.ray_train import plan_job, settle_final
 
 
@@ -82,30 +85,33 @@ def cli(argv: list[str] | None = None) -> int:
                     if settle_final(run_dir / "final", job):
                         print(f"{name} {m.label(seed)}: checkpoint is current, skipped")
                         continue
-                    groups.setdefault(population_key(job), []).append(
-                        (f"{name} {m.label(seed)}", job, run_dir))
-        for members in groups.values():
-            names = [n for n, _, _ in members]
-            jobs = [j for _, j, _ in members]
-            dirs = [d for _, _, d in members]
-            for job, run_dir in zip(jobs, dirs, strict=True):
-                run_dir.mkdir(parents=True, exist_ok=True)
-                job.cfg.write(run_dir)
-            if args.plan:
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    job.cfg.write(run_dir)
+                    # models at different epochs never share a population: it resumes at the
+                    # newest epoch all its models have, so one behind would restart the rest
+                    key = (population_key(job), resume_epoch([job], [run_dir]))
+                    groups.setdefault(key, []).append((f"{name} {m.label(seed)}", job, run_dir))
+        populations = [([n for n, _, _ in g], [j for _, j, _ in g], [d for _, _, d in g])
+                       for g in groups.values()]
+        if args.plan:
+            for names, jobs, dirs in populations:
                 start = resume_epoch(jobs, dirs)
                 print(f"population of {len(jobs)} ({', '.join(names)}): resumes at epoch "
                       f"{start + 1} of {jobs[0].cfg.train.epochs} "
                       f"({start * steps_per_epoch(jobs[0].cfg):,} steps done)")
-                continue
-            left = (None if args.stop_after is None
-                    else max(0.0, args.stop_after - (time.perf_counter() - t_start)))
-            t0 = time.perf_counter()
-            result = fit_population(jobs, dirs, args.device, stop_after=left,
-                                    graph={"auto": None, "on": True, "off": False}[args.graph])
+            return 0
+        left = (None if args.stop_after is None
+                else max(0.0, args.stop_after - (time.perf_counter() - t_start)))
+        t0 = time.perf_counter()
+        # every population in this one process, a step of each in turn (fit_populations)
+        results = fit_populations([(jobs, dirs) for _, jobs, dirs in populations], args.device,
+                                  stop_after=left,
+                                  graph={"auto": None, "on": True, "off": False}[args.graph])
+        for (names, jobs, dirs), result in zip(populations, results, strict=True):
             epochs = jobs[0].cfg.train.epochs
             print(f"population of {len(jobs)} ({', '.join(names)}) on {args.device}: epochs "
                   f"{result.start_epoch + 1}-{result.last_epoch + 1} of {epochs} in "
-                  f"{time.perf_counter() - t0:.0f} s, "
+                  f"{time.perf_counter() - t0:.0f} s beside {len(populations) - 1} other(s), "
                   f"{result.steps_per_s * len(jobs):.1f} model-steps/s "
                   f"({result.steps_per_s:.1f} steps/s); val loss "
                   + ", ".join(f"{m.get('val_loss', float('nan')):.4f}"
