@@ -36,7 +36,7 @@ def read_family(paths: list[Path]) -> pd.DataFrame:
         frames.append(frame)
     # a checkpoint read in two files (a training's CSV and its continuation's) counts once
     rows = pd.concat(frames, ignore_index=True).drop_duplicates(
-        subset=["seed", "steps", "h", "context"], keep="last")
+        subset=["split", "seed", "steps", "h", "context"], keep="last")
     splits = sorted(set(rows["split"]))
     if len(splits) != 1:
         raise SystemExit(f"error: {', '.join(map(str, paths))} mix the splits {splits}: a "

@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,16 @@ from spice_ray.train.loop import (
 from spice_ray.train.losses import loss_for
 from spice_ray.train.population_data import (
     TOKEN_FIELDS,
-    Split,
     epoch_order,
     load_all,
     population_batch,
+)
+from spice_ray.train.population_step import (
+    Stepper,
+    check_params_finite,
+    save_all,
+    stack_opt_state,
+    validate,
 )
 
 log = logging.getLogger(__name__)
@@ -144,42 +150,6 @@ def _initial_model(job: TrainJob) -> nn.Module:
     return build_model(job.kind, job.cfg, generator=torch.Generator().manual_seed(torch_seed))
 
 
-def _model_opt_state(optimizer: torch.optim.Optimizer, names: list[str],
-                     stacked: Mapping[str, Tensor], m: int) -> dict[str, Any]:
-    """Model ``m``'s slice of the stacked AdamW state, as its own AdamW's ``state_dict``
-    (parameters numbered in ``names`` order, as ``fit``'s optimiser numbers them)."""
-    full = optimizer.state_dict()
-    group = {k: v for k, v in full["param_groups"][0].items() if k != "params"}
-    group["capturable"] = False  # as ``fit`` makes it (a captured step sets it on)
-    state = {}
-    for i, name in enumerate(names):
-        s = optimizer.state.get(stacked[name])
-        if not s:
-            continue
-        state[i] = {k: (v[m].detach().clone() if k != "step" else v.detach().clone())
-                    for k, v in s.items()}
-    return {"state": state, "param_groups": [{**group, "params": list(range(len(names)))}]}
-
-
-def _stack_opt_state(states: list[dict[str, Any]], optimizer: torch.optim.Optimizer,
-                     names: list[str], stacked: Mapping[str, Tensor]) -> None:
-    """Load M models' own AdamW states into the stacked optimiser."""
-    first = states[0]
-    if any(len(s["state"]) != len(first["state"]) for s in states):
-        raise ckpt.CheckpointError("the models' optimiser states differ in size: they did not "
-                                   "stop at the same step")
-    params = [stacked[n] for n in names]
-    full = {"state": {}, "param_groups": [{**{k: v for k, v in
-                                              first["param_groups"][0].items()
-                                              if k != "params"},
-                                           "params": list(range(len(params)))}]}
-    for i in first["state"]:
-        full["state"][i] = {k: (torch.stack([s["state"][i][k] for s in states])
-                                if k != "step" else first["state"][i][k])
-                            for k in first["state"][i]}
-    optimizer.load_state_dict(full)
-
-
 @dataclasses.dataclass
 class PopulationResult:
     """What :func:`fit_population` did: each model's last metrics, the epoch it resumed at,
@@ -234,7 +204,7 @@ class Population:
 
     def load_optimizer(self, states: list[dict[str, Any]], scheduler: dict[str, Any]) -> None:
         """The models' own AdamW states (as ``fit`` saves them) into the stacked one."""
-        _stack_opt_state(states, self.optimizer, self.names, self.params)
+        stack_opt_state(states, self.optimizer, self.names, self.params)
         self.scheduler.load_state_dict(scheduler)
 
     def update(self, fields: Sequence[Tensor], ids: Tensor
@@ -264,71 +234,6 @@ class Population:
         """Model ``m``'s ``state_dict``."""
         return ({k: v[m].detach() for k, v in self.params.items()}
                 | {k: v[m].detach() for k, v in self.buffers.items()})
-
-
-class Stepper:
-    """Steps a population on batches gathered by row index, eagerly or as one CUDA graph.
-
-    ``run(rows)`` copies the [M, B] row indices into a fixed device buffer, then runs one
-    training step from it: the batch gather, :meth:`Population.update` and the sums of the
-    loss components. With ``graph`` (CUDA only), the first :data:`WARMUP` steps run eagerly
-    on a side stream (as CUDA graph capture wants: the libraries' lazy set-up happens there),
-    the next is captured once and replayed for every later step, so a step costs one launch
-    instead of a few thousand: at these model sizes the GPU is bound by launches, not
-    arithmetic. The graph replays exactly the kernels of the eager step on the same buffers,
-    so both paths do the same arithmetic. The learning-rate schedule steps on the host
-    after each update (a constant rate is a constant in the graph; see :func:`fit_population`).
-    """
-
-    WARMUP = 3
-
-    def __init__(self, pop: Population, batch_of, graph: bool = False) -> None:
-        self.pop, self.batch_of = pop, batch_of
-        self.graph = graph and pop.device.type == "cuda"
-        self.idx = torch.zeros((pop.M, pop.cfg.train.batch_size), dtype=torch.long,
-                               device=pop.device)
-        self.sums: dict[str, Tensor] | None = None
-        self.norm: Tensor | None = None
-        self.parts: dict[str, Tensor] = {}
-        self._graph: Any = None
-        self._warm = 0
-
-    def _body(self) -> None:
-        fields, ids = self.batch_of(self.idx)
-        _, parts, norm = self.pop.update(fields, ids)
-        if self.sums is None:
-            self.sums = {k: torch.zeros_like(v, dtype=torch.float32) for k, v in parts.items()}
-        for k, v in parts.items():
-            self.sums[k].add_(v.float())
-        self.parts, self.norm = parts, norm
-
-    def reset_sums(self) -> None:
-        for v in (self.sums or {}).values():
-            v.zero_()
-
-    def run(self, rows: Tensor) -> None:
-        self.idx.copy_(rows)
-        if not self.graph:
-            self._body()
-        elif self._graph is not None:
-            self._graph.replay()
-        elif self._warm < self.WARMUP:
-            side = torch.cuda.Stream(self.pop.device)
-            side.wait_stream(torch.cuda.current_stream(self.pop.device))
-            with torch.cuda.stream(side):
-                self._body()
-            torch.cuda.current_stream(self.pop.device).wait_stream(side)
-            self._warm += 1
-        else:
-            for group in self.pop.optimizer.param_groups:
-                group["capturable"] = True  # AdamW's check; fused AdamW is capturable as is
-            self.pop.optimizer.zero_grad(set_to_none=True)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._body()
-            self._graph = graph
-            graph.replay()  # capture records the step without running it
-        self.pop.scheduler.step()
 
 
 def fit_population(jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
@@ -442,8 +347,8 @@ def _training(jobs: Sequence[TrainJob], run_dirs: Sequence[Path], device: str | 
                 f"{job.kind} seed {job.seed} at step {s} (epoch {epoch + 1}/{tc.epochs}): its "
                 "loss or gradient norm was not finite" for job, s in zip(jobs, bad, strict=True)
                 if s >= 0))
-        _check_params_finite(pop.params, jobs, epoch)
-        val_parts = _validate(pop, jobs, val, B)
+        check_params_finite(pop.params, jobs, epoch)
+        val_parts = validate(pop, jobs, val, B)
         last = epoch == tc.epochs - 1
         stopped = (stop_after is not None and not last and clock() - t_start > stop_after)
         train_means = {k: (v / max(1, steps)).tolist() for k, v in sums.items()}
@@ -461,7 +366,7 @@ def _training(jobs: Sequence[TrainJob], run_dirs: Sequence[Path], device: str | 
         for obs in observers:
             obs.epoch(epoch, metrics[0])
         if last or stopped or (epoch + 1) % tc.checkpoint_every == 0:
-            _save_all(pop, jobs, run_dirs, models, epoch, metrics)
+            save_all(pop, jobs, run_dirs, models, epoch, metrics)
         log.info("population of %d (%s): epoch %d/%d, %.0f model-steps/s, val loss %s",
                  M, jobs[0].kind, epoch + 1, tc.epochs, M * steps / elapsed,
                  ", ".join(f"{m['val_loss']:.4f}" for m in metrics))
@@ -488,59 +393,6 @@ def _clip_per_model(grads_of: list[Tensor], clip: float, loss: Tensor, first_bad
         shape = (M,) + (1,) * (g.dim() - 1)
         g.copy_(torch.where(bad.view(shape), 0.0, g * coef.view(shape).to(g.dtype)))
     return norm
-
-
-@torch.no_grad()
-def _check_params_finite(params: Mapping[str, Tensor], jobs: Sequence[TrainJob], epoch: int
-                         ) -> None:
-    """Raise :class:`TrainingDiverged` naming the first model and parameter that is not
-    finite."""
-    M = len(jobs)
-    ok = torch.stack([torch.isfinite(p).reshape(M, -1).all(1) for p in params.values()])
-    if bool(ok.all()):
-        return
-    for m, job in enumerate(jobs):
-        for (name, _), good in zip(params.items(), ok[:, m].tolist(), strict=True):
-            if not good:
-                raise TrainingDiverged(f"training diverged at {job.kind} seed {job.seed} "
-                                       f"epoch {epoch + 1}: parameter {name} is not finite")
-
-
-@torch.no_grad()
-def _validate(pop: Population, jobs: Sequence[TrainJob], val: Mapping[str, Split],
-              batch_size: int) -> dict[str, list[float]]:
-    """Each model's mean loss components over its validation split in file order, in batches
-    of ``batch_size`` (the last one short), as ``fit`` scores it."""
-    out: dict[str, list[float]] = {}
-    for m, job in enumerate(jobs):
-        split = val[job.dataset_dir]
-        p = {k: v[m] for k, v in pop._p.items()}
-        b = {k: v[m] for k, v in pop._b.items()}
-        parts = []
-        for lo in range(0, split.num_rows, batch_size):
-            idx = torch.arange(lo, min(lo + batch_size, split.num_rows),
-                               device=split.task_id.device)
-            fields, ids = split.take(idx)
-            with torch.autocast(**pop.autocast):
-                parts.append(functional_call(pop.template, (p, b), (*fields, ids))[1])
-        for k in parts[0]:
-            out.setdefault(k, []).append(float(torch.stack([q[k].float() for q in parts])
-                                               .mean()))
-    return out
-
-
-def _save_all(pop: Population, jobs: Sequence[TrainJob], run_dirs: Sequence[Path],
-              models: list[nn.Module], epoch: int, metrics: list[dict[str, float]]) -> None:
-    """Every model's checkpoint of ``epoch``, as ``fit`` writes it alone."""
-    for m, (job, run_dir, model) in enumerate(zip(jobs, run_dirs, models, strict=True)):
-        model.load_state_dict(pop.model_state(m))
-        ckpt.save_checkpoint(
-            Path(run_dir) / "local" / f"epoch-{epoch:04d}", model, job.cfg, job.dataset_hash,
-            epoch, metrics[m],
-            optimizer_state={"optimizer": _model_opt_state(pop.optimizer, pop.names,
-                                                           pop.params, m),
-                             "scheduler": pop.scheduler.state_dict()},
-            extra={"identity": job.identity(), "seed": job.seed})
 
 
 def resume_epoch(jobs: Sequence[TrainJob], run_dirs: Sequence[Path]) -> int:
