@@ -34,9 +34,7 @@ def read_family(paths: list[Path]) -> pd.DataFrame:
             raise SystemExit(f"error: {path}: not a read-out CSV (no column "
                              f"{', '.join(sorted(missing))})")
         frames.append(frame)
-    # a checkpoint read in two files (a training's CSV and its continuation's) counts once
-    rows = pd.concat(frames, ignore_index=True).drop_duplicates(
-        subset=["split", "seed", "steps", "h", "context"], keep="last")
+    rows = pd.concat(frames, ignore_index=True)  # one read twice counts once (pooled_shares)
     splits = sorted(set(rows["split"]))
     if len(splits) != 1:
         raise SystemExit(f"error: {', '.join(map(str, paths))} mix the splits {splits}: a "

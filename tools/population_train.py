@@ -93,9 +93,8 @@ def cli(argv: list[str] | None = None) -> int:
                     groups.setdefault(key, []).append((f"{name} {m.label(seed)}", job, run_dir))
         populations = [([n for n, _, _ in g], [j for _, j, _ in g], [d for _, _, d in g])
                        for g in groups.values()]
-        if args.plan:
-            for names, jobs, dirs in populations:
-                start = resume_epoch(jobs, dirs)
+        if args.plan:  # a population's models share their resume epoch (its key's second half)
+            for (_, start), (names, jobs, _) in zip(groups, populations, strict=True):
                 print(f"population of {len(jobs)} ({', '.join(names)}): resumes at epoch "
                       f"{start + 1} of {jobs[0].cfg.train.epochs} "
                       f"({start * steps_per_epoch(jobs[0].cfg):,} steps done)")

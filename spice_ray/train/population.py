@@ -397,33 +397,46 @@ def _clip_per_model(grads_of: list[Tensor], clip: float, loss: Tensor, first_bad
 
 def resume_epoch(jobs: Sequence[TrainJob], run_dirs: Sequence[Path]) -> int:
     """The epoch :func:`fit_population` would start these models at (0: from scratch)."""
-    return _resume(jobs, run_dirs, [_initial_model(job) for job in jobs])[0]
+    return _start(_resumable(jobs, run_dirs))
 
 
-def _resume(jobs: Sequence[TrainJob], run_dirs: Sequence[Path], models: list[nn.Module]
-            ) -> tuple[int, list[dict[str, Any]] | None, dict[str, Any] | None]:
-    """Load the newest epoch every model has an intact checkpoint of into ``models``; returns
-    (the epoch to start at, the models' optimiser states, the scheduler's state)."""
+def _start(found: list[dict[int, Path]]) -> int:
+    """The epoch to start at: after the newest one every model can resume from (0: none)."""
+    common = set(found[0]).intersection(*found[1:]) if found else set()
+    return max(common) + 1 if common else 0
+
+
+def _resumable(jobs: Sequence[TrainJob], run_dirs: Sequence[Path]) -> list[dict[int, Path]]:
+    """Per model, its intact checkpoints that a training can resume from (with their
+    optimiser state: a weights-only one scores and settles as a final, but cannot resume), by
+    epoch."""
     found: list[dict[int, Path]] = []
     for job, run_dir in zip(jobs, run_dirs, strict=True):
         mine: dict[int, Path] = {}
         for path in sorted((Path(run_dir) / "local").glob("epoch-*"), reverse=True):
             if latest_intact([path], job) is not None:
-                mine[int(ckpt.read_meta(path)["epoch"])] = path
+                meta = ckpt.read_meta(path)
+                if ckpt.OPTIMIZER in meta["files"]:
+                    mine[int(meta["epoch"])] = path
         found.append(mine)
-    common = set(found[0]).intersection(*found[1:]) if found else set()
-    if not common:
+    return found
+
+
+def _resume(jobs: Sequence[TrainJob], run_dirs: Sequence[Path], models: list[nn.Module]
+            ) -> tuple[int, list[dict[str, Any]] | None, dict[str, Any] | None]:
+    """Load the newest epoch every model has a resumable checkpoint of into ``models``;
+    returns (the epoch to start at, the models' optimiser states, the scheduler's state)."""
+    found = _resumable(jobs, run_dirs)
+    start = _start(found)
+    if not start:
         return 0, None, None
-    epoch = max(common)
+    epoch = start - 1
     opt_states, sched = [], None
     for model, mine in zip(models, found, strict=True):
         _, weights, opt = ckpt.load_training_state(mine[epoch])
         model.load_state_dict(weights)
-        if opt is None:
-            raise ckpt.CheckpointError(f"{mine[epoch]} has no optimiser state to resume from")
         opt_states.append(opt["optimizer"])
         sched = opt["scheduler"]
     log.info("population resumes after epoch %d from %s", epoch + 1,
              ", ".join(str(found[i][epoch]) for i in range(len(jobs))))
     return epoch + 1, opt_states, sched
-
