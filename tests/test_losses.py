@@ -16,6 +16,7 @@ from spice_ray.model import SpiceModel, SpiceOutput, make_tokens
 from spice_ray.model.tokens import Tokens
 from spice_ray.train.losses import (
     advantage_weights,
+    average_shrink_loss,
     dpt_loss,
     epistemic_weights,
     importance_weights,
@@ -181,6 +182,24 @@ def test_shrink_loss_by_hand() -> None:
     assert q_mean.grad[0, 0].abs().sum() == 0 and q_mean.grad[0, 1, 1] == 0  # unseen: no pull
 
 
+def test_average_shrink_loss_pulls_only_the_average_over_states() -> None:
+    """The paper's form: per action, the mean of Qbar over the context's states against m_a
+    of the whole context; states whose values differ but average to m_a feel no pull."""
+    actions, y = t([[0, 1, 0]]), t([[1.0, 0.5, 0.0]])
+    # whole context, mu0 = 0.5, v0 = sigma^2 = 0.25: a0 c 2, ybar 0.5 -> m 0.5; a1 c 1,
+    # ybar 0.5 -> m 0.5
+    q_pred = t([[[0.0, 0.0], [1.0, 1.0], [0.5, 2.0]]], requires_grad=True)  # a0 mean 0.5, a1 1
+    loss = average_shrink_loss(q_pred, actions, y, 1, 0.5, 0.25, 0.25)
+    torch.testing.assert_close(loss, t(((0.5 - 0.5) ** 2 + (1.0 - 0.5) ** 2) / 2))
+    loss.backward()
+    assert q_pred.grad[..., 0].abs().sum() == 0  # a0's states differ, its average is m_0
+    torch.testing.assert_close(q_pred.grad[0, :, 1], t([1 / 6] * 3))  # 2 (1 - 0.5) / 3 / 2
+    # an action the context never took is not pulled; a context of one action alone
+    only0 = average_shrink_loss(q_pred.detach(), t([[0, 0, 0]]), y, 1, 0.5, 0.25, 0.25)
+    m0 = 0.5 * (1 / 4) + 0.5 * (3 / 4)  # c 3, ybar 0.5: w = 0.25 / (0.25 + 0.75)
+    torch.testing.assert_close(only0, t((0.5 - m0) ** 2))
+
+
 def fake_output(q: torch.Tensor, logits: torch.Tensor) -> SpiceOutput:
     return SpiceOutput(logits=logits, q=q, prior_mean=q.mean(-2), prior_std=q.std(-2),
                        latent=torch.zeros(*q.shape[:2], 1))
@@ -212,6 +231,12 @@ def test_spice_loss_combines_components_by_hand() -> None:
     torch.testing.assert_close(loss, parts["policy"] + 0.7 * (parts["td"] + parts["shrink"])
                                + 0.1 * 2.0)
     assert parts["anchor"] == 2.0 and not any(v.requires_grad for v in parts.values())
+    # the paper's form of the shrinkage, on the transitions' leakage-free Qbar
+    _, avg = spice_loss(out, tokens, dataclasses.replace(cfg, shrink_form="average"), t(2.0))
+    torch.testing.assert_close(avg["shrink"], average_shrink_loss(
+        qbar[:, :-1], tokens.actions, tokens.rewards, 1, cfg.shrink_prior_mean,
+        cfg.shrink_prior_var, cfg.shrink_noise_var))
+    assert avg["shrink"] != parts["shrink"] and avg["td"] == parts["td"]
 
 
 def test_detach_weights_stops_policy_gradient_into_values() -> None:

@@ -356,3 +356,12 @@ def test_the_population_tool_trains_a_study_without_ray_and_resumes(tmp_path, ca
                                 store.dataset_dir(run / "datasets", cfg))
         assert run_dir == d and settle_final(d / "final", job)
         assert ckpt.read_meta(d / "final")["epoch"] == 1
+    # --alone: each model by itself with the Train workers' loop, to the same kind of final
+    alone = [*args[:-1], "seeds=[0,2]", "--alone", "--threads", "1"]
+    capsys.readouterr()
+    assert tool.cli(alone) == 0
+    out = capsys.readouterr().out
+    assert "darkroom_region spice seed 0: checkpoint is current, skipped" in out
+    assert "darkroom_region spice seed 2 alone: 2 epochs, final " in out
+    job, run_dir = plan_job(cfg, "spice", 2, store.dataset_dir(run / "datasets", cfg))
+    assert settle_final(run_dir / "final", job) and ckpt.read_meta(run_dir / "final")["epoch"] == 1

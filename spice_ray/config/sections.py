@@ -170,6 +170,7 @@ LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
                                              "train": {"h0_prior": "paper", "choose": (),
                                                        "population": False,
                                                        "lambda_shrink": 1.0,
+                                                       "shrink_form": "prefix",
                                                        "value_target": "reward"}}
 """Fields added to a section after results were made with it, left out of what identifies
 those results at these values (:func:`without_later_defaults`: a model's training identity
@@ -305,6 +306,12 @@ class TrainConfig:
     means, which no logged dataset holds, so a diagnosis, not a method): the same minimiser,
     the posterior mean, with the reward noise taken out of the targets. Only the losses read
     them; the model still sees the sampled rewards."""
+    shrink_form: Literal["prefix", "average"] = "prefix"
+    """Which Qbar the shrinkage loss pulls towards the per-action posterior means: "prefix",
+    Qbar at every position towards the means of the transitions that position has seen (so
+    in an MDP every state's value towards the state-pooled mean); or "average", the paper's
+    equation, each action's average of Qbar over the context's states towards the whole
+    context's mean (the states keep their own values)."""
     shrink_prior: Literal["fixed", "data"] = "fixed"
     """Where mu_0 and v_0 of the shrinkage posterior come from: the two fields below ("fixed",
     the bandit's U[0, 1] prior), or the train split's own TD(n) reward targets (their mean and
@@ -369,6 +376,8 @@ class TrainConfig:
         _check(0.0 <= self.gamma <= 1.0, "train.gamma", self.gamma, "a float in [0, 1]")
         _check(self.bootstrap in ("max", "mean"), "train.bootstrap", self.bootstrap,
                "one of max, mean")
+        _check(self.shrink_form in ("prefix", "average"), "train.shrink_form",
+               self.shrink_form, "one of prefix, average")
         _check(self.shrink_prior in ("fixed", "data"), "train.shrink_prior", self.shrink_prior,
                "one of fixed, data")
         _check(self.head_targets in ("mean", "bootstrap"), "train.head_targets",

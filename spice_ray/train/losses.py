@@ -267,6 +267,47 @@ def shrink_loss(
     return (per_pos * has).sum() / has.sum().clamp(min=1.0)
 
 
+def average_shrink_loss(
+    q_pred_mean: Tensor,
+    actions: Tensor,
+    targets: Tensor,
+    n: int,
+    prior_mean: float,
+    prior_var: float,
+    noise_var: float,
+) -> Tensor:
+    """L_shrink as the paper writes it: each action's time-average of Qbar over the context's
+    states, (1/T) sum_t Qbar(s_t, a), against m_a from the whole context:
+
+        L = mean over contexts with any c_a > 0 of
+            (1 / #{a: c_a > 0}) sum_{a: c_a > 0} ((1/T) sum_t Qbar(s_t, a) - m_a)^2.
+
+    Only the average over states is pulled, so in an MDP each state keeps its own value; the
+    prefix form (:func:`shrink_loss`) pulls every state's Qbar to the state-pooled m_a. In a
+    stateless bandit both pull towards the same per-action posterior. Qbar(s_t, a) is the
+    leakage-free prediction for transition t (``align_to_transitions(prior_mean)[0]``); the
+    average pulls a position towards evidence it has not seen only through the mean.
+
+    Args:
+        q_pred_mean: [B, T, A] Qbar for each transition's state.
+        actions: [B, T] a_t.
+        targets: [B, T] TD(n) targets y_t (the context's counts and means leave out targets
+            truncated at its end, as :func:`prefix_action_stats` does).
+        n, prior_mean, prior_var, noise_var: as :func:`shrink_loss`.
+
+    Returns:
+        Scalar (0 when no context has evidence).
+    """
+    counts, ybar = prefix_action_stats(actions, targets, q_pred_mean.shape[-1], n)
+    c, y = counts[:, -1], ybar[:, -1]  # (B, A) x2: the whole context
+    m = shrinkage_posterior_mean(c, y, prior_mean, prior_var, noise_var).detach()  # (B, A)
+    seen = (c > 0).to(q_pred_mean.dtype)  # (B, A)
+    n_seen = seen.sum(-1)  # (B,)
+    per_ctx = (seen * (q_pred_mean.mean(1) - m) ** 2).sum(-1) / n_seen.clamp(min=1.0)  # (B,)
+    has = (n_seen > 0).to(q_pred_mean.dtype)  # (B,)
+    return (per_ctx * has).sum() / has.sum().clamp(min=1.0)
+
+
 def anchor_loss(ensemble: ValueEnsemble) -> Tensor:
     """L_anchor = sum_k sum_j ||phi_kj - phi0_kj||^2 (delegates to the ensemble)."""
     return ensemble.anchor_loss()
@@ -341,8 +382,13 @@ def spice_loss(
         l_td = bootstrapped_td_loss(_upcast(out.q), tokens, cfg, task_ids)
     else:
         l_td = td_loss(q_pred, tokens.actions, y)
-    l_shrink = shrink_loss(q_mean, tokens.actions, y, cfg.td_n, cfg.shrink_prior_mean,
-                           cfg.shrink_prior_var, cfg.shrink_noise_var)
+    if cfg.shrink_form == "average":
+        l_shrink = average_shrink_loss(q_pred, tokens.actions, y, cfg.td_n,
+                                       cfg.shrink_prior_mean, cfg.shrink_prior_var,
+                                       cfg.shrink_noise_var)
+    else:
+        l_shrink = shrink_loss(q_mean, tokens.actions, y, cfg.td_n, cfg.shrink_prior_mean,
+                               cfg.shrink_prior_var, cfg.shrink_noise_var)
     w = policy_weights(q_mean, q_std, tokens.behaviour_probs, tokens.label, cfg)
     l_pi = weighted_policy_loss(out.logits, tokens.label, w)
     loss = l_pi + cfg.lambda_q * (l_td + cfg.lambda_shrink * l_shrink) \
