@@ -110,6 +110,12 @@ def test_a_prior_that_knows_the_goal_scores_one_and_a_state_blind_one_its_chance
     assert (knows.loc[knows["n"] > 0, "rmse"] == 0.0).all()
     assert (knows.loc[knows["n"] > 0, "coverage_90_ensemble"] == 1.0).all()
     assert knows["n_pri_ensemble"].dropna().eq(4.0).all()  # sigma^2 / sd^2 = 1 / 0.25
+    spread = knows[(knows["n"] >= 3) & (knows["v_sd_q_star"] > 0)]
+    assert len(spread) and np.allclose(spread["v_corr"], 1.0)
+    np.testing.assert_allclose(spread["v_sd_learned"], spread["v_sd_q_star"])
+    # the values of a state-blind prior do not follow the states: no spread, no correlation
+    flat = readout_rows(np.ones_like(exact.q_star), sd, exact, noise_var=1.0, v_min=0.0)
+    assert (flat["v_sd_learned"].dropna() == 0).all() and flat["v_corr"].isna().all()
     # "always +x", whatever the state: right exactly where +x is a shortest-path move
     blind = np.zeros_like(exact.q_star)
     blind[..., 0] = 1.0

@@ -4,6 +4,7 @@ checkpoint.
     python tools/darkroom_prior.py RUN darkroom_region [--seeds 0,1,2] [--tasks 200]
                                    [--split validation|eval] [--every-checkpoint]
                                    [--checkpoint DIR] [--csv FILE]
+                                   [--set SECTION.FIELD=VALUE ...]
 
 For a grid darkroom family (``darkroom``, ``darkroom_region``, ``darkroom_continuous``; walk
 contexts), each SPICE model of the run reads the first ``--tasks`` contexts of the validation
@@ -13,11 +14,16 @@ and at h = 0, 10, 25, 50 and 99 (the last position the agent acts from) prints
 arrived on the goal: the share of states where argmax Q-bar is an optimal action, beside the
 exact posterior's (``bayes``: the best a prior could do with the context) and the context-free
 prior's (``blind``: the family's goal distribution, no context); the RMSE against the task's
-optimal values Q* and the mean of Q-bar and of Q* (their scales); and per width source the 90%
+optimal values Q* and the mean of Q-bar and of Q* (their scales); the spread over states of
+max Q-bar and of V* and their correlation (whether the values follow the states); and per
+width source the 90%
 coverage of Q* and the mean N_pri. ``--every-checkpoint`` reads each ``epoch-*`` checkpoint of
 each seed's training (under way or finished) and ends with one line per checkpoint: the share
 where the goal was shown, over h >= 10 and seeds, the label-free number a step budget can be
-chosen by. ``--csv`` also writes every row. No Ray; one thread.
+chosen by. ``--csv`` also writes every row. ``--set`` changes the run's config of the
+experiment before its models are found, e.g. ``--set train.lambda_shrink=0`` reads the models
+``tools/population_train.py`` trained with that setting beside the study's own. No Ray; one
+thread.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch
 
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import load_config
+from spice_ray.config.build import deep_merge, from_dict, parse_set
 from spice_ray.data.store import dataset_dir, load_split
 from spice_ray.evaluate.darkroom_prior import SHOWN_FROM, darkroom_prior_rows, pooled_shares
 from spice_ray.model.checkpoint import read_meta
@@ -39,11 +46,18 @@ from spice_ray.study.run_models import model_and_dataset
 from spice_ray.train.ray_train import plan_job
 
 
-def epoch_checkpoints(run: Path, experiment: str, seed: int) -> list[Path]:
+def experiment_config(run: Path, experiment: str, overrides: tuple[str, ...] = ()):
+    """The run's config of ``experiment`` with ``overrides`` (``SECTION.FIELD=VALUE``)."""
+    cfg = load_config(run / "configs" / f"{experiment}.yaml")
+    return from_dict(deep_merge(cfg.to_dict(), parse_set(list(overrides)))) if overrides else cfg
+
+
+def epoch_checkpoints(run: Path, experiment: str, seed: int,
+                      overrides: tuple[str, ...] = ()) -> list[Path]:
     """Every ``epoch-*`` checkpoint of the experiment's own SPICE training of ``seed`` (not a
     weight-ablation variant's on the same dataset) in ``run``'s checkpoints, in epoch order:
     the run directory the study's pretraining stage gives that model."""
-    cfg = load_config(run / "configs" / f"{experiment}.yaml")
+    cfg = experiment_config(run, experiment, overrides)
     dataset = dataset_dir(run / "datasets", cfg)
     _, model_dir = plan_job(cfg, "spice", seed, dataset, run / "checkpoints")
     found = sorted(model_dir.glob("local/epoch-*"), key=lambda p: int(p.name.split("-")[1]))
@@ -54,10 +68,10 @@ def epoch_checkpoints(run: Path, experiment: str, seed: int) -> list[Path]:
 
 
 def readout(run: Path, experiment: str, seed: int, tasks: int, split: str,
-            checkpoint: Path | None = None) -> pd.DataFrame:
+            checkpoint: Path | None = None, overrides: tuple[str, ...] = ()) -> pd.DataFrame:
     """The read-out rows of one checkpoint (the final one by default), with its seed and
     training steps."""
-    cfg = load_config(run / "configs" / f"{experiment}.yaml")
+    cfg = experiment_config(run, experiment, overrides)
     ckpt, dataset = model_and_dataset(run, experiment, "spice", seed, checkpoint)
     data = load_split(dataset, split, limit=tasks)
     with torch_threads(1), torch.no_grad():
@@ -73,7 +87,7 @@ def show(rows: pd.DataFrame) -> str:
     """The printed table of one checkpoint's rows."""
     widths = sorted({c[len("coverage_90_"):] for c in rows if c.startswith("coverage_90_")})
     head = ("    h  context           n   optimal action: learned  bayes  blind   "
-            "RMSE vs Q*: learned  bayes  blind   mean: Q-bar  Q*"
+            "RMSE vs Q*: learned  bayes  blind   mean: Q-bar  Q*   V sd: learned  V*  corr"
             + "".join(f"   cov90 / N_pri ({w})" for w in widths))
     lines = [head]
     for r in rows.itertuples(index=False):
@@ -82,6 +96,9 @@ def show(rows: pd.DataFrame) -> str:
                      f"  {r['optimal_share_bayes']:5.3f}  {r['optimal_share_blind']:5.3f}"
                      f"   {r['rmse']:19.3f}  {r['rmse_bayes']:5.3f}  {r['rmse_blind']:5.3f}"
                      f"   {r['mean_learned']:11.3f}  {r['mean_q_star']:5.2f}"
+                     f"   {r.get('v_sd_learned', float('nan')):13.3f}"
+                     f"  {r.get('v_sd_q_star', float('nan')):4.2f}"
+                     f"  {r.get('v_corr', float('nan')):5.2f}"
                      + "".join(f"   {r[f'coverage_90_{w}']:5.3f} / {r[f'n_pri_{w}']:<8.3g}"
                                for w in widths))
     return "\n".join(lines)
@@ -113,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every-checkpoint", action="store_true",
                    help="read every epoch checkpoint of each seed's training")
     p.add_argument("--csv", type=Path, help="also write every row to this file")
+    p.add_argument("--set", action="append", default=[], dest="overrides",
+                   metavar="SECTION.FIELD=VALUE", help="change the experiment's config first")
     args = p.parse_args(argv)
     if not re.fullmatch(r"\d+(,\d+)*", args.seeds):
         raise SystemExit(f"error: --seeds {args.seeds[:80]!r} is invalid: e.g. 0,1,2")
@@ -120,13 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     frames = []
     for seed in seeds:
         try:  # a missing run, experiment or config is one line naming it
-            ckpts = (epoch_checkpoints(args.run, args.experiment, seed) if args.every_checkpoint
-                     else [args.checkpoint])
+            ckpts = (epoch_checkpoints(args.run, args.experiment, seed, tuple(args.overrides))
+                     if args.every_checkpoint else [args.checkpoint])
         except (OSError, ValueError, SpiceRayError) as exc:
             raise SystemExit(f"error: {exc}") from None
         for ckpt in ckpts:
             try:
-                rows = readout(args.run, args.experiment, seed, args.tasks, args.split, ckpt)
+                rows = readout(args.run, args.experiment, seed, args.tasks, args.split, ckpt,
+                               tuple(args.overrides))
             except (OSError, ValueError, SpiceRayError) as exc:  # e.g. no final model yet
                 raise SystemExit(f"error: {exc}" + ("" if args.every_checkpoint else
                                  " (a training under way: --every-checkpoint)")) from None

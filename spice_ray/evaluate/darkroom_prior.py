@@ -234,6 +234,18 @@ def width_sources(fusion: FusionConfig, learned: Mapping[str, np.ndarray], hs: n
     return out
 
 
+def value_spread(learned: np.ndarray, star: np.ndarray) -> dict[str, float]:
+    """The spread (sd) over states of the learned state values and of V*, and their
+    correlation (NaN under 3 states or where either has no spread)."""
+    nan = float("nan")
+    if learned.size == 0:
+        return {"v_sd_learned": nan, "v_sd_q_star": nan, "v_corr": nan}
+    sd_l, sd_s = float(learned.std()), float(star.std())
+    corr = (float(np.corrcoef(learned, star)[0, 1])
+            if learned.size >= 3 and sd_l > 0 and sd_s > 0 else nan)
+    return {"v_sd_learned": sd_l, "v_sd_q_star": sd_s, "v_corr": corr}
+
+
 def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact: Readout,
                  noise_var: float, v_min: float) -> pd.DataFrame:
     """One row per context length and group (:data:`GROUPS`): ``n`` states; the share of
@@ -243,7 +255,10 @@ def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact
     of Q* over states and actions (``mean_learned``, ``mean_q_star``: their scales); per width
     source W,
     ``coverage_90_W`` (share of state-actions with Q* inside Q-bar +- 1.645 sd) and
-    ``n_pri_W`` (mean pseudo-count). A group with no state has n = 0 and NaN metrics.
+    ``n_pri_W`` (mean pseudo-count); and whether the values follow the states: the spread over
+    the group's states of max_a Q-bar and of V* = max_a Q* (``v_sd_learned``, ``v_sd_q_star``)
+    and their correlation (``v_corr``; NaN under 3 states or with no spread). A group with no
+    state has n = 0 and NaN metrics.
 
     Args:
         prior_mean: [B, P, A] the learned Q-bar (:func:`learned_readout`).
@@ -277,6 +292,7 @@ def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact
                 v = values[:, p][mask]
                 mean = float(v.mean()) if v.size else float("nan")
                 row[name] = float(np.sqrt(mean)) if name.startswith("rmse") else mean
+            row |= value_spread(prior_mean[:, p].max(-1)[mask], exact.q_star[:, p].max(-1)[mask])
             rows.append(row)
     return pd.DataFrame(rows)
 
