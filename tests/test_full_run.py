@@ -199,6 +199,11 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     best = next(r["mean"] for r in tuned["SPICE"]["grid"] if r["setting"] == chosen)
     assert scored[f"SPICE chosen {chosen}"] == pytest.approx(best, abs=5e-3)
     assert scored[f"SPICE {point}"] == scored[f"SPICE chosen {chosen}"]
+    # --set finds models by what they are: with the study's own setting, the study's models
+    assert probe([str(run_dir), "bandit", "--point", point, "--set",
+                  "train.lambda_shrink=1.0"]) == 0
+    again = capsys.readouterr().out.splitlines()[-1].rsplit(None, 3)
+    assert float(again[1]) == scored[f"SPICE {point}"]
     # the prior-follow diagnosis reads the prior the calibration table scores: its pooled RMSE
     # against the exact posterior mean is the table's per-task one, pooled over tasks
     from tools.prior_follow import follow_table

@@ -3,7 +3,8 @@ Ray, nothing written. For asking why a method scores what it does, off its tunin
 
     python tools/fusion_probe.py RUN darkroom_continuous --method SPICE \
         --point beta=0,noise_var=1e6 --point beta=4,tau=1,width_scale=10 --chosen \
-        --on-chosen rule=greedy,beta=0 --on-chosen rule=thompson [--epoch 8] [--split eval]
+        --on-chosen rule=greedy,beta=0 --on-chosen rule=thompson [--epoch 8] [--split eval] \
+        [--set train.lambda_shrink=0]
 
 Each ``--point`` is ``field=value`` pairs of the fusion config (``spice_ray.config.FusionConfig``
 fields; numbers only) applied to the method's tuning base (its config before the grid), with
@@ -15,7 +16,10 @@ method runs online on the experiment's validation tasks with every
 training seed's checkpoint that RUN's ``checkpoints/index.json`` lists (each checked against its
 own ``meta.json``), or with ``--epoch N`` each one's epoch-N checkpoint, in this process with
 one thread; printed per point: the mean final cumulative regret over tasks (seeds averaged per
-task) and its SEM, the tuning stage's score.
+task) and its SEM, the tuning stage's score. ``--set SECTION.FIELD=VALUE`` scores instead the
+models trained with that change of the experiment's config beside the study's own
+(``tools/population_train.py``), found by what they are (their training identity), with the
+study's tasks, fusion settings and choices.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 
 from spice_ray.agents import AgentSpec
 from spice_ray.config import load_config
+from spice_ray.config.build import deep_merge, from_dict, parse_set
 from spice_ray.data import store
 from spice_ray.evaluate.online import online_rows
 from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
@@ -38,6 +43,7 @@ from spice_ray.results.schema import NO_SEED
 from spice_ray.study.experiments import experiment_named
 from spice_ray.study.run_models import checked_entry
 from spice_ray.study.tuning import agent_specs, bases, final_scores, grid_point, read_tuning
+from spice_ray.train.ray_train import plan_job
 
 WORDS = {"beta_schedule": BETA_SCHEDULES, "rule": tuple(ACTION_RULES)}
 """The fusion fields a point sets by a word (one of those listed), not a number."""
@@ -84,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", default="validation", choices=("validation", "eval"))
     p.add_argument("--epoch", type=int, help="each seed's epoch checkpoint of this epoch "
                    "(1-based) instead of its final one: a shorter step budget of the same run")
+    p.add_argument("--set", action="append", default=[], dest="overrides",
+                   metavar="SECTION.FIELD=VALUE",
+                   help="score the models trained with this change of the config instead")
     args = p.parse_args(argv)
     run, name = args.run.resolve(), args.experiment
     try:
@@ -99,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     if not entries:
         p.error(f"{run} has no checkpoint of experiment {name!r}")
     dataset = store.dataset_dir(run / "datasets", cfg)  # by its config, as the study finds it
+    try:
+        trained = (from_dict(deep_merge(cfg.to_dict(), parse_set(args.overrides)))
+                   if args.overrides else None)
+    except ValueError as exc:  # ConfigError names the field
+        p.error(str(exc))
     specs = agent_specs(exp, cfg, dataset)
     record = read_tuning(run).get(name, {})
     points: list[tuple[str, AgentSpec, str]] = []  # (what, spec, evaluation)
@@ -144,6 +158,17 @@ def main(argv: list[str] | None = None) -> int:
                 entry = next(e for e in entries if (e["kind"], e["variant"], e["seed"])
                              == (model_ref.kind, model_ref.variant, seed))
                 ckpt = checked_entry(run, entry)
+                if trained is not None and model_ref.variant:
+                    p.error(f"--set scores an experiment's own models; {what} evaluates the "
+                            f"weight ablation {model_ref.variant!r}")
+                if trained is not None:  # the model trained with --set, by its identity
+                    _, model_dir = plan_job(trained, model_ref.kind, seed, dataset,
+                                            run / "checkpoints")
+                    ckpt = model_dir / "final"
+                    if not ckpt.is_dir() and args.epoch is None:
+                        p.error(f"no final model trained with {' '.join(args.overrides)} for "
+                                f"seed {seed} in {model_dir} (tools/population_train.py trains "
+                                "it; --epoch N reads a training under way)")
                 if args.epoch is not None:
                     ckpt = Path(ckpt).parent / "local" / f"epoch-{args.epoch - 1:04d}"
                     if not ckpt.is_dir():
