@@ -35,6 +35,12 @@ CONSOLE_LINE = re.compile(r"^(\[\d/6\] |  \S|spice-ray study|report: |figures: |
 """Every line the study prints: stage headers, indented unit lines, its first and last lines."""
 
 
+def _work_done(plan) -> list[dict]:
+    """The units of work a study invocation did: models fitted and evaluations run (what its
+    timing record counts; a stage that found its outputs current adds none)."""
+    return [u for u in plan.units if u.get("part") == "fit" or u["stage"] == "evaluate"]
+
+
 @pytest.mark.ray
 def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) -> None:
     """The command a user types, off a terminal: at most 70 lines beside the heartbeats (nine
@@ -383,7 +389,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert _mtimes(run_dir) == before
     assert (run_dir / "figures" / "aggregate.png").stat().st_mtime_ns == drawn
     written = report.stat().st_mtime_ns  # (this re-run wrote it: the confirmation added tables)
-    assert plan2.timings["pretrain"] < 5 and plan2.timings["evaluate"] < 5
+    assert _work_done(plan2) == []  # no model fitted, nothing evaluated
     # a run of one experiment into the study keeps the report whole: every experiment's
     # sections and the across-experiment ones (a partial re-run once rewrote it from one)
     run_study(plan_study("smoke", tmp_path / "run", experiments=("bandit",)))
@@ -403,7 +409,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     rewritten = (moved.run_dir / "report.md").read_text()
     assert str(moved.run_dir) in rewritten and rewritten.replace(str(moved.run_dir), "") == \
         again.replace(str(run_dir), "")
-    assert moved.timings["pretrain"] < 5 and moved.timings["evaluate"] < 5
+    assert _work_done(moved) == []
     # a bit flipped in a table is found, and that experiment's tables are recomputed, equal
     table = run_dir / "results" / "bandit_online.parquet"
     good = load(run_dir, "bandit_online")
