@@ -205,3 +205,15 @@ def test_the_read_out_figure_pools_shares_by_state_count_and_refuses_mixed_split
     out = tmp_path / "readout.png"
     assert main([str(out), f"darkroom={a}"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the values' summary: weighted by states like the shares; read-outs without the spread
+    # columns give NaN there
+    from spice_ray.evaluate.darkroom_prior import value_summary
+
+    valued = rows.assign(mean_learned=[0.0, 0.0, 1.0, 5.0, 2.0, 3.0, 9.0], mean_q_star=10.0,
+                         v_sd_learned=0.5, v_sd_q_star=2.0,
+                         v_corr=[np.nan, np.nan, 1.0, 0.0, np.nan, 0.5, 0.5])
+    summary = value_summary(valued).set_index("context")
+    assert summary.loc["goal shown", "mean_learned"] == (1 + 15 + 8) / 8  # seed 1's first read
+    assert summary.loc["goal shown", "v_corr"] == 0.25  # (1 * 1 + 3 * 0) / 4 states with one
+    assert summary.loc["goal not shown", "v_corr"] == 0.5 and summary.loc["goal shown", "n"] == 8
+    assert value_summary(rows)["v_corr"].isna().all()

@@ -9,7 +9,9 @@ over the read-out's positions h >= 10 and its states, where the walk has shown t
 context-free prior's share (the family's goal distribution, no context) as a flat line in the
 same style, and the exact posterior's where the goal was shown. The rows must come from one
 split (validation, the one a step budget is chosen by); a (steps, seed) read twice keeps its
-first reading. Reads only the CSV files it is given; writes only OUT.png.
+first reading. Printed per family: the pooled shares, and the values' scale against Q*'s and
+whether they follow the states (``value_summary``). Reads only the CSV files it is given;
+writes only OUT.png.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from spice_ray.evaluate.darkroom_prior import CONTEXTS, SHARES, SHOWN_FROM, pooled_shares
+from spice_ray.evaluate.darkroom_prior import (
+    CONTEXTS,
+    SHARES,
+    SHOWN_FROM,
+    pooled_shares,
+    value_summary,
+)
 
 
 def read_family(paths: list[Path]) -> pd.DataFrame:
@@ -97,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         pooled = shares[shares["seed"] < 0].pivot(index="steps", columns="context",
                                                   values="optimal_share")
         print(f"{name}:\n{pooled.to_string(float_format=lambda v: f'{v:.3f}')}")
+        values = value_summary(rows).set_index(["context", "steps"])
+        print(f"{name}, values (Q-bar and Q* means; spread of max Q-bar and V* over states; "
+              f"their correlation):\n{values.to_string(float_format=lambda v: f'{v:.3f}')}")
     print(f"wrote {args.out}")
     return 0
 

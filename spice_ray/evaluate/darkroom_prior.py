@@ -340,3 +340,29 @@ def pooled_shares(rows: pd.DataFrame) -> pd.DataFrame:
     for s in SHARES:
         out[s] = out[s] / out["n"]
     return out.sort_values(["context", "steps", "seed"], ignore_index=True)
+
+
+VALUES = ("mean_learned", "mean_q_star", "v_sd_learned", "v_sd_q_star", "v_corr")
+"""The read-out's columns on the values' scale and on whether they follow the states."""
+
+
+def value_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Read-out rows pooled per (context, steps) over seeds and positions h >=
+    :data:`SHOWN_FROM`, each of :data:`VALUES` weighted by its row's state count (a
+    correlation over the rows that have one): the values' scale against Q*'s, and how much
+    they spread over states and follow V*. Rows without the spread columns (read-outs
+    written before them) give NaN there."""
+    rows = rows.drop_duplicates(["steps", "seed", "h", "context"], keep="first")
+    use = rows[rows["context"].isin(CONTEXTS) & (rows["h"] >= SHOWN_FROM) & (rows["n"] > 0)]
+    out = []
+    for (context, steps), g in use.groupby(["context", "steps"], sort=True):
+        row: dict[str, Any] = {"context": context, "steps": steps, "n": int(g["n"].sum())}
+        for name in VALUES:
+            if name not in g:
+                row[name] = float("nan")
+                continue
+            have = g.dropna(subset=[name])
+            row[name] = (float((have[name] * have["n"]).sum() / have["n"].sum())
+                         if len(have) else float("nan"))
+        out.append(row)
+    return pd.DataFrame(out, columns=["context", "steps", "n", *VALUES])
