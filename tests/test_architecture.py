@@ -16,8 +16,8 @@ PACKAGE = ROOT / "spice_ray"
 SCRIPTS = ("pipelines", "sweeps", "benchmarks", "examples")
 """Script folders held to the package's rule on environment names."""
 MAX_LINES = 450
-KERNELS = ("envs/", "fusion/", "model/", "train/losses.py", "agents/classical.py",
-           "common/rng.py", "common/artifacts.py", "common/errors.py")
+KERNELS = ("envs/", "fusion/", "model/", "train/losses.py", "train/value_losses.py",
+           "agents/classical.py", "common/rng.py", "common/artifacts.py", "common/errors.py")
 """Numerical kernels and plain-file helpers: unit-testable without Ray."""
 NAME_COMPARISONS_ALLOWED = ("envs/", "config/presets.py")
 

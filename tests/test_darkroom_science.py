@@ -12,7 +12,7 @@ from spice_ray.agents import AgentSpec, make_agent
 from spice_ray.config import FusionConfig, TrainConfig, make_config
 from spice_ray.envs import darkroom
 from spice_ray.model.tokens import Tokens
-from spice_ray.train.losses import bootstrapped_td_loss, head_masks
+from spice_ray.train.value_losses import bootstrapped_td_loss, head_masks
 
 DARK = make_config("smoke", "darkroom")
 ENV = DARK.environment()

@@ -16,19 +16,21 @@ from spice_ray.model import SpiceModel, SpiceOutput, make_tokens
 from spice_ray.model.tokens import Tokens
 from spice_ray.train.losses import (
     advantage_weights,
-    average_shrink_loss,
     dpt_loss,
     epistemic_weights,
     importance_weights,
     policy_cross_entropy,
     policy_weights,
+    spice_loss,
+    weighted_policy_loss,
+)
+from spice_ray.train.value_losses import (
+    average_shrink_loss,
     prefix_action_stats,
     shrink_loss,
     shrinkage_posterior_mean,
-    spice_loss,
     td_loss,
     td_targets,
-    weighted_policy_loss,
 )
 
 t = torch.tensor
