@@ -16,14 +16,13 @@ exact posterior's (``bayes``: the best a prior could do with the context) and th
 prior's (``blind``: the family's goal distribution, no context); the RMSE against the task's
 optimal values Q* and the mean of Q-bar and of Q* (their scales); the spread over states of
 max Q-bar and of V* and their correlation (whether the values follow the states); and per
-width source the 90%
-coverage of Q* and the mean N_pri. ``--every-checkpoint`` reads each ``epoch-*`` checkpoint of
-each seed's training (under way or finished) and ends with one line per checkpoint: the share
-where the goal was shown, over h >= 10 and seeds, the label-free number a step budget can be
-chosen by. ``--csv`` also writes every row. ``--set`` changes the run's config of the
-experiment before its models are found, e.g. ``--set train.lambda_shrink=0`` reads the models
-``tools/population_train.py`` trained with that setting beside the study's own. No Ray; one
-thread.
+width source the 90% coverage of Q* and the mean N_pri. ``--every-checkpoint`` reads each
+``epoch-*`` checkpoint of each seed's training (under way or finished) and ends with one line
+per checkpoint: the share where the goal was shown, over h >= 10 and seeds, the label-free
+number a step budget can be chosen by. ``--csv`` also writes every row. ``--set`` changes
+the run's config of the experiment before its models are found, e.g. ``--set
+train.lambda_shrink=0`` reads the models ``tools/population_train.py`` trained with that
+setting beside the study's own. No Ray; one thread.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ import pandas as pd
 import torch
 
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import load_config
+from spice_ray.config import ExperimentConfig, load_config
 from spice_ray.config.build import deep_merge, from_dict, parse_set
 from spice_ray.data.store import dataset_dir, load_split
 from spice_ray.evaluate.darkroom_prior import SHOWN_FROM, darkroom_prior_rows, pooled_shares
@@ -46,7 +45,8 @@ from spice_ray.study.run_models import model_and_dataset
 from spice_ray.train.ray_train import plan_job
 
 
-def experiment_config(run: Path, experiment: str, overrides: tuple[str, ...] = ()):
+def experiment_config(run: Path, experiment: str, overrides: tuple[str, ...] = ()
+                      ) -> ExperimentConfig:
     """The run's config of ``experiment`` with ``overrides`` (``SECTION.FIELD=VALUE``)."""
     cfg = load_config(run / "configs" / f"{experiment}.yaml")
     return from_dict(deep_merge(cfg.to_dict(), parse_set(list(overrides)))) if overrides else cfg
