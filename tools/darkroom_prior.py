@@ -35,8 +35,7 @@ import pandas as pd
 import torch
 
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import ExperimentConfig, load_config
-from spice_ray.config.build import deep_merge, from_dict, parse_set
+from spice_ray.config import ExperimentConfig, load_config, with_overrides
 from spice_ray.data.store import dataset_dir, load_split
 from spice_ray.evaluate.darkroom_prior import SHOWN_FROM, darkroom_prior_rows, pooled_shares
 from spice_ray.model.checkpoint import read_meta
@@ -48,8 +47,7 @@ from spice_ray.train.ray_train import plan_job
 def experiment_config(run: Path, experiment: str, overrides: tuple[str, ...] = ()
                       ) -> ExperimentConfig:
     """The run's config of ``experiment`` with ``overrides`` (``SECTION.FIELD=VALUE``)."""
-    cfg = load_config(run / "configs" / f"{experiment}.yaml")
-    return from_dict(deep_merge(cfg.to_dict(), parse_set(list(overrides)))) if overrides else cfg
+    return with_overrides(load_config(run / "configs" / f"{experiment}.yaml"), overrides)
 
 
 def epoch_checkpoints(run: Path, experiment: str, seed: int,

@@ -33,8 +33,7 @@ import pandas as pd
 import torch
 
 from spice_ray.agents import AgentSpec
-from spice_ray.config import load_config
-from spice_ray.config.build import deep_merge, from_dict, parse_set
+from spice_ray.config import load_config, with_overrides
 from spice_ray.data import store
 from spice_ray.evaluate.online import online_rows
 from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
@@ -109,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{run} has no checkpoint of experiment {name!r}")
     dataset = store.dataset_dir(run / "datasets", cfg)  # by its config, as the study finds it
     try:
-        trained = (from_dict(deep_merge(cfg.to_dict(), parse_set(args.overrides)))
-                   if args.overrides else None)
+        trained = with_overrides(cfg, args.overrides) if args.overrides else None
     except ValueError as exc:  # ConfigError names the field
         p.error(str(exc))
     specs = agent_specs(exp, cfg, dataset)

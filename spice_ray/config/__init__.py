@@ -14,7 +14,8 @@ from spice_ray.common.lazy import lazy_exports
 
 _exported, __dir__, __all__ = lazy_exports(__name__, {
     "build": ("config_hash", "deep_merge", "env_from_dict", "from_dict", "load_config",
-              "load_yaml", "make_config", "parse_set", "preset_dict", "resolve_run_dir"),
+              "load_yaml", "make_config", "parse_set", "preset_dict", "resolve_run_dir",
+              "with_overrides"),
     "presets": ("PRESETS", "PRESET_NAMES"),
     "run": ("WIDTH_SOURCES", "EvalConfig", "ExperimentConfig", "FusionConfig", "SweepConfig"),
     "sections": ("HEAD_KERNELS", "ConfigError", "DataConfig", "EnvConfig", "ModelConfig",

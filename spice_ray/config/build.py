@@ -293,6 +293,17 @@ def from_dict(values: dict[str, Any]) -> ExperimentConfig:
     return _build(ExperimentConfig, values)
 
 
+def with_overrides(cfg: ExperimentConfig, overrides: list[str] | tuple[str, ...] = ()
+                   ) -> ExperimentConfig:
+    """``cfg`` with ``--set`` style ``SECTION.FIELD=VALUE`` overrides applied (``cfg`` itself
+    when there are none).
+
+    Raises:
+        ConfigError: an override is invalid (names the field).
+    """
+    return from_dict(deep_merge(cfg.to_dict(), parse_set(list(overrides)))) if overrides else cfg
+
+
 def load_config(path: str | Path) -> ExperimentConfig:
     """Load a resolved config.yaml written by :meth:`ExperimentConfig.write`."""
     try:

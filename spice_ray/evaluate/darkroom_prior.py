@@ -324,13 +324,20 @@ CONTEXTS = ("goal shown", "goal not shown")
 SHARES = ("optimal_share", "optimal_share_bayes", "optimal_share_blind")
 
 
+def _pooled_readings(rows: pd.DataFrame) -> pd.DataFrame:
+    """The read-out rows a pooled number is made of: each (steps, seed, h, context) read once
+    (its first reading), the two context groups, positions h >= :data:`SHOWN_FROM`, and rows
+    with states."""
+    rows = rows.drop_duplicates(["steps", "seed", "h", "context"], keep="first")
+    return rows[rows["context"].isin(CONTEXTS) & (rows["h"] >= SHOWN_FROM) & (rows["n"] > 0)]
+
+
 def pooled_shares(rows: pd.DataFrame) -> pd.DataFrame:
     """Read-out rows (:func:`darkroom_prior_rows` with ``steps`` and ``seed``) pooled per
     (context, steps, seed), and over seeds (seed = -1): each share of :data:`SHARES` weighted
     by its row's state count, over h >= :data:`SHOWN_FROM`; a (steps, seed) read twice keeps
     its first reading."""
-    rows = rows.drop_duplicates(["steps", "seed", "h", "context"], keep="first")
-    use = rows[rows["context"].isin(CONTEXTS) & (rows["h"] >= SHOWN_FROM) & (rows["n"] > 0)]
+    use = _pooled_readings(rows)
     hits = use[["context", "steps", "seed", "n"]].assign(
         **{s: use[s] * use["n"] for s in SHARES})
     per_seed = hits.groupby(["context", "steps", "seed"], as_index=False)[[*SHARES, "n"]].sum()
@@ -352,8 +359,7 @@ def value_summary(rows: pd.DataFrame) -> pd.DataFrame:
     correlation over the rows that have one): the values' scale against Q*'s, and how much
     they spread over states and follow V*. Rows without the spread columns (read-outs
     written before them) give NaN there."""
-    rows = rows.drop_duplicates(["steps", "seed", "h", "context"], keep="first")
-    use = rows[rows["context"].isin(CONTEXTS) & (rows["h"] >= SHOWN_FROM) & (rows["n"] > 0)]
+    use = _pooled_readings(rows)
     out = []
     for (context, steps), g in use.groupby(["context", "steps"], sort=True):
         row: dict[str, Any] = {"context": context, "steps": steps, "n": int(g["n"].sum())}

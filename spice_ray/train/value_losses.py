@@ -133,11 +133,7 @@ def shrink_loss(
     """
     counts, ybar = prefix_action_stats(actions, targets, q_mean.shape[-1], n)  # (B, T+1, A) x2
     m = shrinkage_posterior_mean(counts, ybar, prior_mean, prior_var, noise_var).detach()
-    seen = (counts > 0).to(q_mean.dtype)  # (B, T+1, A)
-    n_seen = seen.sum(-1)  # (B, T+1)
-    per_pos = (seen * (q_mean - m) ** 2).sum(-1) / n_seen.clamp(min=1.0)  # (B, T+1)
-    has = (n_seen > 0).to(q_mean.dtype)  # (B, T+1)
-    return (per_pos * has).sum() / has.sum().clamp(min=1.0)
+    return _mean_square_over_seen(q_mean, m, counts)
 
 
 def average_shrink_loss(
@@ -175,11 +171,18 @@ def average_shrink_loss(
     counts, ybar = prefix_action_stats(actions, targets, q_pred_mean.shape[-1], n)
     c, y = counts[:, -1], ybar[:, -1]  # (B, A) x2: the whole context
     m = shrinkage_posterior_mean(c, y, prior_mean, prior_var, noise_var).detach()  # (B, A)
-    seen = (c > 0).to(q_pred_mean.dtype)  # (B, A)
-    n_seen = seen.sum(-1)  # (B,)
-    per_ctx = (seen * (q_pred_mean.mean(1) - m) ** 2).sum(-1) / n_seen.clamp(min=1.0)  # (B,)
-    has = (n_seen > 0).to(q_pred_mean.dtype)  # (B,)
-    return (per_ctx * has).sum() / has.sum().clamp(min=1.0)
+    return _mean_square_over_seen(q_pred_mean.mean(1), m, c)
+
+
+def _mean_square_over_seen(q: Tensor, m: Tensor, counts: Tensor) -> Tensor:
+    """Both shrinkage forms' reduction: per row (a position, or a context), the mean of
+    (q_a - m_a)^2 over the actions with evidence (c_a > 0), then the mean over the rows that
+    have any; 0 when none has. ``q``, ``m``, ``counts``: [..., A]."""
+    seen = (counts > 0).to(q.dtype)  # (..., A)
+    n_seen = seen.sum(-1)  # (...)
+    per_row = (seen * (q - m) ** 2).sum(-1) / n_seen.clamp(min=1.0)  # (...)
+    has = (n_seen > 0).to(q.dtype)  # (...)
+    return (per_row * has).sum() / has.sum().clamp(min=1.0)
 
 
 def anchor_loss(ensemble: ValueEnsemble) -> Tensor:
