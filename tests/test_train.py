@@ -82,10 +82,14 @@ def test_local_run_killed_after_first_checkpoint_resumes(smoke_bandit, tmp_path,
     assert pretrain(cfg, "dpt", 0, ds) == final  # a finished run is skipped
 
 
-@pytest.mark.parametrize("preset,env,identity", [("smoke", "bandit", "6d3fb188641f8f2a"),
-                                                   ("small", "bandit_template", "9480425adf615577"),
-                                                   ("small", "darkroom", "e4cf5eb5afbae24d")])
-def test_training_identities_stay_what_they_were(preset, env, identity) -> None:
+@pytest.mark.parametrize("preset,env,kind,identity", [
+    ("smoke", "bandit", "spice", "6d3fb188641f8f2a"),
+    ("small", "bandit_template", "spice", "9480425adf615577"),
+    ("small", "darkroom", "spice", "e4cf5eb5afbae24d"),
+    ("smoke", "bandit", "dpt", "eafa1aee469fb4a4"),
+    ("small", "bandit_template", "dpt", "503926fc4fd44bb7"),
+    ("small", "darkroom", "dpt", "67737a09faaf972f")])
+def test_training_identities_stay_what_they_were(preset, env, kind, identity) -> None:
     """A model's training identity names its checkpoint directory: a field added to a config
     section at a default that trains as before must leave it alone (list the field in
     ``LATER_DEFAULTS``), or every trained model is retrained and a ladder's rung no longer
@@ -94,7 +98,24 @@ def test_training_identities_stay_what_they_were(preset, env, identity) -> None:
     from spice_ray.train.loop import TrainJob
 
     cfg = make_config(preset, env)
-    assert TrainJob(cfg.to_dict(), "spice", "d", "h", 0).identity() == identity
+    assert TrainJob(cfg.to_dict(), kind, "d", "h", 0).identity() == identity
+
+
+@pytest.mark.parametrize("env,override", [("darkroom", "train.shrink_form=average"),
+                                          ("darkroom", "train.lambda_shrink=0"),
+                                          ("darkroom", "train.h0_prior=state"),
+                                          ("bandit_template", "train.value_target=mean")])
+def test_a_value_loss_variant_shares_dpt_and_retrains_spice(env, override) -> None:
+    """DPT's loss reads no value-loss field: a variant that changes only one keeps DPT's
+    identity (its experiment's DPT models are reused) and changes SPICE's."""
+    from spice_ray.train.loop import TrainJob
+
+    base, variant = (make_config("small", env, overrides=o).to_dict() for o in ([], [override]))
+    ids = {kind: {TrainJob(c, kind, "d", "h", 0).identity() for c in (base, variant)}
+           for kind in ("spice", "dpt")}
+    assert len(ids["dpt"]) == 1 and len(ids["spice"]) == 2
+    changed = make_config("small", env, overrides=["train.lr=0.002"]).to_dict()
+    assert TrainJob(changed, "dpt", "d", "h", 0).identity() not in ids["dpt"]
 
 
 def test_a_longer_training_resumes_from_a_shorter_one_and_equals_a_straight_run(

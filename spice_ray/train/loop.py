@@ -39,7 +39,7 @@ from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
-from spice_ray.train.losses import loss_for
+from spice_ray.train.losses import IGNORED_FIELDS, loss_for
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,10 @@ class TrainJob:
         Under a constant learning rate (no cosine schedule) the number of epochs is left out
         too: epoch e's weights are then the same whatever the last epoch is (batches are keyed
         by (seed, epoch)), so a longer training resumes from a shorter one's checkpoints (the
-        scaling ladder's rungs) and ``settle_final`` still tells them apart by epoch."""
+        scaling ladder's rungs) and ``settle_final`` still tells them apart by epoch. The
+        train fields the kind's loss does not read (``losses.IGNORED_FIELDS``: DPT's, the value
+        losses' later fields) are left out as well, so a variant of SPICE's value loss shares
+        the DPT models of its experiment."""
         c = self.config
         skip = {"num_workers", "threads", "use_gpu", "worker_cpus", "worker_gpus", "together",
                 "population", "max_failures", "checkpoint_every", "choose"}
@@ -72,6 +75,7 @@ class TrainJob:
             skip.add("epochs")
         if not c["model"].get("var_head", False):
             skip.add("lambda_var")  # read only by the variance head's loss
+        skip |= IGNORED_FIELDS.get(self.kind, frozenset())  # fields its loss does not read
         return config_hash({"kind": self.kind, "seed": self.seed, "data": self.dataset_hash,
                             "env": c["env"], "model": without_later_defaults("model", c["model"]),
                             "train": without_later_defaults("train", {

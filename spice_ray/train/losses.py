@@ -256,11 +256,29 @@ LossFn = Callable[[Any, Tokens, TrunkModel, Tensor, TrainConfig], tuple[Tensor, 
 LOSSES: dict[str, LossFn] = {}
 """Model kind (``model.registry.MODELS``) -> its training loss; the loop asks here by kind."""
 
+VALUE_LOSS_FIELDS = frozenset({"h0_prior", "lambda_shrink", "shrink_form", "value_target"})
+"""Train fields read only by the value heads' losses and added after models were trained
+(``config.LATER_DEFAULTS``): a kind whose loss has no value term leaves them out of its
+models' training identity, so a variant that changes only them does not retrain it. (The
+older value-only fields -- lambda_q, td_n, gamma, the policy weights -- stay in every
+identity: leaving them out would change the identity of every model already trained.)"""
 
-def register_loss(kind: str) -> Callable[[LossFn], LossFn]:
-    """Decorator: ``fn`` is the training loss of model kind ``kind``."""
+IGNORED_FIELDS: dict[str, frozenset[str]] = {}
+"""Model kind -> train fields its loss does not read (left out of its training identity)."""
+
+
+def register_loss(kind: str, ignores: frozenset[str] = frozenset()
+                  ) -> Callable[[LossFn], LossFn]:
+    """Decorator: ``fn`` is the training loss of model kind ``kind``; ``ignores``: train
+    fields it does not read (of :data:`VALUE_LOSS_FIELDS`)."""
+    unknown = set(ignores) - VALUE_LOSS_FIELDS
+    if unknown:
+        raise ValueError(f"register_loss({kind!r}): ignores={sorted(unknown)} is invalid: "
+                         f"a subset of {sorted(VALUE_LOSS_FIELDS)}")
+
     def add(fn: LossFn) -> LossFn:
         LOSSES[kind] = fn
+        IGNORED_FIELDS[kind] = frozenset(ignores)
         return fn
     return add
 
@@ -287,7 +305,7 @@ def _spice_batch_loss(out: SpiceOutput, tokens: Tokens, model: TrunkModel, task_
     return spice_loss(out, tokens, cfg, model.anchor_loss(), task_ids=ids)
 
 
-@register_loss("dpt")
+@register_loss("dpt", ignores=VALUE_LOSS_FIELDS)  # plain cross-entropy
 def _dpt_batch_loss(out: Any, tokens: Tokens, model: TrunkModel, task_ids: Tensor,
                     cfg: TrainConfig) -> tuple[Tensor, dict[str, Tensor]]:
     return dpt_loss(out.logits, tokens.label)
