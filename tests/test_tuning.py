@@ -83,6 +83,34 @@ def test_nstep_targets_add_the_fitted_noise_to_every_fused_grid() -> None:
     assert {c.spec.fusion.noise_var for c in flat} == {BANDIT.fusion.noise_var}
 
 
+def test_the_fusion_tunables_are_declared_once_with_their_field_default_and_methods() -> None:
+    """Each fusion tunable names a FusionConfig field and takes its default from there (no
+    second copy), and applies to a method by what the method is, not by its name: SPICE on the
+    darkroom gets beta, tau and its width; the flat prior beta, tau and the noise; the Bayes
+    posterior-UCB (not fused, but its results read beta) beta alone; UCB and DPT none of them
+    (UCB's c is its own Tunable)."""
+    from spice_ray.agents.tunables import FUSION_TUNABLES
+    from spice_ray.config import FusionConfig
+
+    default = FusionConfig()
+    for t in FUSION_TUNABLES:
+        section, _, name = t.grid.field.partition(".")
+        assert section == "fusion" and t.default == getattr(default, name), t.name
+    assert [t.name for t in FUSION_TUNABLES] == ["beta", "tau", "width", "noise"]
+
+    def applied(method: str, cfg) -> list[str]:
+        spec = AgentSpec.dpt(cfg.eval) if method == "dpt" else AgentSpec(method,
+                                                                         fusion=cfg.fusion)
+        return [t.name for t in FUSION_TUNABLES if t.applies(spec)]
+
+    assert applied("spice", DARKROOM) == ["beta", "tau", "width"]
+    assert applied("spice-flat", DARKROOM) == ["beta", "tau", "noise"]
+    assert applied("spice", BANDIT) == ["beta", "width"]
+    assert applied("spice-flat", BANDIT) == ["beta"]
+    assert applied("bayes-ucb", BANDIT) == ["beta"]
+    assert applied("ucb", BANDIT) == applied("dpt", BANDIT) == []
+
+
 def _rows(method: str, config: str, values: dict[tuple[int, int], float]) -> pd.DataFrame:
     """Final-step rows {(seed, task): value} plus an earlier step that must be ignored."""
     rows = []

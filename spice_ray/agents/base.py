@@ -192,8 +192,9 @@ class Method:
     """Non-fused methods: the action rule named in the results' ``rule`` column, from the spec
     and whether it acts online (e.g. DPT's "sample" / "greedy"); None: the method's name."""
     tunables: tuple[Tunable, ...] = ()
-    """Non-fused methods: the settings the tuning stage chooses (e.g. UCB's c, a plugin's
-    epsilon); the fused methods' grid (beta, tau, width, noise) follows from their flags."""
+    """The method's own settings the tuning stage chooses (e.g. UCB's c, a plugin's epsilon),
+    crossed after the fusion's (beta, tau, width, noise: ``agents.tunables.FUSION_TUNABLES``,
+    which apply by the flags above)."""
 
 
 METHODS: dict[str, Method] = {}

@@ -10,14 +10,14 @@ noise could have made otherwise. The choices, their margins, the grid and every 
 score go to ``results/tuning.json``; then each method runs once, at its choice, on the eval
 tasks: the ``<experiment>_tuned`` table, the study's headline (``spice_ray.study.tuned``).
 
-The grid (:func:`candidates`):
+The grid (:func:`candidates`) is built from declarations, never from a method's name: the
+fusion's tunables (``spice_ray.agents.tunables.FUSION_TUNABLES``), each applying to the methods
+that read it, crossed with the method's own (``Method.tunables``):
 
 - posterior-UCB methods (SPICE, the flat and oracle priors, Count-UCB, Bayes posterior-UCB):
   beta in :data:`BETAS` and the theory schedule beta_t = sqrt(2 log t);
 - and, for fused methods whose kernel reads a bandwidth (``fusion.BANDWIDTH_KERNELS``: the RBF)
   over states (darkroom), the bandwidth tau in :data:`TAUS` (every pair);
-- methods that declare tunables (``agents.Tunable``: UCB's and LinUCB's exploration constant c,
-  a plugin's own option): every value of each, crossed;
 - and, for methods whose prior's width is the learned sigma_Q (``Method.scales_width``: SPICE),
   every point twice (:data:`WIDTHS`): at the paper's width (s = 1) and at the width fitted on
   the validation contexts without labels (:func:`fit_width`: the scale s and how it narrows
@@ -25,7 +25,9 @@ The grid (:func:`candidates`):
 - where the evidence targets are n-step returns (the darkrooms: ``fusion.needs_nstep``), SPICE's
   fitted point also takes the likelihood variance sigma^2 fitted with s (label-free, from the
   validation contexts' n-step targets), and every other fused method runs every point at the
-  config's sigma^2, at that fitted one and at decades spanning the targets' scale (:data:`NOISES`).
+  config's sigma^2, at that fitted one and at decades spanning the targets' scale (:data:`NOISES`);
+- methods that declare tunables (``agents.Tunable``: UCB's and LinUCB's exploration constant c,
+  a plugin's own option): every value of each, crossed.
 
 Methods without a hyperparameter (DPT, TS, Random, ...) run once on validation too, so every
 row of the tuned table has a validation score. Every grid's values are declared once, in
@@ -40,6 +42,7 @@ model (:func:`score_point`; ``spice_ray.study.tune_grid``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -51,13 +54,20 @@ import numpy as np
 import pandas as pd
 
 from spice_ray.agents import AgentSpec
+from spice_ray.agents.tunables import (  # noqa: F401 (the grids, re-exported)
+    BETAS,
+    FUSION_TUNABLES,
+    NOISES,
+    TAUS,
+    WIDTHS,
+    Fitted,
+    fits_noise,
+)
 from spice_ray.common.artifacts import MISSING, is_current, verify
 from spice_ray.common.metrics import CUMULATIVE_REGRET
 from spice_ray.config import EnvConfig, EvalConfig, ExperimentConfig, config_hash
-from spice_ray.config.grids import GRIDS
 from spice_ray.data import store
 from spice_ray.evaluate.actors import EvalPool, ModelCache, evaluate_parallel, evaluate_tasks
-from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES, needs_nstep
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.results.choices import (
     best_index,
@@ -73,17 +83,7 @@ from spice_ray.study.records import Finals
 
 log = logging.getLogger(__name__)
 
-BETAS = GRIDS["beta"].tuning
-"""Fixed beta values of the grid (the theory schedule is one more point)."""
-TAUS = GRIDS["tau"].tuning
-"""Kernel bandwidths of the grid (kernels that read one, over states only)."""
-WIDTHS = GRIDS["width"].tuning
-"""The learned prior's width on the grid: the paper's sigma_Q, and as :func:`fit_width` fits it
-(and "constant", its scale without the decay, where the fit's decay is not 0; and
-"predictive", the model's predictive-variance head, where it has one: ``model.var_head``)."""
 WIDTH_FIT = "scale, decay; constant"  # what fit_width fits: a record fitted otherwise is redone
-NOISES = GRIDS["noise_var"].tuning
-"""sigma^2 of the other fused methods where targets are n-step returns (``config.grids``)."""
 SCORE = "mean final cumulative regret over validation tasks and training seeds"
 SCORE_FIELDS = ("mean", "sem", "n", "per_task")
 """What a tuning trial returns of a grid point (:func:`score_point`)."""
@@ -106,15 +106,12 @@ class Candidate:
         return self.spec.label, self.spec.config_json(self.eval_cfg)
 
 
-def fits_noise(spec: AgentSpec) -> bool:
-    """Whether ``spec``'s grid fits the likelihood variance (fused, n-step evidence)."""
-    return spec.info.fused and needs_nstep(spec.fusion)
-
-
 def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
                fitted_width: float | dict[str, float] | None = None,
                fitted_noise: float | None = None) -> list[Candidate]:
-    """Every grid point of ``spec`` (see the module docstring), in grid order.
+    """Every grid point of ``spec`` in grid order: the declared fusion tunables that apply to
+    it (``agents.tunables.FUSION_TUNABLES``: beta slowest, then tau, then the width or the
+    noise), crossed with the method's own (``Method.tunables``, in declaration order).
 
     Args:
         fitted_width: the validation-fitted width of the "fitted" points (methods that read
@@ -123,45 +120,15 @@ def candidates(spec: AgentSpec, eval_cfg: EvalConfig,
         fitted_noise: the likelihood variance fitted with s, for the "fitted" width or noise
             points where :func:`fits_noise`; None keeps ``fusion.noise_var`` (counting only).
     """
-    info = spec.info
-    if info.fused or "beta" in info.settings:
-        smooth = info.fused and spec.fusion.kernel in BANDWIDTH_KERNELS \
-            and spec.fusion.kernel_space == "state"
-        points = [(("beta", b),) for b in BETAS] + [(("beta_schedule", schedule),)
-                                                     for schedule in sorted(BETA_FREE_SCHEDULES)]
-        if smooth:
-            points = [p + (("tau", t),) for p in points for t in TAUS]
-        width = fitted_width if isinstance(fitted_width, dict) else {
-            "scale": 1.0 if fitted_width is None else fitted_width}  # s or fit_width's record
-        if info.scales_width:  # the constant width too where the fit narrows it with h,
-            # and the predictive-variance head's where the model has one
-            more = (("constant",) if width.get("decay") else ()) \
-                + (("predictive",) if width.get("predictive") else ())
-            points = [p + (("width", w),) for p in points for w in WIDTHS + more]
-        elif fits_noise(spec):
-            points = [p + (("noise", n),) for p in points for n in NOISES]
-        noise = {"noise_var": float(fitted_noise)} \
-            if fitted_noise is not None and fits_noise(spec) else {}
-        out = []
-        for point in points:
-            fields = {"beta_schedule": "fixed"} | {k: v for k, v in point
-                                                   if k not in ("width", "noise")}
-            if dict(point).get("width") == "fitted":
-                fields |= {"width_scale": float(width["scale"]),
-                           "width_decay": float(width.get("decay", 0.0))} | noise
-            if dict(point).get("width") == "constant":
-                fields |= {"width_scale": float(width["constant_scale"])} | noise
-            if dict(point).get("width") == "predictive":
-                fields |= {"width_source": "predictive"} | noise
-            if dict(point).get("noise") == "fitted":
-                fields |= noise
-            elif isinstance(dict(point).get("noise"), float):
-                fields |= {"noise_var": dict(point)["noise"]}
-            fusion = dataclasses.replace(spec.fusion, **fields)
-            out.append(Candidate(dataclasses.replace(spec, fusion=fusion), eval_cfg, point))
-        return out
-    out = [Candidate(spec, eval_cfg, ())]
-    for tunable in info.tunables:  # what the method declares (UCB's c, a plugin's epsilon)
+    fitted = Fitted.of(fitted_width, fitted_noise)
+    axes = [t.points(spec, fitted) for t in FUSION_TUNABLES if t.applies(spec)]
+    out = []
+    for combo in itertools.product(*axes):
+        fields = {k: v for point in combo for k, v in point.fields.items()}
+        fused = dataclasses.replace(spec, fusion=dataclasses.replace(spec.fusion, **fields)) \
+            if combo else spec
+        out.append(Candidate(fused, eval_cfg, tuple((p.key, p.value) for p in combo)))
+    for tunable in spec.info.tunables:  # what the method declares (UCB's c, a plugin's epsilon)
         out = [Candidate(*tunable.apply(c.spec, c.eval_cfg, value),
                          c.setting + ((tunable.name, value),))
                for c in out for value in tunable.values]
