@@ -1,7 +1,8 @@
 """The README's and docs/usage.md's commands and code, as the tests run them.
 
 Each ``python -m spice_ray.results ...`` line of a ```bash block (continuations joined,
-comments cut) and each ```python block that reads a run's tables is run against a smoke
+comments cut), each ```python block that reads a run's tables and each that loads a run's
+policy and plays its Gymnasium environment is run against a smoke
 study's directory by ``tests/test_full_run.py``'s end-to-end test, with the documents' run
 names mapped to it: a command the docs show that stops working fails the suite. Each
 ``python pipelines/...`` and ``python sweeps/...`` command (:func:`script_commands`) is run by
@@ -48,6 +49,11 @@ def table_code(path: Path) -> list[str]:
     """``path``'s python blocks that read a run's tables (``load(`` / ``summarise(``)."""
     return [b for b in _blocks(path.read_text(), "python")
             if "from spice_ray.results import" in b]
+
+
+def policy_code(path: Path) -> list[str]:
+    """``path``'s python blocks that load a run's policy and play its environment."""
+    return [b for b in _blocks(path.read_text(), "python") if "Policy." in b]
 
 
 def on_run(text: str, run_dir: Path) -> str:

@@ -319,7 +319,8 @@ def test_a_gymnasium_task_takes_a_runs_config_and_names_what_is_wrong(tmp_path) 
     run = tmp_path / "run"
     cfg = make_config("smoke", "bandit", overrides=["env.num_arms=7"])
     cfg.write(run / "configs", "bandit.yaml")
-    make_config("smoke", "darkroom").write(run / "configs", "darkroom.yaml")
+    make_config("smoke", "darkroom", overrides=["env.grid_size=6"]).write(run / "configs",
+                                                                          "darkroom.yaml")
     make_config("smoke", "darkroom").write(run / "configs", "darkroom_dpt_star.yaml")
     env = gymnasium.make("spice_ray/bandit-v0", task=2, run_dir=str(run))
     assert env.action_space.n == 7  # the run's override, not the preset's 5 arms
@@ -334,7 +335,12 @@ def test_a_gymnasium_task_takes_a_runs_config_and_names_what_is_wrong(tmp_path) 
             ({"run_dir": str(run), "experiment": "nope"}, "nope.yaml does not exist")]:
         with pytest.raises(ValueError, match=match):
             gymnasium.make("spice_ray/bandit-v0", **kwargs)
-    with pytest.raises(ValueError, match="2 experiment.s. on environment 'darkroom': darkroom, "
+    # several experiments on the environment: the one named after it (the README's example
+    # on a full study), else the user names one
+    own = gymnasium.make("spice_ray/darkroom-v0", task=1, run_dir=str(run))
+    assert own.unwrapped.env.params.grid_size == 6 != one.unwrapped.env.params.grid_size
+    (run / "configs" / "darkroom.yaml").rename(run / "configs" / "darkroom_b.yaml")
+    with pytest.raises(ValueError, match="2 experiment.s. on environment 'darkroom': darkroom_b, "
                                          "darkroom_dpt_star; name one with experiment="):
         gymnasium.make("spice_ray/darkroom-v0", run_dir=str(run))
     with pytest.raises(ValueError, match="runs environment 'bandit', not 'darkroom'"):

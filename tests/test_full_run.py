@@ -370,7 +370,7 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert printed.count("SPICE (training-data prior)") == 4  # a row and a share a split
     # every query the README and docs/usage.md show runs as written on this run (their run
     # names mapped to it): a command or code block that drifts from the code fails here
-    from docs_blocks import DOCS, on_run, results_commands, table_code
+    from docs_blocks import DOCS, on_run, policy_code, results_commands, table_code
 
     shown = [(doc.name, args) for doc in DOCS for args in results_commands(doc)]
     assert len(shown) >= 12, shown
@@ -381,6 +381,13 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     for doc in DOCS:
         for code in table_code(doc):
             exec(compile(on_run(code, run_dir), str(doc), "exec"), {})  # noqa: S102
+    played = [code for doc in DOCS for code in policy_code(doc)]
+    assert len(played) == 2, played  # the README's and the usage page's
+    for code in played:
+        scope: dict = {}
+        exec(compile(on_run(code, run_dir), "policy block", "exec"), scope)  # noqa: S102
+        assert scope["mean"].shape == scope["var"].shape == (5,)  # the darkroom's 5 actions
+        assert np.isfinite(scope["mean"]).all() and (scope["var"] > 0).all()
     # a second run with the same config does no work
     before = _mtimes(run_dir)
     drawn = (run_dir / "figures" / "aggregate.png").stat().st_mtime_ns

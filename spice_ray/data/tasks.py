@@ -32,8 +32,8 @@ def gym_env(name: str, task: int = 0, split: str = "eval", preset: str | None = 
     its horizon, so ``spec.max_episode_steps`` says the episode's length): the same task as
     row ``task`` of the study's dataset of that preset (keyed by ``data.seed``, split and task
     id). With ``run_dir`` instead of ``preset``, the environment and data config of that run's
-    experiment (``experiment``, needed only when several of the run's experiments use
-    ``name``), overrides included. The entry point of
+    experiment (``experiment``; by default the run's one experiment on ``name``, or the
+    experiment named ``name`` where several use it), overrides included. The entry point of
     ``gymnasium.make("spice_ray/<name>-v0", task=..., split=..., preset=... | run_dir=...)``.
 
     Raises:
@@ -71,6 +71,8 @@ def _gym_config(name: str, preset: str | None, run_dir: str | None,
     if experiment is None:
         found = {p.stem: load_config(p) for p in sorted(configs.glob("*.yaml"))}
         mine = [e for e, c in found.items() if c.env.name == name]
+        if len(mine) > 1 and name in mine:  # the environment's own experiment (a study's
+            mine = [name]  # darkroom beside darkroom_dpt_star): what the docs' examples mean
         if len(mine) != 1:
             raise ValueError(
                 f"{run_dir} has {len(mine) or 'no'} experiment(s) on environment {name!r}"
