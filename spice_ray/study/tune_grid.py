@@ -41,10 +41,11 @@ import pandas as pd
 import torch
 
 from spice_ray.common.artifacts import write_checked_text
-from spice_ray.common.console import SILENT, Console, count, printed_to_log
+from spice_ray.common.console import SILENT, Console, count
 from spice_ray.common.placement import actor_bundle
 from spice_ray.config import EvalConfig, ExperimentConfig
 from spice_ray.evaluate.actors import ModelCache
+from spice_ray.runtime import tune_engine as engine
 from spice_ray.study.experiments import EXPERIMENTS
 from spice_ray.study.records import Finals
 from spice_ray.study.tuning import (
@@ -197,18 +198,11 @@ def score_grid(pending: Sequence[Pending], eval_cfg: EvalConfig,
     trainable = tune.with_resources(tune.with_parameters(grid_trial, job=[ref]),
                                     tune.PlacementGroupFactory([bundle]))
     with tempfile.TemporaryDirectory(prefix="spice-ray-tuning-") as scratch:
-        tuner = tune.Tuner(
-            trainable,
-            param_space={"chunk": tune.grid_search(list(range(len(chunks))))},
-            tune_config=tune.TuneConfig(max_concurrent_trials=eval_cfg.num_actors,
-                                        reuse_actors=True),
-            run_config=tune.RunConfig(name="tuning", storage_path=scratch, verbose=0,
-                                      failure_config=tune.FailureConfig(
-                                          max_failures=MAX_FAILURES),
-                                      callbacks=[_trial_progress(on_chunk)]))
-        # Tune's banner, "View detailed results here" and TensorBoard hint: to the run's log
-        with printed_to_log(logging.getLogger(f"{__name__}.tune")):
-            grid = tuner.fit()
+        tuner = engine.new_tuner(
+            trainable, name="tuning", storage=scratch, max_concurrent=eval_cfg.num_actors,
+            max_failures=MAX_FAILURES, callbacks=[_trial_progress(on_chunk)],
+            param_space={"chunk": tune.grid_search(list(range(len(chunks))))})
+        grid = engine.fit(tuner, f"{__name__}.tune")
     bar.close(f"{count(len(scores), 'grid point')} of {count(len(pending), 'experiment')} "
               f"in {count(len(chunks), 'Tune trial')}, {eval_cfg.num_actors} at a time")
     missing = [i for i in range(len(points)) if i not in scores]

@@ -59,11 +59,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from spice_ray.common.artifacts import atomic_write_text
-from spice_ray.common.console import SILENT, Console, printed_to_log
+from spice_ray.common.console import SILENT, Console
 from spice_ray.common.faults import fault
 from spice_ray.config import ExperimentConfig, config_hash
 from spice_ray.results.summary import summarise
 from spice_ray.runtime import tracking
+from spice_ray.runtime import tune_engine as engine
 from spice_ray.sweep.params import (
     SweepError,
     check_space,
@@ -374,25 +375,16 @@ def run_sweep(
 
         searcher = make_searcher(cfg.sweep.search, search_space, cfg.sweep.seed,
                                  OPTIMISE_METRIC)
-        tuner = tune.Tuner(
-            trainable,
+        tuner = engine.new_tuner(
+            trainable, name=name, storage=str(sweeps), max_concurrent=concurrency,
+            max_failures=0, callbacks=[callbacks.TrialProgress(name, num_trials),
+                                       *tracking.tune_callbacks(cfg, name)],
             # a sampled search draws from its searcher's own (conditional) space
             param_space=dict(search_space) if searcher is None else {},
-            tune_config=tune.TuneConfig(metric=OPTIMISE_METRIC, mode="min",
-                                        num_samples=cfg.sweep.num_samples,
-                                        max_concurrent_trials=concurrency,
-                                        search_alg=searcher, scheduler=_scheduler(cfg),
-                                        reuse_actors=True),
-            run_config=tune.RunConfig(
-                name=name, storage_path=str(sweeps), verbose=verbose,
-                failure_config=tune.FailureConfig(max_failures=0),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                callbacks=[callbacks.TrialProgress(name, num_trials),
-                           *tracking.tune_callbacks(cfg, name)]),
-        )
-    # Tune's banner, "View detailed results here" and TensorBoard hint: to the run's log
-    with printed_to_log(logging.getLogger("spice_ray.sweep.tune"), enabled=verbose == 0):
-        grid = tuner.fit()
+            metric=OPTIMISE_METRIC, mode="min", num_samples=cfg.sweep.num_samples,
+            search_alg=searcher, scheduler=_scheduler(cfg), keep_checkpoints=1,
+            verbose=verbose)
+    grid = engine.fit(tuner, "spice_ray.sweep.tune", quiet=verbose == 0)
     if getattr(searcher, "repeats", 0):
         log.info("[sweep %s] %d draws repeated a configuration already run; they were told "
                  "its result, not run", name, searcher.repeats)

@@ -1,0 +1,54 @@
+"""How the platform runs Ray Tune, in one place: the tuning stage's grid
+(``spice_ray.study.tune_grid``: trials that each score a run of grid points on validation
+tasks, in a scratch experiment) and the sweeps (``spice_ray.sweep.driver``: trials that each
+evaluate one configuration with their own actors, in a kept, restorable experiment) build
+their ``Tuner`` with :func:`new_tuner` and fit it with :func:`fit`.
+
+What both share: trial processes reused between trials (a trial process keeps the models it
+loaded), at most ``max_concurrent`` trials at once, a stated number of re-runs for a trial
+whose process died, our callbacks, and Tune's own console output (its banner, "View detailed
+results here", the TensorBoard hint) sent to the run's log unless asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from spice_ray.common.console import printed_to_log
+
+
+def new_tuner(trainable: Any, *, name: str, storage: str, max_concurrent: int,
+              max_failures: int, callbacks: Sequence[Any] = (),
+              param_space: Mapping[str, Any] | None = None, metric: str | None = None,
+              mode: str | None = None, num_samples: int = 1, search_alg: Any = None,
+              scheduler: Any = None, keep_checkpoints: int | None = None,
+              verbose: int = 0) -> Any:
+    """A ``tune.Tuner`` over ``trainable`` writing experiment ``name`` under ``storage``.
+
+    Args:
+        max_failures: re-runs of a trial whose process died (0: an errored trial stays so).
+        keep_checkpoints: checkpoints kept per trial (None: Tune's default, all).
+        verbose: Tune's own console output (0: none; :func:`fit` logs it).
+    """
+    from ray import tune
+
+    return tune.Tuner(
+        trainable, param_space=dict(param_space or {}),
+        tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=num_samples,
+                                    max_concurrent_trials=max_concurrent,
+                                    search_alg=search_alg, scheduler=scheduler,
+                                    reuse_actors=True),
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage, verbose=verbose,
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=keep_checkpoints),
+            callbacks=list(callbacks)))
+
+
+def fit(tuner: Any, logger: str, quiet: bool = True) -> Any:
+    """``tuner.fit()``, Tune's prints sent to the logger named ``logger`` (the run's log)
+    where ``quiet``; returns its ``ResultGrid``."""
+    with printed_to_log(logging.getLogger(logger), enabled=quiet):
+        return tuner.fit()
