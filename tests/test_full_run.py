@@ -17,7 +17,7 @@ from conftest import full_run_cli, heavy_imports
 from spice_ray.common.console import CLOSE_LINE, PROGRESS_LINE
 from spice_ray.results import load, summarise, write
 from spice_ray.results.__main__ import main as results_main
-from spice_ray.results.choices import resolution
+from spice_ray.results.choices import paper_choice, record_problem, resolution
 from spice_ray.results.tables import write_frame
 from spice_ray.study import plan_study, run_study, study_tables
 from spice_ray.study.experiments import EXPERIMENTS
@@ -430,6 +430,31 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     changed = sorted(Path(k).name for k in after if after[k] != before[k])
     assert changed == ["bandit_offline.parquet", "bandit_online.parquet",
                        "bandit_robustness.parquet", "calibration.parquet"]
+    # a stored tuning record about to make a table is scored again first: an honest one
+    # passes (the tuned table deleted: rebuilt equal, tuning.json untouched); one forged to be
+    # self-consistent (SPICE's worst point chosen, its recorded mean lowered below every other,
+    # its resolution and the sidecar recomputed) is found and tuned again
+    from spice_ray.common.artifacts import write_checked_text
+
+    tuning_file = run_dir / "results" / "tuning.json"
+    honest, honest_bytes = load(run_dir, "bandit_tuned"), tuning_file.read_bytes()
+    (run_dir / "results" / "bandit_tuned.parquet").unlink()
+    run_study(plan_study("smoke", tmp_path / "run", experiments=("bandit",)))
+    pd.testing.assert_frame_equal(load(run_dir, "bandit_tuned"), honest)
+    assert tuning_file.read_bytes() == honest_bytes
+    forged = json.loads(honest_bytes)
+    spice = forged["bandit"]["methods"]["SPICE"]
+    worst = max(spice["grid"], key=lambda g: g["mean"])
+    assert worst["setting"] != spice["chosen"]
+    worst["mean"], worst["paired_se"] = min(g["mean"] for g in spice["grid"]) - 1.0, 0.0
+    spice["chosen"], spice["resolution"] = dict(worst["setting"]), resolution(spice["grid"])
+    if "paper" in spice:
+        spice["paper"] = paper_choice(spice)
+    write_checked_text(tuning_file, json.dumps(forged, indent=1))
+    assert record_problem(forged["bandit"]) is None  # consistent: only a re-score finds it
+    run_study(plan_study("smoke", tmp_path / "run", experiments=("bandit",)))
+    pd.testing.assert_frame_equal(load(run_dir, "bandit_tuned"), honest)
+    assert json.loads(tuning_file.read_text())["bandit"] == json.loads(honest_bytes)["bandit"]
 
 
 def test_bad_set_fails_before_any_work(tmp_path, capsys) -> None:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -44,15 +45,22 @@ from spice_ray.common.artifacts import write_checked_text
 from spice_ray.common.console import SILENT, Console, count
 from spice_ray.common.placement import actor_bundle
 from spice_ray.config import EvalConfig, ExperimentConfig
+from spice_ray.data import store
 from spice_ray.evaluate.actors import ModelCache
+from spice_ray.results.choices import paper_choice, resolution
+from spice_ray.results.schema import NO_SEED
 from spice_ray.runtime import tune_engine as engine
 from spice_ray.study.experiments import EXPERIMENTS
 from spice_ray.study.records import Finals
+from spice_ray.study.tuned import tuned_table_current
 from spice_ray.study.tuning import (
     SCORE_FIELDS,
     TUNING_FILE,
     Pending,
+    agent_specs,
+    bases,
     finish,
+    grid_point,
     prepare,
     read_tuning,
     score_point,
@@ -215,6 +223,39 @@ def score_grid(pending: Sequence[Pending], eval_cfg: EvalConfig,
             + (f" ({errors[0]})" if errors else ""))
 
 
+def rescore_problem(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals,
+                    record: dict[str, Any], models: ModelCache) -> str | None:
+    """Why a stored record of experiment ``name`` must not be used, or None: each method's
+    chosen point, its runner-up and its paper-width choice are scored again on the validation
+    tasks (:func:`score_point`, in this process) and must give the recorded means. A point's
+    score does not depend on where it runs, so only a record that is not what the stage
+    wrote (a forged one whose sidecar was recomputed) or whose inputs changed unseen differs.
+    """
+    exp = EXPERIMENTS[name]
+    data = store.load_split(dataset, "validation", limit=cfg.eval.num_tasks)
+    specs = agent_specs(exp, cfg, dataset)
+    for ev_name in exp.tuned:
+        ev = exp.evaluation(ev_name)
+        sources = {seed: str(finals[(name, ev.model.kind, ev.model.variant, seed)])
+                   for seed in cfg.seeds} if ev.model else {}
+        seeds = tuple(cfg.seeds) if ev.model else (NO_SEED,)
+        for base in bases(specs[ev_name], cfg):
+            method = record["methods"][base.label]
+            made = resolution(method["grid"])
+            for setting in (made["chosen"], made["runner_up"], paper_choice(method)):
+                if setting is None:
+                    continue
+                point = grid_point(base, cfg.eval, record, setting)
+                recorded = next(g["mean"] for g in method["grid"] if g["setting"] == setting)
+                if point is None:
+                    return f"holds {base.label} at {setting}, which is not on its grid"
+                score = score_point(point, sources, seeds, cfg.env, data, models)["mean"]
+                if not np.isclose(score, recorded, rtol=1e-9, atol=1e-9):
+                    return (f"records {base.label} at {setting} as {recorded:.6g} on "
+                            f"validation; scored again it is {score:.6g}")
+    return None
+
+
 def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict[str, Path],
              finals: Finals, console: Console = SILENT,
              models: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -245,6 +286,15 @@ def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict
 
     for name in order:
         got = prepare(name, configs[name], datasets[name], finals, old.get(name))
+        if not isinstance(got, Pending) and not tuned_table_current(
+                name, configs[name], run_dir, datasets[name], got):
+            # a stored record about to make a table: its choices scored again first
+            problem = rescore_problem(name, configs[name], datasets[name], finals, got,
+                                      _MODELS.setdefault(False, ModelCache(False)))
+            if problem is not None:
+                log.warning("%s: %s %s: tuned again", run_dir / TUNING_FILE, name, problem)
+                console.line(f"  {name}: {TUNING_FILE} {problem}: tuned again")
+                got = prepare(name, configs[name], datasets[name], finals, None)
         if isinstance(got, Pending):
             pending.append(got)
         else:

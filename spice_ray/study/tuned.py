@@ -63,6 +63,25 @@ def evaluate_tuned(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fina
     return pd.concat(frames, ignore_index=True).assign(variant="")
 
 
+def tuned_inputs(cfg: ExperimentConfig, dataset: Path, record: dict[str, Any]) -> str:
+    """What an experiment's tuned table is made from: its tuning record, every choice (the
+    paper-width ones too) and the eval tasks."""
+    chosen = {label: m["chosen"] for label, m in record["methods"].items()}
+    chosen |= {f"{label} (paper)": paper for label, m in record["methods"].items()
+               if (paper := paper_choice(m)) is not None}
+    return config_hash({"tuning": record["inputs"], "chosen": chosen,
+                        "data": store.split_id(dataset, "eval"), "tasks": cfg.eval.num_tasks})
+
+
+def tuned_table_current(name: str, cfg: ExperimentConfig, run_dir: Path, dataset: Path,
+                        record: dict[str, Any]) -> bool:
+    """Whether experiment ``name``'s tuned table is current for ``record`` (True where it
+    has none: nothing would be built from the record)."""
+    table = EXPERIMENTS[name].tuned_table()
+    return table is None or is_current(table_path(run_dir, table.name),
+                                       tuned_inputs(cfg, dataset, record))[0]
+
+
 def write_tuned_table(name: str, cfg: ExperimentConfig, run_dir: Path, dataset: Path,
                       finals: Finals, pool: EvalPool, record: dict[str, Any],
                       console: Console = SILENT) -> bool:
@@ -72,12 +91,7 @@ def write_tuned_table(name: str, cfg: ExperimentConfig, run_dir: Path, dataset: 
     table = EXPERIMENTS[name].tuned_table()
     if table is None:
         return False
-    chosen = {label: m["chosen"] for label, m in record["methods"].items()}
-    chosen |= {f"{label} (paper)": paper for label, m in record["methods"].items()
-               if (paper := paper_choice(m)) is not None}
-    inputs = config_hash({"tuning": record["inputs"], "chosen": chosen,
-                          "data": store.split_id(dataset, "eval"),
-                          "tasks": cfg.eval.num_tasks})
+    inputs = tuned_inputs(cfg, dataset, record)
     if is_current(table_path(run_dir, table.name), inputs)[0]:
         console.line(f"  {name}: {table.name} current, skipped")
         return False
