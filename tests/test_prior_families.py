@@ -76,6 +76,31 @@ def test_region_darkroom_goals_follow_the_region_and_the_split() -> None:
     assert len(goal_split(10, 0.8, 0)[0]) == 80
 
 
+def test_no_goal_held_out_puts_every_split_on_every_cell_with_other_tasks() -> None:
+    """train_goal_fraction=1 (val 0): each split draws its goals from all 16 block and 84
+    outside cells, at the family's 0.9, as different tasks; the default split is unchanged;
+    a held-out validation fraction with no held-out goals is refused by name."""
+    from spice_ray.config import make_config
+    from spice_ray.config.sections import ConfigError
+
+    shared = ["env.train_goal_fraction=1", "env.val_goal_fraction=0"]
+    for name, cells in (("darkroom_region", (16, 84)), ("darkroom", (100,))):
+        env = make_config("small", name, overrides=shared).environment()
+        for split in ("train", "validation", "eval"):
+            pools = env.goal_pools(split) if name == "darkroom_region" else (env.goal_pool(split),)
+            assert tuple(len(p) for p in pools) == cells, (name, split)
+    env = make_config("small", "darkroom_region", overrides=shared).environment()
+    tasks = {split: env.sample_tasks(_streams(20_000, split=split), split)
+             for split in ("validation", "eval")}
+    for drawn in tasks.values():
+        assert abs(np.all(drawn.goals >= 6, axis=1).mean() - 0.9) < 0.01
+        assert len({tuple(g) for g in drawn.goals}) == 100  # every cell is some task's goal
+    assert not np.array_equal(tasks["validation"].goals, tasks["eval"].goals)
+    with pytest.raises(ConfigError, match="env.val_goal_fraction=0.1 is invalid with "
+                                          "env.train_goal_fraction=1"):
+        make_config("small", "darkroom_region", overrides=["env.train_goal_fraction=1"])
+
+
 def _importance_posterior(env, counts: np.ndarray, sums: np.ndarray, n: int = 400_000
                           ) -> tuple[np.ndarray, np.ndarray]:
     """Posterior mean and variance of the arm means by self-normalised importance sampling

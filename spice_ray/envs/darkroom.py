@@ -105,6 +105,9 @@ def split_goals(size: int, train_fraction: float, val_fraction: float, seed: int
     """Goal cells of each split: the test goals are the ``1 - train_fraction`` share of
     :func:`goal_split`; of the rest, ``val_fraction`` of all cells are validation goals (so
     the test goals do not depend on it), the others training goals."""
+    if train_fraction == 1:  # no goal held out: every split draws from every cell
+        cells = all_cells(size)
+        return {"train": cells, "validation": cells, "eval": cells}
     train, test = goal_split(size, train_fraction, seed)
     train, val = hold_out(train, int(round(val_fraction * size * size)))
     return {"train": train, "validation": val, "eval": test}
@@ -270,7 +273,10 @@ class Darkroom(Environment):
         grid_size: int = 10
         """Side length (in [2, 255]); states are (x, y) in [0, grid_size)^2."""
         train_goal_fraction: float = 0.8
-        """Fraction of goal cells not held out for the test (eval) tasks, in (0, 1)."""
+        """Fraction of goal cells not held out for the test (eval) tasks, in (0, 1]; 1 holds
+        no goal out (then ``val_goal_fraction`` must be 0): the splits are different tasks
+        on the same goals, so a split's statistics rest on every cell, not on the few held
+        out."""
         val_goal_fraction: float = 0.1
         """Fraction of all goal cells taken from those for the validation tasks, disjoint from
         training and test goals (0: validation shares the training goals, the paper's
@@ -290,9 +296,12 @@ class Darkroom(Environment):
             if not 2 <= self.grid_size <= 255:
                 raise ValueError(f"env.grid_size={self.grid_size!r} is invalid: an integer in "
                                  "[2, 255]")
-            if not 0 < self.train_goal_fraction < 1:
+            if not 0 < self.train_goal_fraction <= 1:
                 raise ValueError(f"env.train_goal_fraction={self.train_goal_fraction!r} is "
-                                 "invalid: a float in (0, 1)")
+                                 "invalid: a float in (0, 1]")
+            if self.train_goal_fraction == 1 and self.val_goal_fraction != 0:
+                raise ValueError(f"env.val_goal_fraction={self.val_goal_fraction!r} is invalid "
+                                 "with env.train_goal_fraction=1 (no goal held out): 0")
             if not 0 <= self.val_goal_fraction < self.train_goal_fraction:
                 raise ValueError(f"env.val_goal_fraction={self.val_goal_fraction!r} is invalid: "
                                  f"in [0, train_goal_fraction={self.train_goal_fraction})")

@@ -6,7 +6,11 @@ behaviour roll-ins, weak-last labels, both regret readings), but a task's goal l
 probability 0.9 in the block x >= size - 4, y >= size - 4 (16 cells) and with probability 0.1
 uniformly among the other cells. The goal split is stratified by region: each region's cells
 are split ``train_goal_fraction`` / rest, so evaluation goals are never trained on but follow the
-same distribution (about 13 train / 3 eval block cells and 67 / 17 outside at the defaults).
+same distribution (about 13 train / 3 eval block cells and 67 / 17 outside at the defaults;
+with so few held-out block cells an eval split's tasks sit on 2-3 of them).
+``env.train_goal_fraction=1`` (with ``env.val_goal_fraction=0``) holds no goal out: the
+splits are different tasks on every cell of the family's distribution, which measures reading
+the context on this population with a split's tasks spread over all 16 block cells.
 
 The exact posterior over the goal given the context (:class:`GoalPosterior`) uses the
 family's own goal distribution over all cells (a learned prior cannot know which cells were
@@ -42,6 +46,9 @@ def stratified_split(size: int, block: int, train_fraction: float, seed: int,
     out = {}
     for region, mask in (("block", inside), ("outside", ~inside)):
         pool = cells[mask][rng.permutation(int(mask.sum()))]
+        if train_fraction == 1:  # no goal held out: every split draws from every cell
+            out[region] = {"train": cells[mask], "validation": cells[mask], "eval": cells[mask]}
+            continue
         n_train = int(round(train_fraction * len(pool)))
         if not 0 < n_train < len(pool):
             raise ValueError(f"train_fraction={train_fraction} leaves an empty goal split in "
