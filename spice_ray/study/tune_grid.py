@@ -240,20 +240,35 @@ def rescore_problem(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
                    for seed in cfg.seeds} if ev.model else {}
         seeds = tuple(cfg.seeds) if ev.model else (NO_SEED,)
         for base in bases(specs[ev_name], cfg):
-            method = record["methods"][base.label]
+            method = record["methods"].get(base.label)
+            if method is None:
+                return f"has no choice of {base.label}"
             made = resolution(method["grid"])
             for setting in (made["chosen"], made["runner_up"], paper_choice(method)):
-                if setting is None:
-                    continue
-                point = grid_point(base, cfg.eval, record, setting)
-                recorded = next(g["mean"] for g in method["grid"] if g["setting"] == setting)
+                point = None if setting is None else grid_point(base, cfg.eval, record, setting)
                 if point is None:
-                    return f"holds {base.label} at {setting}, which is not on its grid"
+                    if setting is not None:
+                        return f"holds {base.label} at {setting}, which is not on its grid"
+                    continue
+                recorded = next(g["mean"] for g in method["grid"] if g["setting"] == setting)
                 score = score_point(point, sources, seeds, cfg.env, data, models)["mean"]
                 if not np.isclose(score, recorded, rtol=1e-9, atol=1e-9):
                     return (f"records {base.label} at {setting} as {recorded:.6g} on "
                             f"validation; scored again it is {score:.6g}")
     return None
+
+
+def _rescored(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals,
+              record: dict[str, Any]) -> str | None:
+    """:func:`rescore_problem` as a trial would score: one torch thread, the trials' device."""
+    use_gpu = cfg.eval.actor_gpus > 0 and torch.cuda.is_available()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return rescore_problem(name, cfg, dataset, finals, record,
+                               _MODELS.setdefault(use_gpu, ModelCache(use_gpu)))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict[str, Path],
@@ -289,8 +304,7 @@ def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict
         if not isinstance(got, Pending) and not tuned_table_current(
                 name, configs[name], run_dir, datasets[name], got):
             # a stored record about to make a table: its choices scored again first
-            problem = rescore_problem(name, configs[name], datasets[name], finals, got,
-                                      _MODELS.setdefault(False, ModelCache(False)))
+            problem = _rescored(name, configs[name], datasets[name], finals, got)
             if problem is not None:
                 log.warning("%s: %s %s: tuned again", run_dir / TUNING_FILE, name, problem)
                 console.line(f"  {name}: {TUNING_FILE} {problem}: tuned again")
