@@ -56,7 +56,7 @@ def plot(families: dict[str, pd.DataFrame], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(families), figsize=(4.2 * len(families), 3.9),
+    fig, axes = plt.subplots(1, len(families), figsize=(max(4.2 * len(families), 8.0), 3.9),
                              sharey=True, squeeze=False)
     for ax, (name, rows) in zip(axes[0], families.items(), strict=True):
         shares = pooled_shares(rows)
@@ -78,8 +78,10 @@ def plot(families: dict[str, pd.DataFrame], out: Path) -> None:
     axes[0][0].set_ylabel(f"argmax Q-bar optimal (h >= {SHOWN_FROM})")
     axes[0][0].set_ylim(0, 1.05)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=len(labels))
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    rows = 1 if len(families) >= 3 else 2  # a narrower figure stacks its legend in two rows
+    fig.legend(handles, labels, fontsize=7, loc="lower center",
+               ncol=-(-len(labels) // rows))
+    fig.tight_layout(rect=(0, 0.05 + 0.04 * rows, 1, 1))
     fig.savefig(out, dpi=120)
     plt.close(fig)
 
