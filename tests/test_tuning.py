@@ -425,6 +425,10 @@ def test_the_stage_writes_each_experiments_choices_as_they_come_in_in_its_order(
     monkeypatch.setattr(tune_grid, "score_grid", score_grid)
     monkeypatch.setattr(tune_grid, "finish", lambda p, scores: {
         "methods": {"UCB": {"grid": [{}]}}, "tasks": 1, "inputs": p.name})
+    # the kept record's tuned table is current: nothing is built from it, nothing re-scored
+    monkeypatch.setattr(tune_grid, "tuned_table_current", lambda *args: True)
+    rescored = []
+    monkeypatch.setattr(tune_grid, "_rescored", lambda name, *args: rescored.append(name))
     from spice_ray.common.artifacts import write_checked_text
 
     write_checked_text(tmp_path / tuning.TUNING_FILE, json.dumps({"bandit_template": kept}))
@@ -433,3 +437,9 @@ def test_the_stage_writes_each_experiments_choices_as_they_come_in_in_its_order(
     assert written == [["bandit_template", "darkroom"], ["bandit_template", "bandit", "darkroom"]]
     assert list(json.loads((tmp_path / tuning.TUNING_FILE).read_text())) == [
         "bandit_template", "bandit", "darkroom"]
+    assert rescored == []
+    # its table to be built again: the kept record alone is scored again first (it passes)
+    written.clear()
+    monkeypatch.setattr(tune_grid, "tuned_table_current", lambda *args: False)
+    tune_grid.tune_all(configs, tmp_path, dict.fromkeys(configs, tmp_path), {})
+    assert rescored == ["bandit_template"]
