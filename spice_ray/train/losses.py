@@ -260,7 +260,7 @@ VALUE_LOSS_FIELDS = frozenset({"h0_prior", "lambda_shrink", "shrink_form", "valu
 """Train fields read only by the value heads' losses and added after models were trained
 (``config.LATER_DEFAULTS``): a kind whose loss has no value term leaves them out of its
 models' training identity, so a variant that changes only them does not retrain it. (The
-older value-only fields -- lambda_q, td_n, gamma, the policy weights -- stay in every
+older SPICE-only fields -- lambda_q, td_n, gamma, the policy loss's weights -- stay in every
 identity: leaving them out would change the identity of every model already trained.)"""
 
 IGNORED_FIELDS: dict[str, frozenset[str]] = {}
