@@ -55,7 +55,7 @@ class Fitted:
         return cls(width if isinstance(width, Mapping) or width is None
                    else {"scale": float(width)}, noise)
 
-    def scale(self) -> Mapping[str, Any]:
+    def width_record(self) -> Mapping[str, Any]:
         """The width record, the paper's s where nothing was fitted."""
         return self.width if self.width is not None else {"scale": WIDTH_SCALE_DEFAULT}
 
@@ -90,7 +90,7 @@ def _tau(spec: AgentSpec, fitted: Fitted) -> list[Point]:
 
 
 def _width(spec: AgentSpec, fitted: Fitted) -> list[Point]:
-    width, noise = fitted.scale(), _fitted_noise(spec, fitted)
+    width, noise = fitted.width_record(), _fitted_noise(spec, fitted)
     names = (*WIDTHS, *(("constant",) if width.get("decay") else ()),  # the fit narrows the
              *(("predictive",) if width.get("predictive") else ()))  # width with h; a var head
     fields = {"paper": lambda: {},

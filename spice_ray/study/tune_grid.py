@@ -48,7 +48,6 @@ from spice_ray.config import EvalConfig, ExperimentConfig
 from spice_ray.data import store
 from spice_ray.evaluate.actors import ModelCache
 from spice_ray.results.choices import paper_choice, resolution
-from spice_ray.results.schema import NO_SEED
 from spice_ray.runtime import tune_engine as engine
 from spice_ray.study.experiments import EXPERIMENTS
 from spice_ray.study.records import Finals
@@ -59,6 +58,7 @@ from spice_ray.study.tuning import (
     Pending,
     agent_specs,
     bases,
+    evaluation_runs,
     finish,
     grid_point,
     prepare,
@@ -235,10 +235,7 @@ def rescore_problem(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
     data = store.load_split(dataset, "validation", limit=cfg.eval.num_tasks)
     specs = agent_specs(exp, cfg, dataset)
     for ev_name in exp.tuned:
-        ev = exp.evaluation(ev_name)
-        sources = {seed: str(finals[(name, ev.model.kind, ev.model.variant, seed)])
-                   for seed in cfg.seeds} if ev.model else {}
-        seeds = tuple(cfg.seeds) if ev.model else (NO_SEED,)
+        sources, seeds = evaluation_runs(name, ev_name, cfg, finals)
         for base in bases(specs[ev_name], cfg):
             method = record["methods"].get(base.label)
             if method is None:

@@ -275,6 +275,18 @@ class Pending:
                 for grid in grids for c in grid]
 
 
+def evaluation_runs(name: str, ev_name: str, cfg: ExperimentConfig, finals: Finals
+                    ) -> tuple[dict[int, str], tuple[int, ...]]:
+    """What a grid point of experiment ``name``'s evaluation ``ev_name`` runs under: each
+    training seed's final checkpoint and the seeds (a model-free method: none, and the one
+    seed :data:`~spice_ray.results.schema.NO_SEED`)."""
+    ev = EXPERIMENTS[name].evaluation(ev_name)
+    if not ev.model:
+        return {}, (NO_SEED,)
+    return ({seed: str(finals[(name, ev.model.kind, ev.model.variant, seed)])
+             for seed in cfg.seeds}, tuple(cfg.seeds))
+
+
 def prepare(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals,
             previous: dict[str, Any] | None = None) -> Pending | dict[str, Any]:
     """Experiment ``name``'s grid on its validation tasks (the learned widths fitted first:
@@ -297,20 +309,13 @@ def prepare(name: str, cfg: ExperimentConfig, dataset: Path, finals: Finals,
             return previous
         log.warning("[tune] %s: %s %s: tuned again", name, TUNING_FILE, problem)
     data = store.load_split(dataset, "validation", limit=cfg.eval.num_tasks)
-
-    def sources_of(ev_name: str) -> dict[int, str]:
-        ev = exp.evaluation(ev_name)
-        return {seed: str(finals[(name, ev.model.kind, ev.model.variant, seed)])
-                for seed in cfg.seeds} if ev.model else {}
-
+    runs = {ev_name: evaluation_runs(name, ev_name, cfg, finals) for ev_name in plan}
     # every learned width first: its fitted sigma^2 is the other fused methods' too
-    widths = {s.label: fit_width(s, cfg, data, sources_of(ev_name))
+    widths = {s.label: fit_width(s, cfg, data, runs[ev_name][0])
               for ev_name, group in plan.items() for s in group if s.info.scales_width}
     noise = next((w["noise_var"] for w in widths.values() if "noise_var" in w), None)
     groups = [(ev_name, [candidates(s, cfg.eval, widths.get(s.label), noise) for s in group],
-               sources_of(ev_name),
-               tuple(cfg.seeds) if exp.evaluation(ev_name).model else (NO_SEED,))
-              for ev_name, group in plan.items()]
+               *runs[ev_name]) for ev_name, group in plan.items()]
     return Pending(name, inputs, cfg.env, data, groups, widths, noise, list(cfg.seeds),
                    cfg.fusion.noise_var)
 
