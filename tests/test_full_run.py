@@ -18,6 +18,7 @@ from spice_ray.common.console import CLOSE_LINE, PROGRESS_LINE
 from spice_ray.results import load, summarise, write
 from spice_ray.results.__main__ import main as results_main
 from spice_ray.results.choices import paper_choice, record_problem, resolution
+from spice_ray.results.schema import COLUMNS
 from spice_ray.results.tables import write_frame
 from spice_ray.study import plan_study, run_study, study_tables
 from spice_ray.study.experiments import EXPERIMENTS
@@ -574,9 +575,9 @@ def test_resultsfull_run_cli(tmp_path, capsys) -> None:
 
 
 def test_settings_read_as_typed_columns_for_where_and_by(tmp_path, capsys) -> None:
-    """beta, width_scale, kernel ... are columns of their own on reading (missing where a
-    method has none), so a query can filter and group on them; the stored table keeps
-    config."""
+    """beta, width_scale, kernel ... are typed columns of their own in the stored table
+    (missing where a method has none), beside config, so pandas and a query can filter and
+    group on them; a table written before they were stored has them derived on reading."""
     rows = []
     for method, config in (("SPICE", '{"beta":1.0,"kernel":"rbf","width_scale":0.2}'),
                            ("SPICE", '{"beta":2.0,"kernel":"rbf"}'),
@@ -593,6 +594,13 @@ def test_settings_read_as_typed_columns_for_where_and_by(tmp_path, capsys) -> No
     assert df["beta"].isna().sum() == 6 and df["kernel"].isna().sum() == 6
     assert df["width_scale"].notna().sum() == 3 and df["c"].dropna().unique().tolist() == [0.5]
     assert "beta" not in load(tmp_path, "bandit_online").columns
+    stored = pd.read_parquet(tmp_path / "results" / "bandit_online.parquet")
+    assert list(stored.columns) == [*COLUMNS, "beta", "c", "kernel", "sigma", "width_scale"]
+    assert stored["beta"].dtype == "float64" and stored["kernel"].dtype == "string"
+    pd.testing.assert_frame_equal(stored, df)
+    # a table from before: the schema's columns only, settings derived when read
+    write_frame(tmp_path / "results" / "old.parquet", stored[list(COLUMNS)])
+    pd.testing.assert_frame_equal(load(tmp_path, "old", settings=True), df)
     assert results_main([str(tmp_path), "bandit_online", "--where", "beta == 1",
                          "--by", "method", "--format", "csv"]) == 0
     out = capsys.readouterr().out.strip().splitlines()

@@ -16,7 +16,7 @@ from spice_ray.common.metrics import CUMULATIVE_REGRET, SUBOPTIMALITY
 from spice_ray.results import paper
 from spice_ray.results.query import QueryError, columns_named, filter_rows, values_hint
 from spice_ray.results.report import _label as row_label
-from spice_ray.results.schema import settings_columns, settings_of
+from spice_ray.results.schema import COLUMNS, settings_of
 from spice_ray.results.summary import LABEL_KEYS, STATS, improvement, summarise
 from spice_ray.results.tables import (
     ResultsError,
@@ -91,10 +91,9 @@ def run(args: argparse.Namespace) -> int:
             if args.methods:
                 raise ResultsError(f"unexpected arguments {args.methods}: only 'compare' "
                                    "takes methods")
-            df = load(args.run_dir, args.experiment)
-            if not args.experiment.startswith("sweeps/"):  # each setting a typed column
-                typed = settings_columns(df)
-                df, added = pd.concat([df, typed], axis=1), list(typed.columns)
+            df = load(args.run_dir, args.experiment, settings=True)  # each setting typed
+            if not args.experiment.startswith("sweeps/"):
+                added = [c for c in df.columns if c not in COLUMNS]
         whole = df
         if args.where and args.experiment != "compare":
             try:

@@ -17,11 +17,14 @@
 Each key (every column but ``value``) appears at most once in a table. Evaluation produces
 :data:`ROW_COLUMNS` (no experiment, no variant); the study adds both when it writes a table.
 
-The settings inside ``config`` also read as typed columns (:func:`settings_columns`; ``load(...,
-settings=True)`` and the results CLI add them): one column per key (``beta``, ``tau``,
-``width_scale``, ``c``, ...), numbers as float64 and text as strings, missing (NaN / <NA>)
-where a row's method has no such setting, so ``--where "beta == 1"`` and ``--by method,beta``
-work. They are derived from ``config`` on reading, never stored: ``config`` stays the record.
+The settings inside ``config`` are also written as typed columns, after the schema's columns,
+when a table is written (:func:`settings_columns`, the one place the settings' text is read):
+one column per key (``beta``, ``tau``, ``width_scale``, ``c``, ...), numbers as float64, flags
+as booleans and text as strings, missing (NaN / <NA>) where a row's method has no such setting.
+So ``pandas.read_parquet`` of a table has them, ``load(..., settings=True)`` and the results CLI
+return them, and ``--where "beta == 1"`` and ``--by method,beta`` work. ``config`` stays the
+record and part of the key; every column that is not a schema column is a setting. A table
+written before the settings were stored has them derived from ``config`` when read.
 """
 
 from __future__ import annotations

@@ -91,6 +91,8 @@ def conform(df: pd.DataFrame, experiment: str | None = None) -> pd.DataFrame:
 def write(run_dir: str | Path, experiment: str, df: pd.DataFrame, inputs: str | None = None,
           description: str = "") -> Path:
     """Write one experiment's table atomically with its checksum sidecar; returns its path.
+    The schema's columns come first, then each setting as a typed column
+    (``schema.settings_columns``).
 
     Args:
         inputs: hash of what the table was computed from, recorded in the sidecar (see
@@ -103,7 +105,8 @@ def write(run_dir: str | Path, experiment: str, df: pd.DataFrame, inputs: str | 
     path = table_path(run_dir, experiment)
     table = conform(df, experiment)
     check_finite(table, str(path))
-    write_frame(path, table, inputs=inputs, description=description)
+    write_frame(path, pd.concat([table, settings_columns(table)], axis=1), inputs=inputs,
+                description=description)
     return path
 
 
@@ -176,7 +179,10 @@ def load(run_dir: str | Path, experiment: str | None = None, settings: bool = Fa
     """One experiment's table (or all of them concatenated when ``experiment`` is None).
 
     ``experiment`` may also name a sweep table, ``sweeps/<name>`` (returned as stored).
-    ``settings=True`` adds each config key as a typed column (``schema.settings_columns``).
+    The schema's columns only, unless ``settings=True``: then each setting as a typed column
+    too, as one table stores them (a table written before they were stored, or all tables
+    together, has them derived from ``config`` by ``schema.settings_columns``, so a key is
+    typed over every row returned).
 
     Raises:
         ResultsError: the run directory or table does not exist, the name is not a plain
@@ -196,8 +202,19 @@ def load(run_dir: str | Path, experiment: str | None = None, settings: bool = Fa
                                            if len(names) > 8 else "") if names else "none"
             raise ResultsError(f"no table {experiment or name!r} in {run_dir} ({path} does not "
                                f"exist); its tables: {have}")
-        frames.append(read_frame(path))
+        frame = read_frame(path)
+        if not name.startswith(SWEEPS_PREFIX):
+            lacking = [c for c in COLUMNS if c not in frame.columns]
+            if lacking:
+                raise ResultsError(f"{path} lacks the result columns {lacking}: it is not a "
+                                   "result table")
+        frames.append(frame)
     if experiment and experiment.startswith(SWEEPS_PREFIX):
         return frames[0]
-    df = pd.concat(frames, ignore_index=True).astype(DTYPES)
-    return pd.concat([df, settings_columns(df)], axis=1) if settings else df
+    df = pd.concat([f[list(COLUMNS)] for f in frames], ignore_index=True).astype(DTYPES)
+    if not settings:
+        return df
+    stored = frames[0].drop(columns=list(COLUMNS))
+    if experiment and len(stored.columns):
+        return pd.concat([df, stored.reset_index(drop=True)], axis=1)
+    return pd.concat([df, settings_columns(df)], axis=1)
