@@ -126,6 +126,19 @@ def test_a_prior_that_knows_the_goal_scores_one_and_a_state_blind_one_its_chance
     got = rows[rows["context"] == "all"]["optimal_share"].to_numpy()
     np.testing.assert_allclose(got, chance.mean(0))
     assert 0.2 < got.mean() < 0.7
+    # on the goal cell: a prior that knows the goal stays; "always +x" stays only where +x
+    # runs into the wall (goal x = 9); defined only where the goal was shown
+    goal_q = np.repeat(exact.goal_q_star[:, None], len(hs), 1)  # (B, P, A)
+    knows = readout_rows(exact.q_star, sd, exact, noise_var=1.0, v_min=0.0, goal_cell=goal_q)
+    shown_rows = knows[(knows["context"] == "goal shown") & (knows["n"] > 0)]
+    assert len(shown_rows) and (shown_rows["goal_cell_share"] == 1.0).all()
+    assert knows.loc[knows["context"] == "goal not shown", "goal_cell_share"].isna().all()
+    rows = readout_rows(blind, sd, exact, noise_var=1.0, v_min=0.0, goal_cell=blind)
+    for p in range(len(hs)):
+        shown_here = exact.shown[:, p]
+        row = rows[(rows["h"] == hs[p]) & (rows["context"] == "goal shown")].iloc[0]
+        if shown_here.any():
+            assert row["goal_cell_share"] == (data["goal"][shown_here, 0] == 9).mean()
     # the exact posterior is never worse than the context-free prior, and perfect once shown
     shown = rows[(rows["context"] == "goal shown") & (rows["n"] > 0)]
     assert (shown["optimal_share_bayes"] == 1.0).all() and (shown["rmse_bayes"] < 1e-9).all()
@@ -142,6 +155,9 @@ def test_the_model_is_read_where_the_online_agent_reads_it() -> None:
     data = _walks("darkroom", "eval", 6)
     hs = np.array([0, 4, 9])
     got = learned_readout(model, cfg.env, data, hs)["prior_mean"]  # (B, P, A)
+    asked = learned_readout(model, cfg.env, data, hs,
+                            query_states=data["states"][:, hs])["prior_mean"]
+    np.testing.assert_array_equal(asked, got)  # the same question asked explicitly
     runner = ContextRunner(model, stateless=False)
     runner.reset(6)
     states = torch.as_tensor(data["states"], dtype=torch.float32)  # (B, T+1, 2)
@@ -165,6 +181,8 @@ def test_rows_of_an_untrained_model_and_a_refusal_for_other_contexts() -> None:
     assert list(rows["h"].unique()) == [0, 10, 19]
     assert np.isfinite(rows.loc[rows["n"] > 0, ["optimal_share", "rmse",
                                                 "coverage_90_ensemble"]]).all().all()
+    shown = rows[(rows["context"] == "goal shown") & (rows["n"] > 0)]["goal_cell_share"]
+    assert len(shown) and shown.between(0, 1).all()
     bandit = make_config("smoke", "bandit")
     with pytest.raises(ValueError, match="env.name=bandit has no goal family"):
         darkroom_prior_rows(model, bandit.env, data, cfg.fusion, GAMMA)

@@ -37,7 +37,12 @@ import torch
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import ExperimentConfig, load_config, with_overrides
 from spice_ray.data.store import dataset_dir, load_split
-from spice_ray.evaluate.darkroom_prior import SHOWN_FROM, darkroom_prior_rows, pooled_shares
+from spice_ray.evaluate.darkroom_prior import (
+    SHOWN_FROM,
+    darkroom_prior_rows,
+    goal_cell_pooled,
+    pooled_shares,
+)
 from spice_ray.model.checkpoint import read_meta
 from spice_ray.model.registry import load_model, torch_threads
 from spice_ray.study.run_models import model_and_dataset
@@ -84,7 +89,9 @@ def readout(run: Path, experiment: str, seed: int, tasks: int, split: str,
 def show(rows: pd.DataFrame) -> str:
     """The printed table of one checkpoint's rows."""
     widths = sorted({c[len("coverage_90_"):] for c in rows if c.startswith("coverage_90_")})
-    head = ("    h  context           n   optimal action: learned  bayes  blind   "
+    stay = "goal_cell_share" in rows
+    head = ("    h  context           n   optimal action: learned  bayes  blind"
+            + ("  goal cell" if stay else "") + "   "
             "RMSE vs Q*: learned  bayes  blind   mean: Q-bar  Q*   V sd: learned  V*  corr"
             + "".join(f"   cov90 / N_pri ({w})" for w in widths))
     lines = [head]
@@ -92,6 +99,7 @@ def show(rows: pd.DataFrame) -> str:
         r = r._asdict()
         lines.append(f"  {r['h']:3d}  {r['context']:14s} {r['n']:4d}   {r['optimal_share']:23.3f}"
                      f"  {r['optimal_share_bayes']:5.3f}  {r['optimal_share_blind']:5.3f}"
+                     + (f"  {r['goal_cell_share']:9.3f}" if stay else "") +
                      f"   {r['rmse']:19.3f}  {r['rmse_bayes']:5.3f}  {r['rmse_blind']:5.3f}"
                      f"   {r['mean_learned']:11.3f}  {r['mean_q_star']:5.2f}"
                      f"   {r.get('v_sd_learned', float('nan')):13.3f}"
@@ -112,6 +120,7 @@ def budget_score(rows: pd.DataFrame) -> pd.DataFrame:
     epoch = rows.drop_duplicates("steps").set_index("steps")["epoch"]
     out = table.reset_index()
     out.insert(0, "epoch", out["steps"].map(epoch))
+    out["goal cell"] = out["steps"].map(goal_cell_pooled(rows))
     return out
 
 
@@ -153,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({rows['steps'].iloc[0]} steps), {args.split} contexts of {args.run}")
             print(show(rows))
     rows = pd.concat(frames, ignore_index=True)
-    print(f"\noptimal share where the goal was shown (h >= {SHOWN_FROM}), by checkpoint:")
+    print(f"\noptimal share where the goal was shown (h >= {SHOWN_FROM}), by checkpoint, and on "
+          "the goal cell itself (goal cell: argmax Q-bar there is stay, or a move into a wall):")
     print(budget_score(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.csv:
         rows.to_csv(args.csv, index=False)

@@ -138,6 +138,9 @@ class Readout:
         bayes: float64 [B, P, A] the exact posterior's mean values given the context.
         blind: float64 [B, P, A] the family's goal distribution's mean values (no context).
         shown: bool [B, P] whether the first h transitions arrived on the goal.
+        arrival: int [B] the index s_t of the walk's first state on the goal (-1: never).
+        goal_q_star: float64 [B, A] the task's optimal values on its goal cell (stay, and the
+            moves into a wall, are optimal there).
     """
 
     hs: np.ndarray
@@ -145,6 +148,8 @@ class Readout:
     bayes: np.ndarray
     blind: np.ndarray
     shown: np.ndarray
+    arrival: np.ndarray | None = None
+    goal_q_star: np.ndarray | None = None
 
 
 def exact_readout(family: Mapping[str, Any], goals: np.ndarray, cells: np.ndarray,
@@ -169,24 +174,30 @@ def exact_readout(family: Mapping[str, Any], goals: np.ndarray, cells: np.ndarra
     weights = goal_weights(family["goal_prior"], family["arrival_rewards"], index[:, 1:],
                            rewards, hs)  # (B, P, G)
     at = values[:, here]  # (G, B, P, A)
+    on_goal = index[:, 1:] == goal[:, None]  # (B, T): transition t arrived on the goal
     arrived = np.concatenate([np.zeros_like(index[:, :1], dtype=bool),
-                              np.cumsum(index[:, 1:] == goal[:, None], 1) > 0], 1)
+                              np.cumsum(on_goal, 1) > 0], 1)
     return Readout(
         hs=hs,
         q_star=values[goal[:, None], here],  # (B, P, A)
         bayes=np.einsum("bpg,gbpa->bpa", weights, at),
         blind=np.einsum("g,gbpa->bpa", np.asarray(family["goal_prior"], np.float64), at),
         shown=arrived[:, hs],
+        arrival=np.where(on_goal.any(1), on_goal.argmax(1) + 1, -1),
+        goal_q_star=values[goal, goal],  # (B, A)
     )
 
 
 def learned_readout(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str, np.ndarray],
-                    hs: np.ndarray, batch_size: int = 64) -> dict[str, np.ndarray]:
+                    hs: np.ndarray, batch_size: int = 64, query_states: np.ndarray | None = None
+                    ) -> dict[str, np.ndarray]:
     """The model's heads where the online agent reads them: for each h, the query token holds
     the walk's state after h transitions and the heads are read at position h.
 
     Args:
         data: split columns of a walk roll-in (``states`` [B, T+1, ...] and the rest).
+        query_states: [B, P, ...] another state to ask about after each h instead (e.g. the
+            goal cell: what the agent would do on arriving there).
 
     Returns:
         float64 [B, P, A] per head field: ``prior_mean``, ``prior_std`` and, with a variance
@@ -198,8 +209,9 @@ def learned_readout(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str, np
         raise ValueError(f"the read-out needs walk contexts (states [B, T+1]); "
                          f"{env_cfg.name}'s have states {states.shape}: set env.rollin=walk")
     parts: dict[str, list[np.ndarray]] = {}
-    for h in np.asarray(hs, dtype=np.int64):
-        asked = {**data, "query_state": states[:, h]}  # where the agent stands after h steps
+    for p, h in enumerate(np.asarray(hs, dtype=np.int64)):
+        query = states[:, h] if query_states is None else np.asarray(query_states)[:, p]
+        asked = {**data, "query_state": query}  # where the agent stands after h steps
         out = sequence_outputs(model, make_tokens(asked, env), np.array([h]),
                                batch_size=batch_size)
         if "prior_std" not in out:
@@ -247,7 +259,8 @@ def value_spread(learned: np.ndarray, star: np.ndarray) -> dict[str, float]:
 
 
 def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact: Readout,
-                 noise_var: float, v_min: float) -> pd.DataFrame:
+                 noise_var: float, v_min: float, goal_cell: np.ndarray | None = None
+                 ) -> pd.DataFrame:
     """One row per context length and group (:data:`GROUPS`): ``n`` states; the share of
     them where argmax of the learned prior (``optimal_share``), of the exact posterior
     (``optimal_share_bayes``) and of the context-free prior (``optimal_share_blind``) is an
@@ -258,12 +271,17 @@ def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact
     ``n_pri_W`` (mean pseudo-count); and whether the values follow the states: the spread over
     the group's states of max_a Q-bar and of V* = max_a Q* (``v_sd_learned``, ``v_sd_q_star``)
     and their correlation (``v_corr``; NaN under 3 states or with no spread). A group with no
-    state has n = 0 and NaN metrics.
+    state has n = 0 and NaN metrics. With ``goal_cell``, ``goal_cell_share``: of the contexts
+    that have shown the goal, the share whose Q-bar on the goal cell picks an optimal action
+    there (stay, or a move into a wall): whether an agent that arrives stays (NaN where the
+    group has none).
 
     Args:
         prior_mean: [B, P, A] the learned Q-bar (:func:`learned_readout`).
         widths: name -> sd [B, P, A] (:func:`width_sources`).
         exact: :func:`exact_readout` of the same contexts and lengths.
+        goal_cell: [B, P, A] the learned Q-bar asked about the goal cell after each h
+            (``learned_readout(..., query_states=...)``; read only where the goal was shown).
     """
     best = optimal_set(exact.q_star)  # (B, P, A)
 
@@ -277,6 +295,10 @@ def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact
                  "optimal_share_blind": hit(exact.blind), "rmse": sq(prior_mean),
                  "rmse_bayes": sq(exact.bayes), "rmse_blind": sq(exact.blind),
                  "mean_learned": prior_mean.mean(-1), "mean_q_star": exact.q_star.mean(-1)}
+    if goal_cell is not None:
+        stays = optimal_set(exact.goal_q_star)[:, None, :].repeat(len(exact.hs), 1)  # (B, P, A)
+        picked = np.take_along_axis(stays, goal_cell.argmax(-1)[..., None], -1)[..., 0]
+        per_state["goal_cell_share"] = np.where(exact.shown, picked, np.nan)
     for name, sd in widths.items():
         per_state[f"coverage_90_{name}"] = (np.abs(prior_mean - exact.q_star)
                                             <= Z90 * sd).mean(-1)
@@ -290,6 +312,7 @@ def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact
             row: dict[str, Any] = {"h": int(h), "context": group, "n": int(mask.sum())}
             for name, values in per_state.items():
                 v = values[:, p][mask]
+                v = v[~np.isnan(v)] if name == "goal_cell_share" else v
                 mean = float(v.mean()) if v.size else float("nan")
                 row[name] = float(np.sqrt(mean)) if name.startswith("rmse") else mean
             row |= value_spread(prior_mean[:, p].max(-1)[mask], exact.q_star[:, p].max(-1)[mask])
@@ -313,8 +336,15 @@ def darkroom_prior_rows(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str
     exact = exact_readout(env.goal_family(), data["goal"], cells, data["rewards"], lengths,
                           gamma)
     learned = learned_readout(model, env_cfg, data, lengths)
+    # the goal cell's own state, as the walk met it (the walk's state where not yet shown)
+    states = np.asarray(data["states"])
+    first = np.where(exact.arrival >= 0, exact.arrival, 0)  # (B,)
+    goal_state = states[np.arange(len(states)), first]  # (B, ...)
+    at_goal = np.where(exact.shown.reshape(*exact.shown.shape, *[1] * (states.ndim - 2)),
+                       goal_state[:, None], states[:, lengths])  # (B, P, ...)
+    on_goal = learned_readout(model, env_cfg, data, lengths, query_states=at_goal)
     return readout_rows(learned["prior_mean"], width_sources(fusion, learned, lengths), exact,
-                        fusion.noise_var, fusion.v_min)
+                        fusion.noise_var, fusion.v_min, goal_cell=on_goal["prior_mean"])
 
 
 SHOWN_FROM = 10
@@ -347,6 +377,17 @@ def pooled_shares(rows: pd.DataFrame) -> pd.DataFrame:
     for s in SHARES:
         out[s] = out[s] / out["n"]
     return out.sort_values(["context", "steps", "seed"], ignore_index=True)
+
+
+def goal_cell_pooled(rows: pd.DataFrame) -> pd.Series:
+    """Per ``steps``: ``goal_cell_share`` where the goal was shown, pooled over seeds and
+    positions h >= :data:`SHOWN_FROM` by state count (NaN for read-outs without it)."""
+    use = _pooled_readings(rows)
+    use = use[use["context"] == "goal shown"]
+    if "goal_cell_share" not in use:
+        return pd.Series(float("nan"), index=sorted(rows["steps"].unique()), dtype=float)
+    hits = (use["goal_cell_share"] * use["n"]).groupby(use["steps"]).sum()
+    return hits / use.groupby("steps")["n"].sum()
 
 
 VALUES = ("mean_learned", "mean_q_star", "v_sd_learned", "v_sd_q_star", "v_corr")
