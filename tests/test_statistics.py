@@ -459,3 +459,30 @@ def test_the_results_cli_answers_help_and_a_bad_flag_before_pandas_loads() -> No
     for argv, status in ((["--help"], 0), (["compare", "--help"], 0), (["RUN", "--nope"], 2)):
         assert heavy_imports("run_module('spice_ray.results', alter_sys=True)", argv) == \
             f"HEAVY [] CODE {status}", argv
+
+
+def test_search_statistics_read_arrival_and_staying_off_the_return_curve() -> None:
+    """Step rewards are the return's differences: an agent on the goal from step 3 to the end
+    reached it at step 3 and stayed; one that left after arriving at step 2 stayed 1 of 4 later
+    steps; one that never arrived counts in ``reached`` only; a curve with steps missing is
+    refused."""
+    from spice_ray.results.search import search_stats
+
+    def episode(method: str, task: int, rewards: list[float]) -> list[dict]:
+        ret = np.cumsum(rewards)
+        return [{"method": method, "variant": "", "rule": "ucb", "config": "{}", "seed": 0,
+                 "task_id": task, "metric": "cumulative_return", "x": t + 1,
+                 "value": float(ret[t])} for t in range(len(rewards))]
+
+    rows = pd.DataFrame(episode("A", 0, [0, 0, 1, 1, 1, 1]) + episode("A", 1, [0] * 6)
+                        + episode("B", 0, [0, 1, 0, 1, 0, 0]) + episode("B", 1, [0] * 5 + [1]))
+    stats = search_stats(rows).set_index("method")
+    assert stats.loc["A", "episodes"] == 2 and stats.loc["A", "reached"] == 0.5
+    assert stats.loc["A", "first_arrival"] == 3 and stats.loc["A", "on_goal_after"] == 1.0
+    # B: arrivals at steps 2 and 6; after them 1 of 4 steps and 0 of 0 steps on the goal
+    assert stats.loc["B", "reached"] == 1.0 and stats.loc["B", "first_arrival"] == 4
+    assert stats.loc["B", "on_goal_after"] == 0.25
+    with pytest.raises(ValueError, match="every step 1..T"):
+        search_stats(rows[rows["x"] != 4])
+    with pytest.raises(ValueError, match="no 'cumulative_return'"):
+        search_stats(rows.assign(metric="cumulative_regret"))
