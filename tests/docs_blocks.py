@@ -80,3 +80,25 @@ def script_commands(path: Path) -> list[list[str]]:
                         args.append(w)
                     out.append([words[i + 1], *args])
     return out
+
+
+PLUGIN_DIR = ROOT / "examples" / "epsilon_greedy"
+PLUGIN_MODULE = "spice_ray_epsilon_greedy"
+
+
+def example_plugin_env(site: Path) -> dict[str, str]:
+    """The environment of a process with ``pip install examples/epsilon_greedy`` done, on a
+    path of its own: the distribution's metadata with its entry point under ``site`` (the
+    module comes from PYTHONPATH), as the README's plugin commands assume it."""
+    import os
+
+    from spice_ray.common import plugins
+
+    info = site / "spice_ray_epsilon_greedy-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: spice-ray-epsilon-greedy\n"
+                                   "Version: 0.1.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[{plugins.GROUP}]\nepsilon_greedy = {PLUGIN_MODULE}\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")])}

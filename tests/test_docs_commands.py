@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from docs_blocks import DOCS, ROOT, script_commands
+from docs_blocks import DOCS, ROOT, example_plugin_env, script_commands
 
 from spice_ray.common.faults import FAULT_ENV, STOPPED, fault_switch
 
@@ -40,15 +40,18 @@ def _in(tmp: Path, args: list[str]) -> list[str]:
             str(ROOT / a) if "/" in a and (ROOT / a).is_file() else a for a in args]
 
 
-def test_every_documented_script_command_resolves_and_writes_nothing(tmp_path) -> None:
+def test_every_documented_script_command_resolves_and_writes_nothing(tmp_path,
+                                                                      tmp_path_factory) -> None:
     commands = list(dict.fromkeys(tuple(c) for doc in DOCS for c in script_commands(doc)))
     assert len(commands) >= 12  # the scan finds them: full_run, sweeps, pipelines
     assert {Path(c[0]).name for c in commands} >= {
         "full_run.py", "confirm.py", "scaling.py", "generate_data.py", "pretrain.py",
         "kernel_beta.py", "fusion_noise.py", "ensemble_size.py", "weight_ablation.py"}
     argvs = [[str(ROOT / c[0]), *_in(tmp_path, list(c[1:]))] for c in commands]
-    env = {**os.environ, FAULT_ENV: fault_switch(stop_before_run=True),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # with the README's example plugin installed, as its extending section has it
+    plugin = example_plugin_env(tmp_path_factory.mktemp("plugin") / "site")
+    env = {**plugin, FAULT_ENV: fault_switch(stop_before_run=True),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), plugin["PYTHONPATH"]])}
     proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(argvs)], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

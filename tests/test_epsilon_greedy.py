@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from docs_blocks import PLUGIN_DIR, PLUGIN_MODULE, example_plugin_env
 
 from spice_ray.agents import METHODS, AgentSpec, make_agent
-from spice_ray.common import plugins
 from spice_ray.common.rng import StepDraws, TaskStreams
 from spice_ray.config import EvalConfig, make_config
 from spice_ray.data.tasks import generate_tasks
@@ -28,14 +27,17 @@ from spice_ray.results.tables import load
 from spice_ray.study import experiments
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGIN_DIR = ROOT / "examples" / "epsilon_greedy"
-MODULE = "spice_ray_epsilon_greedy"
+MODULE = PLUGIN_MODULE
 
 
 @pytest.fixture(scope="module", autouse=True)
 def plugin_module():
     """The example's module imported here, and every registry it touched restored after, so
-    no other test sees its agent or its rows."""
+    no other test sees its agent, its environment or its rows."""
+    import gymnasium
+
+    from spice_ray.envs import base
+
     methods, exps = dict(METHODS), dict(experiments.EXPERIMENTS)
     sys.path.insert(0, str(PLUGIN_DIR))
     try:
@@ -47,6 +49,8 @@ def plugin_module():
         METHODS.update(methods)
         experiments.EXPERIMENTS.clear()
         experiments.EXPERIMENTS.update(exps)
+        base._REGISTRY.pop("sparse_bandit", None)
+        gymnasium.registry.pop("spice_ray/sparse_bandit-v0", None)
 
 
 @pytest.fixture
@@ -135,16 +139,30 @@ def test_the_plugin_adds_its_rows_to_the_bandit_experiment_and_evaluates_in_proc
     assert 0 < by["Epsilon-greedy"] < 0.5 * by["Random"]
 
 
-def _installed(site: Path) -> dict[str, str]:
-    """What ``pip install examples/epsilon_greedy`` declares, on a path of its own: the
-    distribution's metadata with its entry point (the module comes from PYTHONPATH)."""
-    info = site / "spice_ray_epsilon_greedy-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: spice-ray-epsilon-greedy\n"
-                                   "Version: 0.1.0\n")
-    (info / "entry_points.txt").write_text(f"[{plugins.GROUP}]\nepsilon_greedy = {MODULE}\n")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(site), str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")])}
+def test_its_task_family_runs_as_the_packages_do(plugin_module) -> None:
+    """The plugin's environment, in its one file: registered with its own presets, made by
+    gymnasium.make, its tasks drawn from its own prior (one arm 0.5 above U[0, 0.5]), scored
+    in-process, and an experiment of its own that the study plans like the bandit's."""
+    import gymnasium
+
+    from spice_ray.study import plan_study
+
+    cfg = make_config("smoke", "sparse_bandit")
+    assert (cfg.env.name, cfg.env.horizon, cfg.data.num_train_tasks) == ("sparse_bandit", 24, 96)
+    env = gymnasium.make("spice_ray/sparse_bandit-v0")
+    assert env.unwrapped.env.name == "sparse_bandit" and env.action_space.n == 5
+    data = generate_tasks(cfg.env, cfg.data, "eval", np.arange(64))
+    means = np.sort(data["means"], axis=1)
+    assert (means[:, -1] >= 0.5).all() and (means[:, :-1] < 0.5).all()
+    rows = evaluate(["epsilon-greedy", "ucb", "random"], env="sparse_bandit", num_tasks=32,
+                    overrides=["env.horizon=200", "eval.online_horizon=200"])
+    final = rows[(rows["x"] == 200) & (rows["metric"] == "cumulative_regret")]
+    by = final.groupby("method")["value"].mean()
+    assert by["UCB"] < by["Epsilon-greedy"] < 0.5 * by["Random"]
+    exp = experiments.EXPERIMENTS["sparse_bandit"]
+    assert exp.env == "sparse_bandit" and "epsilon-greedy" in exp.tuned
+    plan = plan_study("smoke", None, experiments=("sparse_bandit",))
+    assert plan.configs["sparse_bandit"].env.name == "sparse_bandit"
 
 
 @pytest.mark.ray
@@ -155,7 +173,7 @@ def test_the_first_hour_example_runs_with_an_installed_plugin(tmp_path) -> None:
     installed, so one smoke study
     also shows tuning, evaluation, a table, a figure and the report taking an agent no file
     under spice_ray/ names: the driver and every Ray actor load it by its entry point."""
-    env = _installed(tmp_path / "site")
+    env = example_plugin_env(tmp_path / "site")
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "first_hour.py"), "--out",
                            str(run)], env=env, capture_output=True, text=True, timeout=600,

@@ -107,9 +107,9 @@ def _variants(uniform_behaviour: bool = False) -> tuple[ModelRef, ...]:
 
 def bandit_experiment(name: str, title: str, overrides: tuple[str, ...] = (),
                       preset_overrides: Mapping[str, tuple[str, ...]] | None = None,
-                      calibration: bool = False) -> Experiment:
-    """A bandit experiment: offline, online and robustness tables (and the prior's
-    calibration): SPICE and DPT per seed, the classical baselines once."""
+                      calibration: bool = False, env: str = "bandit") -> Experiment:
+    """A bandit experiment on ``env`` (a plugin's too): offline, online and robustness tables
+    (and the prior's calibration): SPICE and DPT per seed, the classical baselines once."""
     spice_protocols = ("offline", "online", "robustness") + (("calibration",)
                                                             if calibration else ())
     evaluations = (
@@ -135,7 +135,7 @@ def bandit_experiment(name: str, title: str, overrides: tuple[str, ...] = (),
         tables.append(Table("calibration", f"{title}: ensemble prior coverage, pseudo-counts, "
                             "warm-start term", CALIBRATION_METRICS, (Select("spice"),),
                             ("calibration",), f"{title} prior"))
-    return Experiment(name, "bandit", (ModelRef("spice"), ModelRef("dpt")), evaluations,
+    return Experiment(name, env, (ModelRef("spice"), ModelRef("dpt")), evaluations,
                       tuple(tables), overrides, preset_overrides or {},
                       tuned=("spice", "dpt", "flat", "baselines", "random"))
 
