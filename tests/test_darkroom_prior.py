@@ -15,6 +15,7 @@ from spice_ray.config import make_config
 from spice_ray.envs.darkroom import all_cells, optimal_actions
 from spice_ray.evaluate.darkroom_prior import (
     GROUPS,
+    arrival_readout,
     darkroom_prior_rows,
     exact_readout,
     goal_values,
@@ -126,14 +127,14 @@ def test_a_prior_that_knows_the_goal_scores_one_and_a_state_blind_one_its_chance
     got = rows[rows["context"] == "all"]["optimal_share"].to_numpy()
     np.testing.assert_allclose(got, chance.mean(0))
     assert 0.2 < got.mean() < 0.7
-    # on the goal cell: a prior that knows the goal stays; "always +x" stays only where +x
-    # runs into the wall (goal x = 9); defined only where the goal was shown
-    goal_q = np.repeat(exact.goal_q_star[:, None], len(hs), 1)  # (B, P, A)
-    knows = readout_rows(exact.q_star, sd, exact, noise_var=1.0, v_min=0.0, goal_cell=goal_q)
+    # on arriving at the goal: a prior that knows the goal stays; "always +x" stays only where
+    # +x runs into the wall (goal x = 9); defined only where the goal was shown
+    knows = readout_rows(exact.q_star, sd, exact, noise_var=1.0, v_min=0.0,
+                         on_arrival=exact.goal_q_star)
     shown_rows = knows[(knows["context"] == "goal shown") & (knows["n"] > 0)]
     assert len(shown_rows) and (shown_rows["goal_cell_share"] == 1.0).all()
     assert knows.loc[knows["context"] == "goal not shown", "goal_cell_share"].isna().all()
-    rows = readout_rows(blind, sd, exact, noise_var=1.0, v_min=0.0, goal_cell=blind)
+    rows = readout_rows(blind, sd, exact, noise_var=1.0, v_min=0.0, on_arrival=blind[:, 0])
     for p in range(len(hs)):
         shown_here = exact.shown[:, p]
         row = rows[(rows["h"] == hs[p]) & (rows["context"] == "goal shown")].iloc[0]
@@ -155,9 +156,18 @@ def test_the_model_is_read_where_the_online_agent_reads_it() -> None:
     data = _walks("darkroom", "eval", 6)
     hs = np.array([0, 4, 9])
     got = learned_readout(model, cfg.env, data, hs)["prior_mean"]  # (B, P, A)
-    asked = learned_readout(model, cfg.env, data, hs,
-                            query_states=data["states"][:, hs])["prior_mean"]
-    np.testing.assert_array_equal(asked, got)  # the same question asked explicitly
+    # at a walk's first arrival, the read-out is the online agent's that has just arrived
+    env = cfg.env.environment()
+    cells = env.positions(data["states"])
+    exact = exact_readout(env.goal_family(), data["goal"], cells, data["rewards"], hs, GAMMA)
+    first = np.array([3, -1, 0, 19, 20, 7])  # 20 = T: only the last transition arrives
+    on_arrival = arrival_readout(model, cfg.env, data, first)
+    assert np.isnan(on_arrival[[1, 4]]).all() and not np.isnan(on_arrival[[0, 2, 3, 5]]).any()
+    for b in (0, 2, 3, 5):
+        at = learned_readout(model, cfg.env, data, np.array([first[b]]))["prior_mean"]
+        np.testing.assert_allclose(on_arrival[b], at[b, 0], rtol=1e-6, atol=1e-7)
+    on = (cells == data["goal"][:, None]).all(-1)[:, 1:]  # (B, T): transition t arrives
+    np.testing.assert_array_equal(exact.arrival, np.where(on.any(1), on.argmax(1) + 1, -1))
     runner = ContextRunner(model, stateless=False)
     runner.reset(6)
     states = torch.as_tensor(data["states"], dtype=torch.float32)  # (B, T+1, 2)

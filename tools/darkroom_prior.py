@@ -13,16 +13,17 @@ and at h = 0, 10, 25, 50 and 99 (the last position the agent acts from) prints
 (``spice_ray.evaluate.darkroom_prior``), for all contexts and split by whether the walk has
 arrived on the goal: the share of states where argmax Q-bar is an optimal action, beside the
 exact posterior's (``bayes``: the best a prior could do with the context) and the context-free
-prior's (``blind``: the family's goal distribution, no context); the RMSE against the task's
-optimal values Q* and the mean of Q-bar and of Q* (their scales); the spread over states of
-max Q-bar and of V* and their correlation (whether the values follow the states); and per
-width source the 90% coverage of Q* and the mean N_pri. ``--every-checkpoint`` reads each
+prior's (``blind``: the family's goal distribution, no context), and (goal cell) of the walks
+that have arrived, the share whose argmax Q-bar on first arriving is stay; the RMSE against
+the task's optimal values Q* and the mean of Q-bar and of Q* (their scales); the spread over
+states of max Q-bar and of V* and their correlation (whether the values follow the states);
+and per width source the 90% coverage of Q* and the mean N_pri. ``--every-checkpoint`` reads each
 ``epoch-*`` checkpoint of each seed's training (under way or finished) and ends with one line
 per checkpoint: the share where the goal was shown, over h >= 10 and seeds, the label-free
-number a step budget can be chosen by. ``--csv`` also writes every row. ``--set`` changes
-the run's config of the experiment before its models are found, e.g. ``--set
-train.lambda_shrink=0`` reads the models ``tools/population_train.py`` trained with that
-setting beside the study's own. No Ray; one thread.
+number a step budget can be chosen by, and the goal-cell share beside it. ``--csv`` also
+writes every row. ``--set`` changes the run's config of the experiment before its models are
+found, e.g. ``--set train.lambda_shrink=0`` reads the models ``tools/population_train.py``
+trained with that setting beside the study's own. No Ray; one thread.
 """
 
 from __future__ import annotations
@@ -162,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"({rows['steps'].iloc[0]} steps), {args.split} contexts of {args.run}")
             print(show(rows))
     rows = pd.concat(frames, ignore_index=True)
-    print(f"\noptimal share where the goal was shown (h >= {SHOWN_FROM}), by checkpoint, and on "
-          "the goal cell itself (goal cell: argmax Q-bar there is stay, or a move into a wall):")
+    print(f"\noptimal share where the goal was shown (h >= {SHOWN_FROM}), by checkpoint; goal "
+          "cell: the share of walks whose argmax Q-bar on first arriving at the goal is stay "
+          "(or a move into a wall)")
     print(budget_score(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.csv:
         rows.to_csv(args.csv, index=False)

@@ -189,15 +189,12 @@ def exact_readout(family: Mapping[str, Any], goals: np.ndarray, cells: np.ndarra
 
 
 def learned_readout(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str, np.ndarray],
-                    hs: np.ndarray, batch_size: int = 64, query_states: np.ndarray | None = None
-                    ) -> dict[str, np.ndarray]:
+                    hs: np.ndarray, batch_size: int = 64) -> dict[str, np.ndarray]:
     """The model's heads where the online agent reads them: for each h, the query token holds
     the walk's state after h transitions and the heads are read at position h.
 
     Args:
         data: split columns of a walk roll-in (``states`` [B, T+1, ...] and the rest).
-        query_states: [B, P, ...] another state to ask about after each h instead (e.g. the
-            goal cell: what the agent would do on arriving there).
 
     Returns:
         float64 [B, P, A] per head field: ``prior_mean``, ``prior_std`` and, with a variance
@@ -209,9 +206,8 @@ def learned_readout(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str, np
         raise ValueError(f"the read-out needs walk contexts (states [B, T+1]); "
                          f"{env_cfg.name}'s have states {states.shape}: set env.rollin=walk")
     parts: dict[str, list[np.ndarray]] = {}
-    for p, h in enumerate(np.asarray(hs, dtype=np.int64)):
-        query = states[:, h] if query_states is None else np.asarray(query_states)[:, p]
-        asked = {**data, "query_state": query}  # where the agent stands after h steps
+    for h in np.asarray(hs, dtype=np.int64):
+        asked = {**data, "query_state": states[:, h]}  # where the agent stands after h steps
         out = sequence_outputs(model, make_tokens(asked, env), np.array([h]),
                                batch_size=batch_size)
         if "prior_std" not in out:
@@ -220,6 +216,33 @@ def learned_readout(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str, np
             if name in out:
                 parts.setdefault(name, []).append(out[name].to(torch.float64).numpy())
     return {name: np.concatenate(values, axis=1) for name, values in parts.items()}
+
+
+def arrival_readout(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str, np.ndarray],
+                    arrival: np.ndarray, batch_size: int = 64) -> np.ndarray:
+    """Q-bar where each walk first arrives on its goal, read as the online agent that has just
+    arrived reads it: position h = ``arrival`` (its context ends with the arrival), the query
+    token holding the goal cell. float64 [B, A]; NaN rows for walks that never arrive, or
+    arrive only with their last transition (position T is never acted from).
+
+    Args:
+        arrival: int [B] the index of the walk's first state on the goal (:class:`Readout`).
+    """
+    env = env_cfg.environment()
+    states = np.asarray(data["states"])
+    T = np.asarray(data["actions"]).shape[1]
+    first = np.asarray(arrival, dtype=np.int64)
+    usable = (first >= 0) & (first <= T - 1)
+    out = np.full((len(states), env.num_actions), np.nan)
+    if not usable.any():
+        return out
+    positions = np.unique(first[usable])
+    asked = {**data, "query_state": states[np.arange(len(states)), np.where(usable, first, 0)]}
+    read = sequence_outputs(model, make_tokens(asked, env), positions, batch_size=batch_size)
+    mean = read["prior_mean"].to(torch.float64).numpy()  # (B, P, A)
+    rows = np.flatnonzero(usable)
+    out[rows] = mean[rows, np.searchsorted(positions, first[rows])]
+    return out
 
 
 def width_sources(fusion: FusionConfig, learned: Mapping[str, np.ndarray], hs: np.ndarray
@@ -259,7 +282,7 @@ def value_spread(learned: np.ndarray, star: np.ndarray) -> dict[str, float]:
 
 
 def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact: Readout,
-                 noise_var: float, v_min: float, goal_cell: np.ndarray | None = None
+                 noise_var: float, v_min: float, on_arrival: np.ndarray | None = None
                  ) -> pd.DataFrame:
     """One row per context length and group (:data:`GROUPS`): ``n`` states; the share of
     them where argmax of the learned prior (``optimal_share``), of the exact posterior
@@ -271,17 +294,17 @@ def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact
     ``n_pri_W`` (mean pseudo-count); and whether the values follow the states: the spread over
     the group's states of max_a Q-bar and of V* = max_a Q* (``v_sd_learned``, ``v_sd_q_star``)
     and their correlation (``v_corr``; NaN under 3 states or with no spread). A group with no
-    state has n = 0 and NaN metrics. With ``goal_cell``, ``goal_cell_share``: of the contexts
-    that have shown the goal, the share whose Q-bar on the goal cell picks an optimal action
-    there (stay, or a move into a wall): whether an agent that arrives stays (NaN where the
-    group has none).
+    state has n = 0 and NaN metrics. With ``on_arrival``, ``goal_cell_share``: of the contexts
+    that have shown the goal by h, the share whose Q-bar at their first arrival picks an
+    optimal action on the goal (stay, or a move into a wall): whether an agent that arrives
+    stays (NaN where the group has none).
 
     Args:
         prior_mean: [B, P, A] the learned Q-bar (:func:`learned_readout`).
         widths: name -> sd [B, P, A] (:func:`width_sources`).
         exact: :func:`exact_readout` of the same contexts and lengths.
-        goal_cell: [B, P, A] the learned Q-bar asked about the goal cell after each h
-            (``learned_readout(..., query_states=...)``; read only where the goal was shown).
+        on_arrival: [B, A] the learned Q-bar at each walk's first arrival on its goal
+            (:func:`arrival_readout`; NaN rows where there is none).
     """
     best = optimal_set(exact.q_star)  # (B, P, A)
 
@@ -295,10 +318,13 @@ def readout_rows(prior_mean: np.ndarray, widths: Mapping[str, np.ndarray], exact
                  "optimal_share_blind": hit(exact.blind), "rmse": sq(prior_mean),
                  "rmse_bayes": sq(exact.bayes), "rmse_blind": sq(exact.blind),
                  "mean_learned": prior_mean.mean(-1), "mean_q_star": exact.q_star.mean(-1)}
-    if goal_cell is not None:
-        stays = optimal_set(exact.goal_q_star)[:, None, :].repeat(len(exact.hs), 1)  # (B, P, A)
-        picked = np.take_along_axis(stays, goal_cell.argmax(-1)[..., None], -1)[..., 0]
-        per_state["goal_cell_share"] = np.where(exact.shown, picked, np.nan)
+    if on_arrival is not None:
+        read = ~np.isnan(on_arrival).any(-1)  # (B,)
+        stays = optimal_set(exact.goal_q_star)  # (B, A)
+        picked = np.take_along_axis(stays, np.nan_to_num(on_arrival).argmax(-1)[:, None],
+                                    -1)[:, 0]
+        per_state["goal_cell_share"] = np.where(exact.shown & read[:, None],
+                                                picked[:, None], np.nan)  # (B, P)
     for name, sd in widths.items():
         per_state[f"coverage_90_{name}"] = (np.abs(prior_mean - exact.q_star)
                                             <= Z90 * sd).mean(-1)
@@ -336,15 +362,9 @@ def darkroom_prior_rows(model: TrunkModel, env_cfg: EnvConfig, data: Mapping[str
     exact = exact_readout(env.goal_family(), data["goal"], cells, data["rewards"], lengths,
                           gamma)
     learned = learned_readout(model, env_cfg, data, lengths)
-    # the goal cell's own state, as the walk met it (the walk's state where not yet shown)
-    states = np.asarray(data["states"])
-    first = np.where(exact.arrival >= 0, exact.arrival, 0)  # (B,)
-    goal_state = states[np.arange(len(states)), first]  # (B, ...)
-    at_goal = np.where(exact.shown.reshape(*exact.shown.shape, *[1] * (states.ndim - 2)),
-                       goal_state[:, None], states[:, lengths])  # (B, P, ...)
-    on_goal = learned_readout(model, env_cfg, data, lengths, query_states=at_goal)
     return readout_rows(learned["prior_mean"], width_sources(fusion, learned, lengths), exact,
-                        fusion.noise_var, fusion.v_min, goal_cell=on_goal["prior_mean"])
+                        fusion.noise_var, fusion.v_min,
+                        on_arrival=arrival_readout(model, env_cfg, data, exact.arrival))
 
 
 SHOWN_FROM = 10
