@@ -211,6 +211,12 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
                   "train.lambda_shrink=1.0"]) == 0
     again = capsys.readouterr().out.splitlines()[-1].rsplit(None, 3)
     assert float(again[1]) == scored[f"SPICE {point}"]
+    # --search: how the episodes of a darkroom point found the goal and stayed
+    assert probe([str(run_dir), "darkroom_region", "--on-chosen", "rule=greedy,beta=0",
+                  "--search"]) == 0
+    found = re.search(r"reached (\S+), first arrival (\S+), on goal after (\S+)$",
+                      capsys.readouterr().out.splitlines()[-1])
+    assert found and 0 <= float(found[1]) <= 1
     # the prior-follow diagnosis reads the prior the calibration table scores: its pooled RMSE
     # against the exact posterior mean is the table's per-task one, pooled over tasks
     from tools.prior_follow import follow_table

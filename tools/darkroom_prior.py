@@ -163,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"({rows['steps'].iloc[0]} steps), {args.split} contexts of {args.run}")
             print(show(rows))
     rows = pd.concat(frames, ignore_index=True)
-    print(f"\noptimal share where the goal was shown (h >= {SHOWN_FROM}), by checkpoint; goal "
-          "cell: the share of walks whose argmax Q-bar on first arriving at the goal is stay "
-          "(or a move into a wall)")
+    print(f"\noptimal share where the goal was shown (h >= {SHOWN_FROM}) and (goal cell) the "
+          "share of walks whose argmax Q-bar on first arriving at the goal is stay (or a move "
+          "into a wall), by checkpoint:")
     print(budget_score(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.csv:
         rows.to_csv(args.csv, index=False)

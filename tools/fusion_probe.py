@@ -16,7 +16,8 @@ method runs online on the experiment's validation tasks with every
 training seed's checkpoint that RUN's ``checkpoints/index.json`` lists (each checked against its
 own ``meta.json``), or with ``--epoch N`` each one's epoch-N checkpoint, in this process with
 one thread; printed per point: the mean final cumulative regret over tasks (seeds averaged per
-task) and its SEM, the tuning stage's score. ``--set SECTION.FIELD=VALUE`` scores instead the
+task) and its SEM, the tuning stage's score (``--search``: and how its episodes found the goal,
+``spice_ray.results.search``). ``--set SECTION.FIELD=VALUE`` scores instead the
 models trained with that change of the experiment's config beside the study's own
 (``tools/population_train.py``), found by what they are (their training identity), with the
 study's tasks, fusion settings and choices.
@@ -39,6 +40,7 @@ from spice_ray.evaluate.online import online_rows
 from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
 from spice_ray.model.registry import load_model
 from spice_ray.results.schema import NO_SEED
+from spice_ray.results.search import search_stats
 from spice_ray.study.experiments import experiment_named
 from spice_ray.study.run_models import checked_entry
 from spice_ray.study.tuning import agent_specs, bases, final_scores, grid_point, read_tuning
@@ -89,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", default="validation", choices=("validation", "eval"))
     p.add_argument("--epoch", type=int, help="each seed's epoch checkpoint of this epoch "
                    "(1-based) instead of its final one: a shorter step budget of the same run")
+    p.add_argument("--search", action="store_true",
+                   help="also print, per point, the share of episodes that reached the goal, "
+                        "the median step of the first arrival and the share of later steps on "
+                        "the goal (grid darkrooms; spice_ray.results.search)")
     p.add_argument("--set", action="append", default=[], dest="overrides",
                    metavar="SECTION.FIELD=VALUE",
                    help="score the models trained with this change of the config instead")
@@ -173,9 +179,15 @@ def main(argv: list[str] | None = None) -> int:
                         p.error(f"{ckpt} does not exist: no epoch-{args.epoch} checkpoint")
                 model = load_model(str(ckpt), cfg.env).eval()
             frames.append(online_rows(cfg.env, cfg.eval, data, [spec], model, seed,
-                                      final_only=True))
-        [score] = final_scores(pd.concat(frames, ignore_index=True)).itertuples()
-        print(f"{what:60s} {score.mean:8.2f} +- {score.sem:.2f}", flush=True)
+                                      final_only=not args.search))
+        rows = pd.concat(frames, ignore_index=True)
+        [score] = final_scores(rows).itertuples()
+        found = ""
+        if args.search:
+            [s] = search_stats(rows.assign(variant="")).itertuples()
+            found = (f"   reached {s.reached:.2f}, first arrival {s.first_arrival:g}, on goal "
+                     f"after {s.on_goal_after:.2f}")
+        print(f"{what:60s} {score.mean:8.2f} +- {score.sem:.2f}{found}", flush=True)
     return 0
 
 
