@@ -13,6 +13,7 @@ results here", the TensorBoard hint) sent to the run's log unless asked for.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,23 @@ def new_tuner(trainable: Any, *, name: str, storage: str, max_concurrent: int,
 
 def fit(tuner: Any, logger: str, quiet: bool = True) -> Any:
     """``tuner.fit()``, Tune's prints sent to the logger named ``logger`` (the run's log)
-    where ``quiet``; returns its ``ResultGrid``."""
-    with printed_to_log(logging.getLogger(logger), enabled=quiet):
-        return tuner.fit()
+    where ``quiet``; returns its ``ResultGrid``.
+
+    Tune's own SIGINT handler is left out (``TUNE_DISABLE_SIGINT_HANDLER``): it ended the fit
+    quietly with trials unfinished, so a Ctrl-C in the tuning stage surfaced as "grid points
+    have no score" with a traceback. The driver's handler (``runtime.cli.run_main``) then stops
+    the run as in any other stage: one line, exit 130, the same command resumes.
+    """
+    before = os.environ.get(_NO_TUNE_SIGINT)
+    os.environ[_NO_TUNE_SIGINT] = "1"
+    try:
+        with printed_to_log(logging.getLogger(logger), enabled=quiet):
+            return tuner.fit()
+    finally:
+        if before is None:
+            os.environ.pop(_NO_TUNE_SIGINT, None)
+        else:
+            os.environ[_NO_TUNE_SIGINT] = before
+
+
+_NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
