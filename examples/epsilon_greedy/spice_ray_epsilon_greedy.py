@@ -31,7 +31,6 @@ from torch import Tensor
 from spice_ray.agents import AgentSpec, Method, Tunable, register_method
 from spice_ray.agents.classical import CountingBandit
 from spice_ray.common.rng import TaskStreams
-from spice_ray.config.presets import PRESETS
 from spice_ray.envs.bandit import Bandit
 from spice_ray.envs.base import register
 from spice_ray.fusion import argmax_ties, sample_categorical
@@ -89,7 +88,15 @@ class SparseBandit(Bandit):
     bandit's scales (its presets, declared here: nothing under ``spice_ray/`` names it)."""
 
     name = "sparse_bandit"
-    presets = {preset: PRESETS[preset]["bandit"] for preset in ("smoke", "small")}
+    presets = {"smoke": {  # seconds, as the package's smoke bandit; other presets: its defaults
+        "env": {"horizon": 24},
+        "data": {"num_train_tasks": 96, "num_val_tasks": 16, "num_eval_tasks": 16,
+                 "shard_size": 48, "batch_size": 32},
+        "model": {"n_layer": 2, "n_embd": 16, "ensemble_size": 3, "head_hidden": 16},
+        "train": {"epochs": 2, "batch_size": 16, "lr": 1e-3, "checkpoint_every": 1,
+                  "num_workers": 0},
+        "eval": {"num_tasks": 16, "online_horizon": 24, "offline_points": 20, "num_actors": 2},
+    }}
 
     def sample_means(self, streams: TaskStreams) -> np.ndarray:
         means = 0.5 * streams.uniform("sparse/means", (self.num_actions,))  # (B, A)
