@@ -313,9 +313,6 @@ def test_ctrl_c_in_a_tune_fit_stops_the_run_in_one_line_with_status_130(tmp_path
     import sys
     from pathlib import Path
 
-    import pytest
-
-    pytest.importorskip("ray")
     proc = subprocess.run([sys.executable, "-c", _CTRL_C_IN_TUNING, str(tmp_path)],
                           capture_output=True, text=True, timeout=110, env=dict(
                               os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
