@@ -299,8 +299,10 @@ def test_an_environment_registered_later_gets_its_gymnasium_id() -> None:
         smoke = make_config("smoke", "toy_bandit")
         assert (smoke.env.horizon, smoke.data.num_eval_tasks) == (12, 8)
         assert env.spec.max_episode_steps == 12  # the task's horizon, from that preset
-        assert make_config("small", "toy_bandit").env.horizon == \
-            make_config("paper", "toy_bandit").env.horizon != 12  # no small entry: defaults
+        # no small entry of its own: the nearest base's, as it inherits the bandit's defaults
+        small, bandit = make_config("small", "toy_bandit"), make_config("small", "bandit")
+        assert (small.env.horizon, small.data.num_train_tasks, small.model.n_layer) == \
+            (bandit.env.horizon, bandit.data.num_train_tasks, bandit.model.n_layer)
         # a package environment keeps its PRESETS entry
         assert make_config("smoke", "bandit").env.horizon == 24
     finally:

@@ -5,6 +5,7 @@ example's smoke study."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import re
@@ -149,6 +150,9 @@ def test_its_task_family_runs_as_the_packages_do(plugin_module) -> None:
 
     cfg = make_config("smoke", "sparse_bandit")
     assert (cfg.env.name, cfg.env.horizon, cfg.data.num_train_tasks) == ("sparse_bandit", 24, 96)
+    # the bandit's scales, declared nowhere in the plugin: every section but the name equal
+    bandit = make_config("smoke", "bandit")
+    assert dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, name="bandit")) == bandit
     env = gymnasium.make("spice_ray/sparse_bandit-v0")
     assert env.unwrapped.env.name == "sparse_bandit" and env.action_space.n == 5
     data = generate_tasks(cfg.env, cfg.data, "eval", np.arange(64))

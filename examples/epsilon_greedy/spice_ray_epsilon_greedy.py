@@ -85,18 +85,10 @@ add_evaluation("bandit", Evaluation("epsilon-greedy", lambda cfg: [AgentSpec("ep
 @register
 class SparseBandit(Bandit):
     """One good arm per task: means U[0, 0.5], and 0.5 more on an arm drawn uniformly. At the
-    bandit's scales (its presets, declared here: nothing under ``spice_ray/`` names it)."""
+    bandit's scales at every preset (a subclass inherits its base's presets as it inherits
+    its defaults; a ``presets = {"smoke": {...}}`` here would declare its own)."""
 
     name = "sparse_bandit"
-    presets = {"smoke": {  # seconds, as the package's smoke bandit; other presets: its defaults
-        "env": {"horizon": 24},
-        "data": {"num_train_tasks": 96, "num_val_tasks": 16, "num_eval_tasks": 16,
-                 "shard_size": 48, "batch_size": 32},
-        "model": {"n_layer": 2, "n_embd": 16, "ensemble_size": 3, "head_hidden": 16},
-        "train": {"epochs": 2, "batch_size": 16, "lr": 1e-3, "checkpoint_every": 1,
-                  "num_workers": 0},
-        "eval": {"num_tasks": 16, "online_horizon": 24, "offline_points": 20, "num_actors": 2},
-    }}
 
     def sample_means(self, streams: TaskStreams) -> np.ndarray:
         means = 0.5 * streams.uniform("sparse/means", (self.num_actions,))  # (B, A)

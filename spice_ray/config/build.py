@@ -215,10 +215,24 @@ def parse_set(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def preset_entry(preset: str, cls: type) -> dict[str, Any]:
+    """What ``preset`` changes for environment class ``cls``: the nearest class along its bases
+    (itself first) with an entry, ``PRESETS[preset][name]`` before that class's own
+    ``presets``; none: nothing (its defaults). So a subclass of the bandit runs at the bandit's
+    scales unless it declares its own, as it inherits the bandit's ``defaults``."""
+    for klass in cls.__mro__:
+        name = klass.__dict__.get("name")
+        if isinstance(name, str) and name in PRESETS[preset]:
+            return dict(PRESETS[preset][name])
+        own = klass.__dict__.get("presets", {})
+        if preset in own:
+            return dict(own[preset])
+    return {}
+
+
 def preset_dict(preset: str, env: str) -> dict[str, Any]:
     """The nested override dict a preset applies for an environment: the environment's own
-    ``defaults`` (paper scale), then the preset's entry for it (``PRESETS``, else the
-    environment's own ``presets``)."""
+    ``defaults`` (paper scale), then the preset's entry for it (:func:`preset_entry`)."""
     if preset not in PRESET_NAMES:
         raise ConfigError(f"preset={preset!r} is invalid: one of {', '.join(PRESET_NAMES)}")
     try:
@@ -226,8 +240,7 @@ def preset_dict(preset: str, env: str) -> dict[str, Any]:
     except KeyError as exc:
         raise ConfigError(exc.args[0]) from None
     base = deep_merge({"env": {"name": env}}, {k: dict(v) for k, v in cls.defaults.items()})
-    entry = PRESETS[preset][env] if env in PRESETS[preset] else cls.presets.get(preset, {})
-    return deep_merge(base, deep_merge({"preset": preset}, dict(entry)))
+    return deep_merge(base, deep_merge({"preset": preset}, preset_entry(preset, cls)))
 
 
 def make_config(
