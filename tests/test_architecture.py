@@ -251,7 +251,8 @@ def test_every_hyperparameter_grid_is_declared_once() -> None:
     assert _typed(GRIDS["beta"].tuning) in {v for _, v in _literal_sequences(home)}  # it scans
 
 
-DEFAULTS = {"beta": "BETA_DEFAULT", "tau": "TAU_DEFAULT", "width_scale": "WIDTH_SCALE_DEFAULT"}
+DEFAULTS = {"beta": "BETA_DEFAULT", "tau": "TAU_DEFAULT", "width_scale": "WIDTH_SCALE_DEFAULT",
+            "width_decay": "WIDTH_DECAY_DEFAULT"}
 """The fusion settings whose defaults were restated across the package, and the constant of
 ``spice_ray.fusion`` that declares each (in rules.py, kernels.py and width.py)."""
 
@@ -293,7 +294,8 @@ def _written_defaults(path: Path, defaults: dict[str, float]) -> Iterator[tuple[
         elif isinstance(node, ast.Dict):
             pairs += [(named(k), v) for k, v in zip(node.keys, node.values, strict=True)
                       if k is not None]
-        elif isinstance(node, ast.Compare):
+        elif isinstance(node, ast.Compare) and all(
+                isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):  # not bounds (>= 0)
             sides = [node.left, *node.comparators]
             pairs += [(named(a), b) for a, b in zip(sides, sides[1:], strict=False)]
             pairs += [(named(b), a) for a, b in zip(sides, sides[1:], strict=False)]
@@ -303,10 +305,11 @@ def _written_defaults(path: Path, defaults: dict[str, float]) -> Iterator[tuple[
 
 
 def test_every_fusion_default_is_written_once() -> None:
-    """beta's, tau's and width_scale's defaults are declared once each, in the fusion layer
-    (``BETA_DEFAULT``, ``TAU_DEFAULT``, ``WIDTH_SCALE_DEFAULT``); the config and the agents
-    name them. The same number written for the same setting anywhere else in the package or
-    its scripts is a second home that can drift (the check finds a planted one)."""
+    """beta's, tau's, width_scale's and width_decay's defaults are declared once each, in the
+    fusion layer (``BETA_DEFAULT``, ``TAU_DEFAULT``, ``WIDTH_SCALE_DEFAULT``,
+    ``WIDTH_DECAY_DEFAULT``); the config and the agents name them. The same number written
+    for the same setting anywhere else in the package or its scripts is a second home that can
+    drift (the check finds a planted one); a bound (``>= 0``) is not a default."""
     import spice_ray.fusion as fusion
     from spice_ray.config import FusionConfig
 
@@ -317,8 +320,9 @@ def test_every_fusion_default_is_written_once() -> None:
                                                     for p in (ROOT / d).rglob("*.py"))]
              for line, name in _written_defaults(path, defaults)]
     # the one reader that may not import the fusion layer: the results layer reads a row's
-    # width back where the config left it out (at the default); its number is checked above
-    assert found == ["spice_ray/results/analysis.py width_scale"], \
+    # width back where the config left it out (at the default); its numbers are checked above
+    assert sorted(found) == ["spice_ray/results/analysis.py width_decay",
+                             "spice_ray/results/analysis.py width_scale"], \
         "a fusion default written again:\n" + "\n".join(found)
     planted = ROOT / "tests" / "test_architecture.py"  # this file's example below
     assert [name for _, name in _written_defaults(planted, defaults)] == ["beta", "tau"]

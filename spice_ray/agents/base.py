@@ -30,7 +30,7 @@ from torch import Tensor
 from spice_ray.common.plugins import load_plugins
 from spice_ray.config import EvalConfig, FusionConfig
 from spice_ray.config.grids import Grid
-from spice_ray.fusion import WIDTH_SCALE_DEFAULT, RandomSource
+from spice_ray.fusion import WIDTH_FIELDS, RandomSource, width_settings
 
 
 def to_numpy(x: Tensor) -> np.ndarray:
@@ -298,19 +298,14 @@ class AgentSpec:
 
         Offline, the online-only settings (beta, its schedule) are left out, so specs that
         differ only there share one offline curve. ``fusion.width_scale`` (``width_decay``) is
-        in only for methods that read it (:attr:`Method.scales_width`) and only when it is not
-        1 (0).
+        in only for methods that read it (:attr:`Method.scales_width`) and only away from its
+        default (:func:`fusion.width_settings`).
         """
         if self.info.fused:
-            out = {k: v for k, v in dataclasses.asdict(self.fusion).items() if k != "rule"}
-            # The width scale only where it is read and not the paper's 1, so the config
-            # (and every table written before the field existed) is unchanged at the default.
-            if not self.info.scales_width or self.fusion.width_scale == WIDTH_SCALE_DEFAULT:
-                out.pop("width_scale")
-            if not self.info.scales_width or self.fusion.width_decay == 0.0:
-                out.pop("width_decay")  # likewise: in only where read and not constant
-            if not self.info.scales_width or self.fusion.width_source == "ensemble":
-                out.pop("width_source")  # likewise: in only where read and not the paper's
+            out = {k: v for k, v in dataclasses.asdict(self.fusion).items()
+                   if k != "rule" and k not in WIDTH_FIELDS}
+            if self.info.scales_width:
+                out |= width_settings(self.fusion)
             if not online:
                 out.pop("beta")
                 out.pop("beta_schedule")

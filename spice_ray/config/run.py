@@ -27,7 +27,11 @@ from spice_ray.config.sections import (
 from spice_ray.envs.labels import parse_label
 from spice_ray.fusion.kernels import KERNELS, TAU_DEFAULT
 from spice_ray.fusion.rules import ACTION_RULES, BETA_DEFAULT, BETA_SCHEDULES
-from spice_ray.fusion.width import WIDTH_SCALE_DEFAULT
+from spice_ray.fusion.width import (
+    WIDTH_DECAY_DEFAULT,
+    WIDTH_SCALE_DEFAULT,
+    WIDTH_SOURCE_DEFAULT,
+)
 
 WIDTH_SOURCES = ("ensemble", "predictive")
 """``FusionConfig.width_source``: the ensemble's spread, or the predictive-variance head."""
@@ -54,10 +58,10 @@ class FusionConfig:
     paper. Only SPICE's learned prior reads it (not the flat or oracle priors, nor the
     exact-width diagnostic); ``spice_ray.evaluate.width`` fits it on validation tasks without
     labels."""
-    width_decay: float = 0.0
+    width_decay: float = WIDTH_DECAY_DEFAULT
     """How the learned prior's width narrows with the context length h (>= 0): s sigma_Q
     (1 + width_decay h)^(-1/2); 0 (constant) is the paper. Fitted with ``width_scale``."""
-    width_source: Literal["ensemble", "predictive"] = "ensemble"
+    width_source: Literal["ensemble", "predictive"] = WIDTH_SOURCE_DEFAULT
     """Where the learned prior's sd comes from: the ensemble's spread sigma_Q (the paper,
     scaled and narrowed as above), or "predictive": the model's predictive variance of the
     next target (``model.var_head``) less the likelihood variance, sqrt(max(v - sigma^2, 0))

@@ -33,7 +33,7 @@ from spice_ray.agents import METHODS
 from spice_ray.config import EnvConfig, FusionConfig
 from spice_ray.evaluate.offline import offline_context_lengths, sequence_outputs
 from spice_ray.evaluate.rows import concat_rows, tidy_rows
-from spice_ray.fusion import NOISE_VAR_FLOOR, WIDTH_SCALE_DEFAULT
+from spice_ray.fusion import NOISE_VAR_FLOOR, width_settings
 from spice_ray.fusion.posterior import prior_variance
 from spice_ray.fusion.width import learned_prior_std
 from spice_ray.model.tokens import make_tokens
@@ -176,13 +176,7 @@ def calibration_rows(
     """
     stats = calibration_stats(model, env_cfg, data, fusion, hs, levels, batch_size)
     task_ids = np.asarray(data["task_id"])
-    settings = {"noise_var": fusion.noise_var, "v_min": fusion.v_min}
-    if fusion.width_scale != WIDTH_SCALE_DEFAULT:  # left out at the paper's: config unchanged
-        settings["width_scale"] = fusion.width_scale
-    if fusion.width_decay != 0.0:  # likewise at a constant width
-        settings["width_decay"] = fusion.width_decay
-    if fusion.width_source != "ensemble":  # and at the ensemble's width
-        settings["width_source"] = fusion.width_source
+    settings = {"noise_var": fusion.noise_var, "v_min": fusion.v_min} | width_settings(fusion)
     config = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     metrics: dict[str, np.ndarray] = {}
     for i, level in enumerate(stats.levels):

@@ -41,7 +41,7 @@ from spice_ray.envs.darkroom import MOVES, all_cells, move
 from spice_ray.evaluate.calibration import prior_pseudocounts
 from spice_ray.evaluate.offline import sequence_outputs
 from spice_ray.evaluate.online import cell_index
-from spice_ray.fusion.width import WIDTH_SCALE_DEFAULT, learned_prior_std
+from spice_ray.fusion.width import WIDTH_FIELDS, learned_prior_std
 from spice_ray.model.tokens import make_tokens
 from spice_ray.model.trunk import TrunkModel
 
@@ -253,17 +253,13 @@ def width_sources(fusion: FusionConfig, learned: Mapping[str, np.ndarray], hs: n
     std = torch.from_numpy(learned["prior_std"])
     h = torch.as_tensor(np.asarray(hs))[None, :, None]
     pred_var = torch.from_numpy(learned["pred_var"]) if "pred_var" in learned else None
-    paper = dataclasses.replace(fusion, width_source="ensemble",
-                                width_scale=WIDTH_SCALE_DEFAULT,
-                                width_decay=0.0)
+    paper = dataclasses.replace(fusion, **WIDTH_FIELDS)
     out = {"ensemble": learned_prior_std(paper, std, h).to(torch.float64).numpy()}
     scaled = fusion.width_scale != paper.width_scale or fusion.width_decay != paper.width_decay
-    if fusion.width_source == "ensemble" and scaled:
+    if fusion.width_source == paper.width_source and scaled:
         out["fusion"] = learned_prior_std(fusion, std, h).to(torch.float64).numpy()
     if pred_var is not None:
-        predictive = dataclasses.replace(fusion, width_source="predictive",
-                                         width_scale=WIDTH_SCALE_DEFAULT,
-                                         width_decay=0.0)
+        predictive = dataclasses.replace(fusion, **WIDTH_FIELDS | {"width_source": "predictive"})
         out["predictive"] = learned_prior_std(predictive, std, h, pred_var).to(
             torch.float64).numpy()
     return out

@@ -51,7 +51,10 @@ from spice_ray.fusion.rules import (
     ucb_scores,
 )
 from spice_ray.fusion.width import (
+    WIDTH_DECAY_DEFAULT,
+    WIDTH_FIELDS,
     WIDTH_SCALE_DEFAULT,
+    WIDTH_SOURCE_DEFAULT,
     fit_width_and_noise,
     fit_width_decay,
     fit_width_scale,
@@ -59,6 +62,7 @@ from spice_ray.fusion.width import (
     scaled_prior_std,
     width_log_likelihood,
     width_profile,
+    width_settings,
 )
 
 __all__ = [
@@ -66,6 +70,10 @@ __all__ = [
     "BETA_DEFAULT",
     "TAU_DEFAULT",
     "WIDTH_SCALE_DEFAULT",
+    "WIDTH_DECAY_DEFAULT",
+    "WIDTH_SOURCE_DEFAULT",
+    "WIDTH_FIELDS",
+    "width_settings",
     "BANDWIDTH_KERNELS",
     "BETA_FREE_SCHEDULES",
     "BETA_SCHEDULES",

@@ -18,7 +18,7 @@ Plain tensor functions: no Ray, no I/O, no model. Everything is float64 on the C
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -37,6 +37,21 @@ _LOG_2PI = math.log(2.0 * math.pi)
 WIDTH_SCALE_DEFAULT = 1.0
 """The prior width's scale s of the paper (sigma_Q itself; ``fusion.width_scale``'s default):
 declared once here; results leave the scale out of their config at this value."""
+WIDTH_DECAY_DEFAULT = 0.0
+"""The width's decay with the context length (``fusion.width_decay``): constant, the paper's."""
+WIDTH_SOURCE_DEFAULT = "ensemble"
+"""Where the learned prior's sd comes from (``fusion.width_source``): the ensemble, the paper's."""
+WIDTH_FIELDS = {"width_scale": WIDTH_SCALE_DEFAULT, "width_decay": WIDTH_DECAY_DEFAULT,
+                "width_source": WIDTH_SOURCE_DEFAULT}
+"""The learned prior's width settings and their defaults (the paper's width)."""
+
+
+def width_settings(fusion: Any) -> dict[str, Any]:
+    """The width settings of ``fusion`` that are not at their default (:data:`WIDTH_FIELDS`):
+    what a row's config records of the width, so a config at the paper's width (and every
+    table written before a field existed) is unchanged."""
+    return {name: getattr(fusion, name) for name, default in WIDTH_FIELDS.items()
+            if getattr(fusion, name) != default}
 
 
 def width_profile(h: Tensor, decay: float) -> Tensor:
@@ -57,10 +72,10 @@ def scaled_prior_std(prior_std: Tensor, width_scale: float, decay: float = 0.0,
     the posterior is bit-identical to the unscaled one); otherwise the product in float64 (the
     posterior's dtype), on the tensor's device.
     """
-    if width_scale == WIDTH_SCALE_DEFAULT and decay == 0.0:
+    if width_scale == WIDTH_SCALE_DEFAULT and decay == WIDTH_DECAY_DEFAULT:
         return prior_std
     out = prior_std.to(torch.float64) * float(width_scale)
-    if decay != 0.0:
+    if decay != WIDTH_DECAY_DEFAULT:
         if h is None:
             raise ValueError("a width decay needs the context length h")
         out = out * width_profile(torch.as_tensor(h), decay).to(out.device)

@@ -209,7 +209,7 @@ def width_source_of(config: str) -> str:
     cfg = settings_of(config)
     if cfg.get("width_source", "ensemble") != "ensemble":
         return str(cfg["width_source"])
-    return "paper" if width_of(cfg) == 1.0 and not cfg.get("width_decay") else "fitted"
+    return "paper" if width_of(cfg) == width_of({}) and not cfg.get("width_decay") else "fitted"
 
 
 def _prior_fit_at(df: pd.DataFrame, hs: tuple[int, ...], source: str) -> list[str]:

@@ -35,7 +35,7 @@ from spice_ray.config import (
 from spice_ray.data import store
 from spice_ray.data.generate import generate_stage, generation_means
 from spice_ray.evaluate.actors import EvalPool, evaluate_parallel
-from spice_ray.fusion import WIDTH_SCALE_DEFAULT
+from spice_ray.fusion import WIDTH_DECAY_DEFAULT, WIDTH_SCALE_DEFAULT, WIDTH_SOURCE_DEFAULT
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.results import aggregate
 from spice_ray.results.choices import fitted_decay, fitted_noise, fitted_scale
@@ -212,7 +212,7 @@ def _tables_done(run_dir: Path, name: str, tables: list[str], inputs_hash: str) 
 def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Finals,
                         console: Console = SILENT, pool: EvalPool | None = None,
                         width_scale: float | None = None, noise_var: float | None = None,
-                        width_decay: float = 0.0) -> list[str]:
+                        width_decay: float = WIDTH_DECAY_DEFAULT) -> list[str]:
     """Every evaluation of experiment ``name`` and its tables (skipped when current), on the
     actors of ``pool`` (default: a pool for this experiment).
 
@@ -233,7 +233,7 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
     specs = agent_specs(exp, cfg, dataset)
     if not any("calibration" in ev.protocols for ev in exp.evaluations):
         width_scale = noise_var = None  # nothing here reads them: the tables do not depend on it
-        width_decay = 0.0
+        width_decay = WIDTH_DECAY_DEFAULT
     inputs = config_hash({
         "eval": dataclasses.asdict(cfg.eval), "fusion": without_later_defaults(
             "fusion", dataclasses.asdict(cfg.fusion)),
@@ -306,7 +306,8 @@ def evaluate_experiment(plan: StudyPlan, name: str, dataset: Path, finals: Final
 
 
 def _at_width(specs: list[AgentSpec], width_scale: float, noise_var: float | None,
-              width_decay: float = 0.0, source: str = "ensemble") -> AgentSpec:
+              width_decay: float = WIDTH_DECAY_DEFAULT,
+              source: str = WIDTH_SOURCE_DEFAULT) -> AgentSpec:
     """The calibration protocol's spec (the evaluation's first fused one, whose fusion the
     rows describe) with the learned prior's width from ``source`` (``fusion.width_source``),
     scaled by ``width_scale`` and narrowed with h by ``width_decay`` (and the likelihood
