@@ -8,9 +8,10 @@ Ray, nothing written. For asking why a method scores what it does, off its tunin
 
 Each ``--point`` is ``field=value`` pairs of the fusion config (``spice_ray.config.FusionConfig``
 fields; numbers only) applied to the method's tuning base (its config before the grid), with
-``beta_schedule=fixed`` unless given (``beta_schedule`` and ``rule``, the action rule, take a
-word: ``rule=greedy`` acts on the posterior mean); ``--chosen`` adds every tuned method at its
-choice in RUN's ``results/tuning.json``, and each ``--on-chosen`` point is applied to
+``beta_schedule=fixed`` unless given (``beta_schedule``, ``rule``, the action rule, ``kernel``
+and ``kernel_space`` take a word: ``rule=greedy`` acts on the posterior mean); ``--chosen``
+adds every tuned method at its choice in RUN's ``results/tuning.json``, and each
+``--on-chosen`` point is applied to
 ``--method``'s choice (``rule=greedy,beta=0``: the same posterior, acted on greedily). The
 method runs online on the experiment's validation tasks with every
 training seed's checkpoint that RUN's ``checkpoints/index.json`` lists (each checked against its
@@ -35,8 +36,10 @@ import torch
 
 from spice_ray.agents import AgentSpec
 from spice_ray.config import load_config, with_overrides
+from spice_ray.config.sections import KERNEL_SPACES
 from spice_ray.data import store
 from spice_ray.evaluate.online import online_rows
+from spice_ray.fusion.kernels import KERNELS
 from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
 from spice_ray.model.registry import load_model
 from spice_ray.results.schema import NO_SEED
@@ -46,13 +49,14 @@ from spice_ray.study.run_models import checked_entry
 from spice_ray.study.tuning import agent_specs, bases, final_scores, grid_point, read_tuning
 from spice_ray.train.ray_train import plan_job
 
-WORDS = {"beta_schedule": BETA_SCHEDULES, "rule": tuple(ACTION_RULES)}
+WORDS = {"beta_schedule": BETA_SCHEDULES, "rule": tuple(ACTION_RULES), "kernel": tuple(KERNELS),
+         "kernel_space": KERNEL_SPACES}
 """The fusion fields a point sets by a word (one of those listed), not a number."""
 
 
 def parse_point(text: str, fields: set[str]) -> dict[str, float | str]:
-    """``"beta=4,tau=1"`` -> {"beta": 4.0, "tau": 1.0}; ``beta_schedule`` and ``rule`` keep
-    their word (one of :data:`WORDS`).
+    """``"beta=4,tau=1"`` -> {"beta": 4.0, "tau": 1.0}; ``beta_schedule``, ``rule``,
+    ``kernel`` and ``kernel_space`` keep their word (one of :data:`WORDS`).
 
     Raises:
         ValueError: naming the pair: not ``field=value``, an unknown field or not a number.
