@@ -19,6 +19,9 @@ def test_a_point_is_fixed_beta_fields_and_floats() -> None:
     assert parse_point("beta_schedule=sqrt2logt", FIELDS) == {"beta_schedule": "sqrt2logt"}
     assert parse_point("rule=greedy,beta=0", FIELDS) == {"beta_schedule": "fixed",
                                                           "rule": "greedy", "beta": 0.0}
+    assert parse_point("td_n=1,gamma=0", FIELDS) == {"beta_schedule": "fixed", "td_n": 1,
+                                                      "gamma": 0.0}
+    assert isinstance(parse_point("td_n=2", FIELDS)["td_n"], int)
     assert parse_point("kernel=rbf,kernel_space=state,tau=0.1", FIELDS) == {
         "beta_schedule": "fixed", "kernel": "rbf", "kernel_space": "state", "tau": 0.1}
 
@@ -28,6 +31,7 @@ def test_a_point_is_fixed_beta_fields_and_floats() -> None:
     ("betta=1", "'betta=1' is not field=value"),
     ("tau=__import__('os')", "tau=\"__import__('os')\" is not a number"),
     ("rule=__import__('os')", "rule=\"__import__('os')\" is not one of greedy, ucb, thompson"),
+    ("td_n=1.5", "td_n='1.5' is not an integer"),
     ("kernel_space=raw", "kernel_space='raw' is not one of latent, context, state"),
 ])
 def test_a_bad_point_is_refused_naming_its_pair(text, named) -> None:

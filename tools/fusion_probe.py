@@ -7,7 +7,7 @@ Ray, nothing written. For asking why a method scores what it does, off its tunin
         [--set train.lambda_shrink=0]
 
 Each ``--point`` is ``field=value`` pairs of the fusion config (``spice_ray.config.FusionConfig``
-fields; numbers only) applied to the method's tuning base (its config before the grid), with
+fields; numbers, whole for td_n) applied to the method's tuning base (its config before the grid), with
 ``beta_schedule=fixed`` unless given (``beta_schedule``, ``rule``, the action rule, ``kernel``
 and ``kernel_space`` take a word: ``rule=greedy`` acts on the posterior mean); ``--chosen``
 adds every tuned method at its choice in RUN's ``results/tuning.json``, and each
@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from spice_ray.agents import AgentSpec
-from spice_ray.config import load_config, with_overrides
+from spice_ray.config import FusionConfig, load_config, with_overrides
 from spice_ray.config.sections import KERNEL_SPACES
 from spice_ray.data import store
 from spice_ray.evaluate.online import online_rows
@@ -52,6 +52,8 @@ from spice_ray.train.ray_train import plan_job
 WORDS = {"beta_schedule": BETA_SCHEDULES, "rule": tuple(ACTION_RULES), "kernel": tuple(KERNELS),
          "kernel_space": KERNEL_SPACES}
 """The fusion fields a point sets by a word (one of those listed), not a number."""
+INTEGERS = {f.name for f in dataclasses.fields(FusionConfig) if f.type in ("int", int)}
+"""The fusion fields that take a whole number (``td_n``)."""
 
 
 def parse_point(text: str, fields: set[str]) -> dict[str, float | str]:
@@ -78,6 +80,10 @@ def parse_point(text: str, fields: set[str]) -> dict[str, float | str]:
             out[key] = float(value)
         except ValueError:
             raise ValueError(f"--point {text!r}: {key}={value!r} is not a number") from None
+        if key in INTEGERS:
+            if not out[key].is_integer():
+                raise ValueError(f"--point {text!r}: {key}={value.strip()!r} is not an integer")
+            out[key] = int(out[key])
     return out
 
 
