@@ -8,8 +8,9 @@ Ray, nothing written. For asking why a method scores what it does, off its tunin
 
 Each ``--point`` is ``field=value`` pairs of the fusion config (``spice_ray.config.FusionConfig``
 fields; numbers, whole for td_n) applied to the method's tuning base (its config before the
-grid), with ``beta_schedule=fixed`` unless given (``beta_schedule``, ``rule``, the action rule, ``kernel``
-and ``kernel_space`` take a word: ``rule=greedy`` acts on the posterior mean); ``--chosen``
+grid), with ``beta_schedule=fixed`` unless given (``beta_schedule``, ``rule``, the action
+rule, ``kernel`` and ``kernel_space`` take a word: ``rule=greedy`` acts on the posterior
+mean); ``--chosen``
 adds every tuned method at its choice in RUN's ``results/tuning.json``, and each
 ``--on-chosen`` point is applied to
 ``--method``'s choice (``rule=greedy,beta=0``: the same posterior, acted on greedily). The
