@@ -347,7 +347,7 @@ def test_settings_columns_are_parsed_only_by_the_schema() -> None:
     assert parsers == {
         "results/schema.py",  # the settings column
         "common/artifacts.py", "common/runlock.py", "common/faults.py",  # records, a switch
-        "data/store.py", "data/generate.py",  # dataset specs
+        "data/store.py",  # dataset specs
         "train/together.py", "study/records.py", "study/run_models.py",  # run files
         "study/tuning.py", "sweep/driver.py",  # the tuning record, a search space
     }, sorted(parsers)

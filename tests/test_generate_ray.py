@@ -160,3 +160,16 @@ def test_unwritable_output_fails_clearly(ray_local, tmp_path) -> None:
         target = ro / "ds"
     with pytest.raises(store.DatasetError, match="cannot write dataset directory"):
         generate_dataset(_cfg(), target)
+
+
+def test_a_datasets_spec_is_current_by_the_one_freshness_rule() -> None:
+    """``store.spec_current`` decides by ``artifacts.is_current`` on the specs' hashes (the
+    rule every other stage uses) and names each field that differs when it refuses."""
+    cfg = _cfg()
+    spec = store.dataset_spec(cfg.env, cfg.data)
+    recorded = json.loads(json.dumps(spec))  # as a manifest holds it
+    assert store.spec_current(recorded, spec) == (True, "")
+    other = _cfg(**{"data.label": "optimal"})
+    ok, reason = store.spec_current(recorded, store.dataset_spec(other.env, other.data))
+    assert not ok and reason == "data.label: on disk 'weak', requested 'optimal'"
+    assert store.spec_current(None, spec) == (False, "missing")

@@ -123,7 +123,7 @@ def _signed_shards(ds_dir: Path, cfg: ExperimentConfig) -> dict[tuple[str, int],
     config ({} otherwise): the checksums the shards were generated with."""
     try:
         man = store.load_manifest(ds_dir)
-        if man.spec != json.loads(json.dumps(store.dataset_spec(cfg.env, cfg.data))):
+        if not store.spec_current(man.spec, store.dataset_spec(cfg.env, cfg.data))[0]:
             return {}
         return {(split, i): str(r["sha256"]) for split in SPLITS
                 for i, r in enumerate(man.split(split)["shards"])}
@@ -313,7 +313,7 @@ def _manifest_still_valid(ds_dir: Path, cfg: ExperimentConfig) -> bool:
         man = store.load_manifest(ds_dir)
         for split in SPLITS:
             store.split_files(ds_dir, split, verify=True)
-        return man.spec == json.loads(json.dumps(store.dataset_spec(cfg.env, cfg.data)))
+        return store.spec_current(man.spec, store.dataset_spec(cfg.env, cfg.data))[0]
     except store.DatasetError:
         return False
 

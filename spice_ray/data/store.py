@@ -135,6 +135,19 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [f"{prefix}: on disk {a!r}, requested {b!r}"]
 
 
+def spec_current(on_disk: Any, spec: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a dataset recorded with spec ``on_disk`` (a manifest's or ``spec.json``) is the
+    dataset of ``spec``: the one freshness rule (``artifacts.is_current``) on the two specs'
+    hashes. Returns (True, "") or (False, every field that differs, "<path>: on disk <a>,
+    requested <b>")."""
+    requested = json.loads(json.dumps(spec))
+    recorded = {"spec": config_hash(on_disk)} if isinstance(on_disk, dict) else None
+    ok, reason = artifacts.is_current(recorded, config_hash(requested), field="spec")
+    if ok or recorded is None:
+        return ok, reason
+    return False, "; ".join(_diff(on_disk, requested)) or reason
+
+
 def check_spec(ds_dir: Path, spec: dict[str, Any]) -> None:
     """Raise DatasetError naming every field where the directory's spec differs.
 
@@ -160,14 +173,11 @@ def check_spec(ds_dir: Path, spec: dict[str, Any]) -> None:
                     return
                 raise DatasetError(f"{exc}; delete {path} if {ds_dir} holds the dataset of "
                                    "this config, or use another directory") from exc
-            on_disk = on_disk.get("spec", on_disk)
-            diffs = _diff(on_disk, json.loads(json.dumps(spec)))
-            if diffs:
+            current, diffs = spec_current(on_disk.get("spec", on_disk), spec)
+            if not current:
                 raise DatasetError(
                     f"dataset directory {ds_dir} was made for another config ({path.name}): "
-                    + "; ".join(diffs)
-                    + ". Use another directory or the matching config."
-                )
+                    f"{diffs}. Use another directory or the matching config.")
             return
 
 
