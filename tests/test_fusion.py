@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from spice_ray.common.rng import StepDraws, TaskStreams
 from spice_ray.fusion import (
     NOISE_VAR_FLOOR,
+    TAILS,
     RunningStats,
     argmax_lowest,
     beta_at,
@@ -168,12 +169,14 @@ def test_running_stats_with_fixed_weights_equal_batch() -> None:
 # ---- n-step targets ----------------------------------------------------------------------
 
 
-def _slow_nstep(rewards, next_values, n, gamma, length):
+def _slow_nstep(rewards, next_values, n, gamma, length, tail="truncate"):
     out = np.zeros_like(rewards)
     for t in range(length):
         y = sum(gamma**i * rewards[t + i] for i in range(n) if t + i < length)
         if t + n < length:  # 1-indexed t' = t + 1: bootstrap iff s_{t'+n} starts a transition
             y += gamma**n * next_values[t + n - 1]
+        elif tail == "bootstrap" and gamma != 0:  # cut by the end: the last next state's value
+            y += gamma ** (length - t) * next_values[length - 1]
         out[t] = y
     return out
 
@@ -184,17 +187,19 @@ def _slow_nstep(rewards, next_values, n, gamma, length):
     gamma=st.floats(0.0, 1.0),
     num_steps=st.integers(1, 12),
     seed=st.integers(0, 2**31 - 1),
+    tail=st.sampled_from(TAILS),
 )
-def test_nstep_targets_match_slow_loop(n: int, gamma: float, num_steps: int, seed: int) -> None:
+def test_nstep_targets_match_slow_loop(n: int, gamma: float, num_steps: int, seed: int,
+                                       tail: str) -> None:
     rng = np.random.default_rng(seed)
     rewards = rng.normal(size=(3, num_steps))
     next_values = rng.normal(size=(3, num_steps))
     lengths = rng.integers(0, num_steps + 1, size=3)
     mask = np.arange(num_steps)[None, :] < lengths[:, None]
     got = nstep_targets(torch.from_numpy(rewards), torch.from_numpy(next_values), n, gamma,
-                        mask=torch.from_numpy(mask)).numpy()
+                        mask=torch.from_numpy(mask), tail=tail).numpy()
     for b in range(3):
-        expected = _slow_nstep(rewards[b], next_values[b], n, gamma, int(lengths[b]))
+        expected = _slow_nstep(rewards[b], next_values[b], n, gamma, int(lengths[b]), tail)
         np.testing.assert_allclose(got[b], expected, rtol=1e-12, atol=1e-12)
 
 
@@ -216,6 +221,12 @@ def test_nstep_known_values() -> None:
     # t=1: 1 + .5*2 + .25*V(s_3)=20; t=2: s_4 is past the context (t+n > T), no bootstrap:
     # 2 + .5*3; t=3: truncated to 3 (the paper's indicator 1[t + n <= T]).
     torch.testing.assert_close(out, torch.tensor([[7.0, 3.5, 3.0]], dtype=torch.float64))
+    # the cut windows bootstrapped from the last next state, V = 30: t=2 2 + .5*3 + .25*30,
+    # t=3 3 + .5*30 (the complete window at t=1 unchanged)
+    out = nstep_targets(rewards, next_values, 2, 0.5, tail="bootstrap")
+    torch.testing.assert_close(out, torch.tensor([[7.0, 11.0, 18.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="tail='none' is invalid"):
+        nstep_targets(rewards, next_values, 2, 0.5, tail="none")
 
 
 # ---- posterior ---------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import numpy as np
 from torch import Tensor
 
 from spice_ray.common.plugins import load_plugins
-from spice_ray.config import EvalConfig, FusionConfig
+from spice_ray.config import EvalConfig, FusionConfig, without_later_defaults
 from spice_ray.config.grids import Grid
 from spice_ray.fusion import WIDTH_FIELDS, RandomSource, width_settings
 
@@ -299,11 +299,13 @@ class AgentSpec:
         Offline, the online-only settings (beta, its schedule) are left out, so specs that
         differ only there share one offline curve. ``fusion.width_scale`` (``width_decay``) is
         in only for methods that read it (:attr:`Method.scales_width`) and only away from its
-        default (:func:`fusion.width_settings`).
+        default (:func:`fusion.width_settings`); a field added later only away from its default
+        (``config.without_later_defaults``), so the tables made before it stay current.
         """
         if self.info.fused:
-            out = {k: v for k, v in dataclasses.asdict(self.fusion).items()
-                   if k != "rule" and k not in WIDTH_FIELDS}
+            out = without_later_defaults("fusion", {
+                k: v for k, v in dataclasses.asdict(self.fusion).items()
+                if k != "rule" and k not in WIDTH_FIELDS})
             if self.info.scales_width:
                 out |= width_settings(self.fusion)
             if not online:

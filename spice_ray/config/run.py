@@ -26,6 +26,7 @@ from spice_ray.config.sections import (
 )
 from spice_ray.envs.labels import parse_label
 from spice_ray.fusion.kernels import KERNELS, TAU_DEFAULT
+from spice_ray.fusion.posterior import TAIL_DEFAULT, TAILS
 from spice_ray.fusion.rules import ACTION_RULES, BETA_DEFAULT, BETA_SCHEDULES
 from spice_ray.fusion.width import (
     WIDTH_DECAY_DEFAULT,
@@ -80,6 +81,10 @@ class FusionConfig:
     """n of the n-step targets (>= 1)."""
     gamma: float = 0.0
     """Discount of the n-step targets in [0, 1]."""
+    tail: Literal["truncate", "bootstrap"] = TAIL_DEFAULT
+    """An n-step window cut by the context's end: not bootstrapped (the paper's indicator) or
+    bootstrapped from the last state it reaches ("bootstrap", a departure: the newest
+    transitions' targets then sit on the others' scale; ``fusion.nstep_targets``)."""
     bootstrap: Literal["max", "mean"] = "max"
     """V(s_{t+n}) in the n-step targets: max_a' Q-bar (the paper) or the mean over actions."""
 
@@ -105,6 +110,7 @@ class FusionConfig:
                "one of reward, nstep")
         _check(self.td_n >= 1, "fusion.td_n", self.td_n, "an integer >= 1")
         _check(0.0 <= self.gamma <= 1.0, "fusion.gamma", self.gamma, "a float in [0, 1]")
+        _check(self.tail in TAILS, "fusion.tail", self.tail, f"one of {', '.join(TAILS)}")
         _check(self.bootstrap in ("max", "mean"), "fusion.bootstrap", self.bootstrap,
                "one of max, mean")
 

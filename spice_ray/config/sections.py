@@ -20,6 +20,8 @@ from spice_ray import envs
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config.grids import GRIDS
 from spice_ray.envs.labels import parse_label
+from spice_ray.fusion.posterior import TAIL_DEFAULT
+from spice_ray.fusion.width import WIDTH_SOURCE_DEFAULT
 
 HEAD_KERNELS = ("auto", "compiled", "eager")
 TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
@@ -166,7 +168,8 @@ class DataConfig:
 
 
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
-                                             "fusion": {"width_source": "ensemble"},
+                                             "fusion": {"width_source": WIDTH_SOURCE_DEFAULT,
+                                                        "tail": TAIL_DEFAULT},
                                              "train": {"h0_prior": "paper", "choose": (),
                                                        "population": False,
                                                        "lambda_shrink": 1.0,

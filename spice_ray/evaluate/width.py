@@ -105,8 +105,9 @@ def transition_predictions(
     targets = rewards
     if needs_nstep(fusion):  # as the TD(n) targets of training (spice_ray.train.losses)
         next_values = bootstrap_values(q_next, fusion.bootstrap)  # (B, T): V(s_{t+1})
-        targets = nstep_targets(rewards, next_values, fusion.td_n, fusion.gamma)  # (B, T)
-        if needs_bootstrap(fusion):  # truncated at the end: no bootstrap for t + n > T
+        targets = nstep_targets(rewards, next_values, fusion.td_n, fusion.gamma,
+                                tail=fusion.tail)  # (B, T)
+        if needs_bootstrap(fusion) and fusion.tail == "truncate":  # none for t + n > T
             complete = (torch.arange(T) < T - fusion.td_n)[None, :].expand(B, T)  # (B, T)
     return mean, std, targets, complete
 

@@ -23,6 +23,8 @@ from spice_ray.fusion.kernels import (
 from spice_ray.fusion.posterior import (
     BOOTSTRAPS,
     NOISE_VAR_FLOOR,
+    TAIL_DEFAULT,
+    TAILS,
     Posterior,
     RandomSource,
     RunningStats,
@@ -99,6 +101,8 @@ __all__ = [
     "greedy_action",
     "kernel_weights",
     "nstep_targets",
+    "TAILS",
+    "TAIL_DEFAULT",
     "rbf_weights",
     "safe_mean",
     "sample_categorical",

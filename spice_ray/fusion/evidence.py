@@ -31,6 +31,7 @@ class FusionSettings(Protocol):
     target: str
     td_n: int
     gamma: float
+    tail: str
     noise_var: float
     v_min: float
 
@@ -89,7 +90,7 @@ def context_evidence(
                 raise ValueError("n-step targets with gamma > 0 need next_values")
             next_values = torch.zeros_like(rewards)
         targets = nstep_targets(rewards, next_values.to(STATS_DTYPE), fusion.td_n,
-                                fusion.gamma, mask)
+                                fusion.gamma, mask, fusion.tail)
     return weighted_action_stats(weights, actions, targets, num_actions, mask)
 
 

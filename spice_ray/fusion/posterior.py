@@ -164,12 +164,20 @@ def bootstrap_values(q_mean: Tensor, how: Bootstrap = "max") -> Tensor:
     raise ValueError(f"bootstrap={how!r} is invalid: one of {', '.join(BOOTSTRAPS)}")
 
 
+TAILS = ("truncate", "bootstrap")
+"""What an n-step window cut by the context's end adds (``fusion.tail``): nothing (the paper's
+indicator) or the value at the last state it reaches."""
+TAIL_DEFAULT = "truncate"
+"""The paper's: a window that runs past the context's end is not bootstrapped."""
+
+
 def nstep_targets(
     rewards: Tensor,
     next_values: Tensor,
     n: int,
     gamma: float,
     mask: Tensor | None = None,
+    tail: str = TAIL_DEFAULT,
 ) -> Tensor:
     """n-step bootstrapped targets over a context, truncated at the context end.
 
@@ -184,6 +192,15 @@ def nstep_targets(
     state *after* transition t (so ``next_values[t+n-1]`` is the value at s_{t+n}). Near the end
     of the context the return is truncated without a bootstrap (the indicator), exactly as in
     the formula above; episode boundaries inside the context are not treated specially.
+
+    With ``tail="bootstrap"`` (a departure from the paper) a window cut by the context's end
+    bootstraps from the state it reaches, the last transition's next state, instead:
+
+        y_t = sum_{i < k} gamma^i r_{t+i}  +  gamma^k next_values[t+k-1],  k = min(n, L - t + 1)
+
+    so the newest transitions' targets are on the same scale as the others' (truncated, the
+    target of an action just taken is its one reward: staying on a goal just reached reads as
+    worth 1 while the moves never tried keep their prior values).
 
     Args:
         rewards: [..., T] rewards r_t.
@@ -200,6 +217,8 @@ def nstep_targets(
     """
     if n < 1:
         raise ValueError(f"n={n!r} is invalid: an integer >= 1")
+    if tail not in TAILS:
+        raise ValueError(f"tail={tail!r} is invalid: one of {', '.join(TAILS)}")
     rewards, next_values = torch.broadcast_tensors(rewards, next_values)
     if mask is None:
         valid = torch.ones_like(rewards, dtype=torch.bool)
@@ -217,7 +236,14 @@ def nstep_targets(
     targets = torch.zeros_like(rewards)
     for i in range(n):
         targets = targets + gamma**i * shifted(rewards, i, 0.0)  # r_{t+i}, 0 past the end
-    if gamma != 0.0:  # gamma = 0: no bootstrap at all (next_values may be dummies, even NaN)
+    if gamma != 0.0 and tail == "bootstrap":
+        # k = min(n, L - t + 1) rewards (0-indexed: L - t), then V at the state they reach
+        steps = torch.arange(num_steps, device=rewards.device)
+        length = valid.sum(-1, keepdim=True)
+        k = torch.minimum(torch.full_like(steps, n), length - steps).clamp_min(1)
+        boot = next_values.gather(-1, (steps + k - 1).clamp_max(num_steps - 1))
+        targets = targets + torch.where(valid, gamma ** k.to(rewards.dtype) * boot, zero)
+    elif gamma != 0.0:  # gamma = 0: no bootstrap at all (next_values may be dummies, even NaN)
         boot_valid = shifted(valid, n, False)  # 1[t + n <= L]: s_{t+n} starts a transition
         boot = shifted(next_values, n - 1, 0.0)  # next_values[t + n - 1] = V(s_{t+n})
         targets = targets + torch.where(boot_valid, gamma**n * boot, zero)
