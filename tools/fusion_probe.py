@@ -9,7 +9,7 @@ Ray, nothing written. For asking why a method scores what it does, off its tunin
 Each ``--point`` is ``field=value`` pairs of the fusion config (``spice_ray.config.FusionConfig``
 fields; numbers, whole for td_n) applied to the method's tuning base (its config before the
 grid), with ``beta_schedule=fixed`` unless given (``beta_schedule``, ``rule``, the action
-rule, ``kernel`` and ``kernel_space`` take a word: ``rule=greedy`` acts on the posterior
+rule, ``kernel``, ``kernel_space`` and ``tail`` take a word: ``rule=greedy`` acts on the posterior
 mean); ``--chosen``
 adds every tuned method at its choice in RUN's ``results/tuning.json``, and each
 ``--on-chosen`` point is applied to
@@ -40,6 +40,7 @@ from spice_ray.config import FusionConfig, load_config, with_overrides
 from spice_ray.config.sections import KERNEL_SPACES
 from spice_ray.data import store
 from spice_ray.evaluate.online import online_rows
+from spice_ray.fusion import TAILS
 from spice_ray.fusion.kernels import KERNELS
 from spice_ray.fusion.rules import ACTION_RULES, BETA_SCHEDULES
 from spice_ray.model.registry import load_model
@@ -51,7 +52,7 @@ from spice_ray.study.tuning import agent_specs, bases, final_scores, grid_point,
 from spice_ray.train.ray_train import plan_job
 
 WORDS = {"beta_schedule": BETA_SCHEDULES, "rule": tuple(ACTION_RULES), "kernel": tuple(KERNELS),
-         "kernel_space": KERNEL_SPACES}
+         "kernel_space": KERNEL_SPACES, "tail": TAILS}
 """The fusion fields a point sets by a word (one of those listed), not a number."""
 INTEGERS = {f.name for f in dataclasses.fields(FusionConfig) if f.type in ("int", int)}
 """The fusion fields that take a whole number (``td_n``)."""
