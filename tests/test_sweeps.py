@@ -78,6 +78,9 @@ def test_table_and_summary(resumed: dict[str, Any], models: dict[str, Any]) -> N
     n_tasks, horizon = cfg.eval.num_tasks, cfg.eval.online_horizon
     assert set(table["fusion.beta"]) == set(BETAS)
     assert set(table["metric"]) == {"cumulative_regret"}
+    # each row's settings as typed columns, as in a study's tables: beta read from the config
+    # column equals the trial's parameter, a float, on every row
+    assert table["beta"].dtype == "float64" and (table["beta"] == table["fusion.beta"]).all()
     steps = curve_steps(horizon, 50)
     for _, group in table.groupby("fusion.beta"):
         assert group["task_id"].nunique() == n_tasks

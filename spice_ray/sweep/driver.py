@@ -404,9 +404,12 @@ def run_sweep(
     dup = table.duplicated(["trial_id", "seed", "task_id", "metric", "x"])
     if dup.any():
         raise SweepError(f"sweep {name}: {int(dup.sum())} duplicated rows")
+    from spice_ray.results.schema import settings_columns
     from spice_ray.results.tables import check_finite, write_frame
 
     check_finite(table, f"sweep {name}")
+    typed = settings_columns(table)  # each row's settings as typed columns, as a study's tables
+    table = pd.concat([table, typed.drop(columns=[c for c in typed if c in table])], axis=1)
     table_path = write_frame(sweeps / f"{name}.parquet", table, inputs=inputs)
     summary = summarise_sweep(table)
     summary_path = write_frame(sweeps / f"{name}_summary.parquet", summary, inputs=inputs)
