@@ -500,6 +500,30 @@ def test_garbage_manifest_or_spec_is_rebuilt(ray_local, tmp_path, caplog) -> Non
         generate_dataset(cfg, other)
 
 
+@pytest.mark.parametrize("entry", ["/etc/hostname", "../outside/shard-00000.parquet",
+                                   "linked/shard-00000.parquet"])
+def test_a_manifest_naming_a_shard_outside_its_dataset_is_refused(tmp_path, entry) -> None:
+    """A manifest's shard paths stay inside the dataset directory: an absolute path, one with
+    ``..`` or one through a link that leads out is refused by name (with its checksums made to
+    match, it was read), as a malformed manifest is: regeneration rebuilds it from the shards."""
+    from spice_ray.data import store
+
+    ds, outside = tmp_path / "ds", tmp_path / "outside"
+    ds.mkdir()
+    outside.mkdir()
+    (ds / "linked").symlink_to(outside)
+    shard = {"file": entry, "bytes": 1, "sha256": "0" * 64}
+    split = {"shards": [shard], "num_rows": 1, "bytes": 1, "content_hash": "c"}
+    (ds / store.MANIFEST).write_text(json.dumps({"spec": {}, "splits": {"train": split}}))
+    with pytest.raises(store.DatasetError, match=r"a shard's file .* is outside the dataset "
+                                                 r"directory .*: refused.*re-run generation"):
+        store.load_manifest(ds)
+    shard["file"] = "train/shard-00000.parquet"  # inside: read as before
+    (ds / store.MANIFEST).write_text(json.dumps({"spec": {}, "splits": {"train": split}}))
+    with pytest.raises(store.DatasetError, match="schema version"):
+        store.load_manifest(ds)
+
+
 @pytest.mark.parametrize("content, why", [
     (None, "is a directory"), (b"\xff\xfeA: 1", "is not UTF-8 text")])
 def test_bad_config_file_is_named(tmp_path, content, why, capsys) -> None:
@@ -836,3 +860,40 @@ def test_run_files_and_saved_weights_are_not_world_writable(tmp_path) -> None:
     path = ckpt.save_checkpoint(tmp_path / "c", build_model("dpt", cfg), cfg, "hash", epoch=0)
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in path.iterdir()}
     assert set(modes.values()) == {"0o644"}, modes
+
+
+def test_a_hard_linked_lock_or_log_is_replaced_not_written_through(tmp_path, caplog) -> None:
+    """A run directory made by ``cp -al`` shares every file with its source by hard links: the
+    lock and the log (written in place) are replaced by private copies before the first write,
+    and every other file (a table here) is written to a new name and renamed over the link, so
+    the other path keeps its bytes."""
+    from spice_ray.results.tables import write_frame
+    from spice_ray.runtime.cli import _file_handler
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    (run / "logs").mkdir(parents=True)
+    (run / "results").mkdir()
+    other.mkdir()
+    names = {"lock": run / runlock.LOCK_NAME, "log": run / "logs" / "driver.log",
+             "table": run / "results" / "t.parquet"}
+    kept = {}
+    for what, path in names.items():
+        outside = other / path.name
+        outside.write_bytes(f"the other run's {what}\n".encode())
+        os.link(outside, path)
+        kept[what] = (outside, outside.read_bytes())
+        assert path.stat().st_nlink == 2
+    with caplog.at_level(logging.WARNING, logger="spice_ray.common.runlock"):
+        with runlock.acquire(run, "test"):
+            handler = _file_handler(names["log"])
+            handler.emit(logging.LogRecord("spice_ray", logging.INFO, __file__, 1,
+                                           "a line of this run", None, None))
+            handler.close()
+            write_frame(names["table"], pd.DataFrame({"x": [1.0]}))
+    for what, (outside, before) in kept.items():
+        assert outside.read_bytes() == before, what  # nothing written through the link
+        assert names[what].stat().st_nlink == 1, what  # this run's own file now
+    assert "a line of this run" in names["log"].read_text()
+    assert names["log"].read_text().startswith("the other run's log")  # its history kept
+    assert pd.read_parquet(names["table"])["x"].tolist() == [1.0]
+    assert sum("was a hard link" in r.getMessage() for r in caplog.records) == 2  # lock, log

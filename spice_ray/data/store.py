@@ -233,6 +233,15 @@ def _check_manifest_shape(path: Path, raw: dict[str, Any]) -> None:
             for r in split["shards"]) and {"num_rows", "bytes", "content_hash"} <= set(split)
     if not ok:
         raise artifacts.UnreadableFile(f"{path} is corrupted: missing or malformed fields")
+    root = path.parent.resolve()
+    for split in raw["splits"].values():
+        for rec in split["shards"]:
+            file = rec["file"]
+            if not isinstance(file, str) or Path(file).is_absolute() or ".." in Path(file).parts \
+                    or not (root / file).resolve().is_relative_to(root):
+                raise artifacts.UnreadableFile(
+                    f"{path}: a shard's file {file!r:.200} is outside the dataset directory "
+                    f"({root}): refused")
 
 
 def load_manifest(ds_dir: str | Path) -> Manifest:
