@@ -897,3 +897,23 @@ def test_a_hard_linked_lock_or_log_is_replaced_not_written_through(tmp_path, cap
     assert names["log"].read_text().startswith("the other run's log")  # its history kept
     assert pd.read_parquet(names["table"])["x"].tolist() == [1.0]
     assert sum("was a hard link" in r.getMessage() for r in caplog.records) == 2  # lock, log
+
+
+def test_a_held_lock_shared_by_a_hard_link_still_refuses_a_second_run(tmp_path) -> None:
+    """``cp -al run run2`` while a run holds ``run``: the lock file now has two paths. A second
+    run into ``run`` must still find the holder (it once replaced the shared file by a private
+    copy first and locked that, so two runs held one directory), and the holder's own lock
+    moves to a private file only once it holds it."""
+    run, copy = tmp_path / "run", tmp_path / "run2"
+    held = runlock.acquire(run, command="the first run")
+    copy.mkdir()
+    os.link(run / runlock.LOCK_NAME, copy / runlock.LOCK_NAME)
+    with pytest.raises(runlock.RunDirectoryLocked, match=r"in use by pid .* \(the first run\)"):
+        runlock.acquire(run)
+    assert (run / runlock.LOCK_NAME).stat().st_nlink == 2  # nothing replaced meanwhile
+    held.release()
+    with runlock.acquire(run, command="the second run"):  # free: taken, on a private file
+        assert (run / runlock.LOCK_NAME).stat().st_nlink == 1
+        with pytest.raises(runlock.RunDirectoryLocked, match=r"\(the second run\)"):
+            runlock.acquire(run)
+    assert "the second run" not in (copy / runlock.LOCK_NAME).read_text()  # ours alone

@@ -79,6 +79,41 @@ def _unshare(path: Path, fd: int, flags: int, mode: int) -> int:
     return _open_regular(path, flags, mode)
 
 
+def _private_locked_copy(path: Path, fd: int) -> int:
+    """The lock ``fd`` holds moved to a private file: ``path``'s bytes copied to a new file,
+    locked before it is renamed over ``path`` (so no other process can lock the new file
+    first), then ``fd`` is closed. A run that had opened the shared file meanwhile finds that
+    ``path`` is another file now and tries again (:func:`acquire`)."""
+    links = os.fstat(fd).st_nlink
+    data = os.pread(fd, 1 << 20, 0)
+    tmp = path.with_name(f".{path.name}.unshare-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    new = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(new, data)
+        os.fsync(new)
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(new)
+        raise
+    os.close(fd)
+    log.warning("%s was a hard link (%d paths shared the file, as a cp -al copy of a run "
+                "makes): replaced by a private copy, so this run's writes stay in its "
+                "directory", path, links)
+    return new
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` is (still) the file ``fd`` has open."""
+    try:
+        here = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    there = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 def _open_regular(path: Path, flags: int, mode: int) -> int:
     """A descriptor of the regular file ``path`` (created if missing), never through a link."""
     try:
@@ -181,18 +216,25 @@ def acquire(run_dir: str | Path, command: str | None = None) -> RunLock:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
-    try:
-        fd = open_in_run(path, os.O_RDWR)
-    except UnsafeRunPath as exc:
-        raise RunDirectoryLocked(f"the run directory's lock {exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        time.sleep(0.2)  # a holder that has just locked writes its name right after
-        holder = _read_holder(fd)
-        os.close(fd)
-        raise RunDirectoryLocked(f"run directory {run_dir} is in use by {_describe(holder)}; "
-                                 "wait for it to finish or use another --out") from None
+    while True:
+        try:
+            fd = _open_regular(path, os.O_RDWR, 0o644)
+        except UnsafeRunPath as exc:
+            raise RunDirectoryLocked(f"the run directory's lock {exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            time.sleep(0.2)  # a holder that has just locked writes its name right after
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunDirectoryLocked(f"run directory {run_dir} is in use by "
+                                     f"{_describe(holder)}; wait for it to finish or use "
+                                     "another --out") from None
+        if os.fstat(fd).st_nlink > 1:  # shared by a hard link: ours alone, the lock held
+            fd = _private_locked_copy(path, fd)
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # the file there was replaced while this took it: lock the one there now
     previous = _read_holder(fd)
     if previous:
         log.warning("took over the lock of %s, left by %s, which is no longer running",
