@@ -8,7 +8,8 @@ names mapped to it: a command the docs show that stops working fails the suite. 
 ``python pipelines/...`` and ``python sweeps/...`` command (:func:`script_commands`) is run by
 ``tests/test_docs_commands.py`` up to the point where its arguments and config have resolved
 (the ``stop_before_run`` switch of ``spice_ray.common.faults``): its flags, presets, experiments
-and ``--set`` keys exist, without the hours the command itself takes.
+and ``--set`` keys exist, without the hours the command itself takes; each ``python -c "..."``
+line (:func:`inline_code`) runs as written there too.
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ def results_commands(path: Path) -> list[list[str]]:
             if any(a in SKIPPED for a in args):
                 continue
             out.append(args)
+    return out
+
+
+def inline_code(path: Path) -> list[str]:
+    """The code of ``path``'s ``python -c "..."`` lines in its ```bash blocks."""
+    out = []
+    for block in _blocks(path.read_text(), "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:2] == ["python", "-c"] and len(words) >= 3:
+                out.append(words[2])
     return out
 
 

@@ -62,3 +62,21 @@ def test_every_documented_script_command_resolves_and_writes_nothing(tmp_path,
               not in r["out"]]
     assert not failed, "documented commands that do not run as written:\n" + "\n".join(failed)
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "a stopped command wrote files"
+
+
+def test_every_documented_python_one_liner_runs_as_written(tmp_path, tmp_path_factory) -> None:
+    """The ``python -c "..."`` lines the README and docs/usage.md show (the plugin's
+    epsilon-greedy beside UCB, in process), run as written with the example plugin installed,
+    in an empty directory that they leave empty."""
+    from docs_blocks import inline_code
+
+    codes = [code for doc in DOCS for code in inline_code(doc)]
+    assert any("epsilon-greedy" in code for code in codes), codes
+    env = example_plugin_env(tmp_path_factory.mktemp("plugin") / "site")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env["PYTHONPATH"]])
+    for code in codes:
+        proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{code}\n{proc.stderr[-3000:]}"
+        assert proc.stdout.strip(), code  # it printed what it shows
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "a one-liner wrote files"
