@@ -563,6 +563,32 @@ def test_summaries_average_seeds_per_task_first(tmp_path) -> None:
     assert s.loc["B", "mean"] == pytest.approx(4.75)
 
 
+def test_curves_across_runs_are_the_summaries_and_refuse_what_they_cannot_draw(tmp_path,
+                                                                               capsys) -> None:
+    """tools/plot_curves.py: each curve is the method's summary (seeds averaged per task
+    first), drawn into the one file it names; a malformed curve or a method with several
+    settings is refused by name."""
+    from tools.plot_curves import main as plot_curves
+    from tools.plot_curves import parse_curve
+
+    _fixture_table(tmp_path)
+    out = tmp_path / "curves.png"
+    assert plot_curves([str(out), f"A={tmp_path}:bandit_online:A",
+                        f"B={tmp_path}:bandit_online:B"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    # A's per-task means 1.25, 2.25, 3.25, 4.25: mean 2.75, SEM std / sqrt(4) = 0.645
+    assert printed[0].split()[:4] == ["A", "2.75", "+-", "0.65"]
+    assert printed[1].split()[:2] == ["B", "4.75"]
+    assert out.stat().st_size > 5_000
+    with pytest.raises(SystemExit, match="is not LABEL=RUN:TABLE:METHOD"):
+        parse_curve("A=run:table")
+    mixed = _fixture_table(tmp_path).assign(config='{"beta":1.0}')
+    write(tmp_path, "bandit_online", pd.concat([_fixture_table(tmp_path), mixed.assign(
+        seed=mixed["seed"] + 2)]))
+    with pytest.raises(SystemExit, match="method 'A' has 2 settings; name a tuned table"):
+        plot_curves([str(out), f"A={tmp_path}:bandit_online:A"])
+
+
 def test_resultsfull_run_cli(tmp_path, capsys) -> None:
     _fixture_table(tmp_path)
     assert results_main([str(tmp_path)]) == 0
