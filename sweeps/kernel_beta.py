@@ -57,15 +57,17 @@ def fusion_grid(base: FusionConfig, taus: tuple[float, ...], betas: tuple[float,
 
     Non-RBF kernels keep the base tau and the sqrt2logt schedule keeps the base beta (both
     unused there), so every trial carries all four fields. A stateless environment keeps the
-    base kernel (every kernel gives every transition the same weight there).
+    base kernel (every kernel gives every transition the same weight there). The beta points
+    are the tuning grid's crossing (``agents.tunables.beta_points``) over this sweep's values.
     """
-    from spice_ray.fusion import BANDWIDTH_KERNELS, BETA_FREE_SCHEDULES
+    from spice_ray.agents.tunables import beta_points
+    from spice_ray.fusion import BANDWIDTH_KERNELS
 
     kernels = ([{"kernel": base.kernel, "tau": base.tau}] if stateless else
                [{"kernel": k, "tau": float(t)} for k in KERNELS
                 for t in (taus if k in BANDWIDTH_KERNELS else (base.tau,))])
-    schedules = ([{"beta_schedule": "fixed", "beta": float(b)} for b in betas]
-                 + [{"beta_schedule": s, "beta": base.beta} for s in sorted(BETA_FREE_SCHEDULES)])
+    schedules = [{**p.fields, "beta": float(p.fields.get("beta", base.beta))}
+                 for p in beta_points(tuple(float(b) for b in betas))]
     return [k | s for k in kernels for s in schedules]
 
 

@@ -80,9 +80,15 @@ def _fitted_noise(spec: AgentSpec, fitted: Fitted) -> dict[str, Any]:
         if fitted.noise is not None and fits_noise(spec) else {}
 
 
-def _beta(spec: AgentSpec, fitted: Fitted) -> list[Point]:
-    return [Point("beta", b, {"beta_schedule": "fixed", "beta": b}) for b in BETAS] \
+def beta_points(betas: tuple[float, ...]) -> list[Point]:
+    """Posterior-UCB's beta: each fixed value of ``betas``, then each schedule that does not
+    read beta, a point of its own: the crossing the tuning grid and the sweeps share."""
+    return [Point("beta", b, {"beta_schedule": "fixed", "beta": b}) for b in betas] \
         + [Point("beta_schedule", s, {"beta_schedule": s}) for s in sorted(BETA_FREE_SCHEDULES)]
+
+
+def _beta(spec: AgentSpec, fitted: Fitted) -> list[Point]:
+    return beta_points(BETAS)
 
 
 def _tau(spec: AgentSpec, fitted: Fitted) -> list[Point]:
