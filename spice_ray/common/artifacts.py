@@ -202,6 +202,19 @@ class UnreadableFile(ValueError):
     """A JSON file that exists but cannot be read as the expected mapping."""
 
 
+def stays_inside(base: str | Path, relative: Any, root: str | Path | None = None) -> bool:
+    """Whether ``relative``, a path read from a run file and meant relative to ``base``, stays
+    inside ``root`` (default ``base``): a string, not absolute, no ``..``, and resolving
+    (links followed) inside it. A checkpoint index's entries and a manifest's shards are
+    checked so; one that leads out is refused, whatever its checksums say."""
+    if not isinstance(relative, str):
+        return False
+    path = Path(relative)
+    inside = Path(root if root is not None else base).resolve()
+    return not path.is_absolute() and ".." not in path.parts \
+        and (Path(base) / path).resolve().is_relative_to(inside)
+
+
 def read_json(path: str | Path) -> dict[str, Any]:
     """A JSON object from ``path``.
 

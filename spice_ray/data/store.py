@@ -236,12 +236,10 @@ def _check_manifest_shape(path: Path, raw: dict[str, Any]) -> None:
     root = path.parent.resolve()
     for split in raw["splits"].values():
         for rec in split["shards"]:
-            file = rec["file"]
-            if not isinstance(file, str) or Path(file).is_absolute() or ".." in Path(file).parts \
-                    or not (root / file).resolve().is_relative_to(root):
+            if not artifacts.stays_inside(root, rec["file"]):
                 raise artifacts.UnreadableFile(
-                    f"{path}: a shard's file {file!r:.200} is outside the dataset directory "
-                    f"({root}): refused")
+                    f"{path}: a shard's file {rec['file']!r:.200} is outside the dataset "
+                    f"directory ({root}): refused")
 
 
 def load_manifest(ds_dir: str | Path) -> Manifest:

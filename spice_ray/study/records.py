@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spice_ray.common.artifacts import MISSING, atomic_write_text, verify, write_checked_text
+from spice_ray.common.artifacts import (
+    MISSING,
+    atomic_write_text,
+    stays_inside,
+    verify,
+    write_checked_text,
+)
 from spice_ray.common.console import count
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config import ConfigError, ExperimentConfig, from_dict, load_config
@@ -59,10 +65,8 @@ def checked_index_entry(run_dir: Path, entry: Any) -> dict[str, Any]:
         if not isinstance(value, kind) or isinstance(value, bool):
             raise CheckpointIndexError(f"{index}: an entry's {field!r} is {value!r:.80}, not "
                                        f"a {kind.__name__}")
-    path = Path(entry["path"])
     root = (Path(run_dir) / "checkpoints").resolve()
-    if path.is_absolute() or ".." in path.parts \
-            or not (Path(run_dir) / path).resolve().is_relative_to(root):
+    if not stays_inside(run_dir, entry["path"], root):
         raise CheckpointIndexError(f"{index}: an entry's path {entry['path']!r:.200} is outside "
                                    f"the run's checkpoints/ ({root}): refused")
     return entry
