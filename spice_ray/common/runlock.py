@@ -64,18 +64,7 @@ def _unshare(path: Path, fd: int, flags: int, mode: int) -> int:
     os.close(fd)
     with os.fdopen(_open_regular(path, os.O_RDONLY, mode), "rb") as f:  # its bytes, kept
         data = f.read()
-    tmp = path.with_name(f".{path.name}.unshare-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    new = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        os.write(new, data)
-        os.fsync(new)
-    finally:
-        os.close(new)
-    os.replace(tmp, path)
-    log.warning("%s was a hard link (%d paths shared the file, as a cp -al copy of a run "
-                "makes): replaced by a private copy, so this run's writes stay in its "
-                "directory", path, links)
+    os.close(_replace_by_copy(path, data, links, mode))
     return _open_regular(path, flags, mode)
 
 
@@ -85,19 +74,30 @@ def _private_locked_copy(path: Path, fd: int) -> int:
     first), then ``fd`` is closed. A run that had opened the shared file meanwhile finds that
     ``path`` is another file now and tries again (:func:`acquire`)."""
     links = os.fstat(fd).st_nlink
-    data = os.pread(fd, 1 << 20, 0)
+    new = _replace_by_copy(path, os.pread(fd, os.fstat(fd).st_size, 0), links, 0o644,
+                           lock=True)
+    os.close(fd)
+    return new
+
+
+def _replace_by_copy(path: Path, data: bytes, links: int, mode: int, lock: bool = False) -> int:
+    """``path``, a file ``links`` paths share, replaced by a private file holding ``data``:
+    created anew beside it, locked first where ``lock``, written and renamed over it. Returns
+    the new file's read-write descriptor."""
     tmp = path.with_name(f".{path.name}.unshare-{os.getpid()}")
     tmp.unlink(missing_ok=True)
-    new = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    new = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
-        fcntl.flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.write(new, data)
+        if lock:
+            fcntl.flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        view = memoryview(data)
+        while view:  # os.write may take a part
+            view = view[os.write(new, view):]
         os.fsync(new)
         os.replace(tmp, path)
     except BaseException:
         os.close(new)
         raise
-    os.close(fd)
     log.warning("%s was a hard link (%d paths shared the file, as a cp -al copy of a run "
                 "makes): replaced by a private copy, so this run's writes stay in its "
                 "directory", path, links)
