@@ -9,11 +9,9 @@ Ray, nothing written. For asking why a method scores what it does, off its tunin
 Each ``--point`` is ``field=value`` pairs of the fusion config (``spice_ray.config.FusionConfig``
 fields; numbers, whole for td_n) applied to the method's tuning base (its config before the
 grid), with ``beta_schedule=fixed`` unless given (``beta_schedule``, ``rule``, the action
-rule, ``kernel``, ``kernel_space`` and ``tail`` take a word: ``rule=greedy`` acts on the posterior
-mean); ``--chosen``
-adds every tuned method at its choice in RUN's ``results/tuning.json``, and each
-``--on-chosen`` point is applied to
-``--method``'s choice (``rule=greedy,beta=0``: the same posterior, acted on greedily). The
+rule, ``kernel``, ``kernel_space`` and ``tail`` take a word: ``rule=greedy`` acts on the
+posterior mean); ``--chosen`` adds every tuned method at its choice in RUN's
+``results/tuning.json``, and each ``--on-chosen`` point is applied to ``--method``'s choice (``rule=greedy,beta=0``: the same posterior, acted on greedily). The
 method runs online on the experiment's validation tasks with every
 training seed's checkpoint that RUN's ``checkpoints/index.json`` lists (each checked against its
 own ``meta.json``), or with ``--epoch N`` each one's epoch-N checkpoint, in this process with
@@ -59,8 +57,8 @@ INTEGERS = {f.name for f in dataclasses.fields(FusionConfig) if f.type in ("int"
 
 
 def parse_point(text: str, fields: set[str]) -> dict[str, float | str]:
-    """``"beta=4,tau=1"`` -> {"beta": 4.0, "tau": 1.0}; ``beta_schedule``, ``rule``,
-    ``kernel`` and ``kernel_space`` keep their word (one of :data:`WORDS`).
+    """``"beta=4,tau=1"`` -> {"beta": 4.0, "tau": 1.0}; the fields of :data:`WORDS` keep their
+    word (one of those listed), ``td_n`` is a whole number.
 
     Raises:
         ValueError: naming the pair: not ``field=value``, an unknown field or not a number.
