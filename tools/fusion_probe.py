@@ -13,8 +13,8 @@ rule, ``kernel``, ``kernel_space`` and ``tail`` take a word: ``rule=greedy`` act
 posterior mean); ``--chosen`` adds every tuned method at its choice in RUN's
 ``results/tuning.json``, and each ``--on-chosen`` point is applied to ``--method``'s choice
 (``rule=greedy,beta=0``: the same posterior, acted on greedily). The method runs online on
-the experiment's validation tasks with every training seed's checkpoint that RUN's ``checkpoints/index.json`` lists (each checked against its
-own ``meta.json``), or with ``--epoch N`` each one's epoch-N checkpoint, in this process with
+the experiment's validation tasks with every training seed's checkpoint that RUN's
+``checkpoints/index.json`` lists (each checked against its own ``meta.json``), or with ``--epoch N`` each one's epoch-N checkpoint, in this process with
 one thread; printed per point: the mean final cumulative regret over tasks (seeds averaged per
 task) and its SEM, the tuning stage's score (``--search``: and how its episodes found the goal,
 ``spice_ray.results.search``). ``--set SECTION.FIELD=VALUE`` scores instead the
