@@ -6,19 +6,20 @@ Ray, nothing written. For asking why a method scores what it does, off its tunin
         --on-chosen rule=greedy,beta=0 --on-chosen rule=thompson [--epoch 8] [--split eval] \
         [--set train.lambda_shrink=0]
 
-Each ``--point`` is ``field=value`` pairs of the fusion config (``spice_ray.config.FusionConfig``
-fields; numbers, whole for td_n) applied to the method's tuning base (its config before the
-grid), with ``beta_schedule=fixed`` unless given (``beta_schedule``, ``rule``, the action
-rule, ``kernel``, ``kernel_space`` and ``tail`` take a word: ``rule=greedy`` acts on the
-posterior mean); ``--chosen`` adds every tuned method at its choice in RUN's
-``results/tuning.json``, and each ``--on-chosen`` point is applied to ``--method``'s choice
-(``rule=greedy,beta=0``: the same posterior, acted on greedily). The method runs online on
-the experiment's validation tasks with every training seed's checkpoint that RUN's
-``checkpoints/index.json`` lists (each checked against its own ``meta.json``), or with ``--epoch N`` each one's epoch-N checkpoint, in this process with
-one thread; printed per point: the mean final cumulative regret over tasks (seeds averaged per
-task) and its SEM, the tuning stage's score (``--search``: and how its episodes found the goal,
-``spice_ray.results.search``). ``--set SECTION.FIELD=VALUE`` scores instead the
-models trained with that change of the experiment's config beside the study's own
+Each ``--point`` is ``field=value`` pairs of the fusion config
+(``spice_ray.config.FusionConfig`` fields; numbers, whole for td_n) applied to the method's
+tuning base (its config before the grid), with ``beta_schedule=fixed`` unless given
+(``beta_schedule``, ``rule``, the action rule, ``kernel``, ``kernel_space`` and ``tail`` take a
+word: ``rule=greedy`` acts on the posterior mean); ``--chosen`` adds every tuned method at its
+choice in RUN's ``results/tuning.json``, and each ``--on-chosen`` point is applied to
+``--method``'s choice (``rule=greedy,beta=0``: the same posterior, acted on greedily). The
+method runs online on the experiment's validation tasks with every training seed's checkpoint
+that RUN's ``checkpoints/index.json`` lists (each checked against its own ``meta.json``), or
+with ``--epoch N`` each one's epoch-N checkpoint, in this process with one thread; printed per
+point: the mean final cumulative regret over tasks (seeds averaged per task) and its SEM, the
+tuning stage's score (``--search``: and how its episodes found the goal,
+``spice_ray.results.search``). ``--set SECTION.FIELD=VALUE`` scores instead the models trained
+with that change of the experiment's config beside the study's own
 (``tools/population_train.py``), found by what they are (their training identity), with the
 study's tasks, fusion settings and choices.
 """
