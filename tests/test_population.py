@@ -24,7 +24,7 @@ from spice_ray.train.population import (
     fit_population,
     functional_template,
 )
-from spice_ray.train.ray_train import plan_job, settle_final, shard_batches, val_shard_batches
+from spice_ray.train.ray_train import plan_job, settle_final
 from spice_ray.train.together import ModelSpec, pretrain_many
 
 TOL = 1e-5
@@ -43,18 +43,6 @@ def _cfg(out: Path, *extra: str):
 def dataset(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("population")
     return generate_dataset(_cfg(root), root / "ds").dataset_dir
-
-
-class ShardOrder(LocalContext):
-    """The alone path with the batches a Ray Train worker reads (the order a population
-    reproduces), without Ray."""
-
-    def train_batches(self, epoch: int, batch_size: int):
-        rows = store.load_manifest(self.job.dataset_dir).split("train")["num_rows"]
-        return shard_batches(self.job, rows, epoch, batch_size, 0, 1)
-
-    def val_batches(self, batch_size: int):
-        return val_shard_batches(self.job, batch_size)
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -108,7 +96,7 @@ def test_population_equals_each_model_trained_alone(dataset, tmp_path, kind) -> 
     assert (result.start_epoch, result.last_epoch, result.stopped_early) == (0, 1, False)
     for m, seed in enumerate((0, 1)):
         job, run_dir = plan_job(_cfg(tmp_path / "alone"), kind, seed, dataset)
-        metrics, model = fit(job, ShardOrder(job, run_dir))
+        metrics, model = fit(job, LocalContext(job, run_dir))
         together = _weights(_last(planned[m][1]))
         alone = model.state_dict()
         assert max(float((alone[k] - together[k]).abs().max()) for k in alone) < TOL
@@ -158,7 +146,7 @@ def test_a_population_checkpoint_resumes_alone_and_settles_as_final(dataset, tmp
     fit_population([job], [run_dir])
     longer, same_dir = plan_job(_cfg(tmp_path), "spice", 0, dataset)
     assert same_dir == run_dir  # a constant rate: the epochs are not in the identity
-    metrics, _ = fit(longer, ShardOrder(longer, run_dir))
+    metrics, _ = fit(longer, LocalContext(longer, run_dir))
     assert metrics["start_epoch"] == 1.0
     from spice_ray.train.loop import publish_final
 

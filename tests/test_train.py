@@ -20,7 +20,7 @@ from spice_ray.data.generate import generate_dataset
 from spice_ray.data.store import iter_batches
 from spice_ray.model import DptModel, SpiceModel
 from spice_ray.model import checkpoint as ckpt
-from spice_ray.model.registry import build_model, load_model, model_payload
+from spice_ray.model.registry import build_model, load_model, model_payload, torch_threads
 from spice_ray.train.loop import make_optimizer, shuffled_batches
 from spice_ray.train.ray_train import (
     plan_job,
@@ -352,9 +352,10 @@ def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path
     """Two models of one dataset in one Ray Train job (``train.together``) on two one-thread
     workers side by side, every worker's first attempt killed in epoch 1: both resume from
     their own checkpoints, and each model's weights equal, bit for bit, the same model trained
-    alone in its own one-worker job with one thread, whose first attempt is killed in epoch 1
-    as well: it resumes from its checkpoint, not from scratch, and cleans its workers'
-    scratch."""
+    alone by the loop every Train worker runs (``train_local``, in this process, one thread),
+    killed in epoch 1 as well: it resumes from its checkpoint, not from scratch. (A one-worker
+    Ray Train job of its own would add a second job start and retry to show the same loop;
+    the data-parallel job and its scratch are test_ray_train_two_workers_....)"""
     from spice_ray.study.records import busy_seconds
     from spice_ray.train.together import FIT_TIMING, ModelSpec, pretrain_many
 
@@ -375,16 +376,19 @@ def test_models_trained_together_equal_each_trained_alone(smoke_bandit, tmp_path
         assert json.loads((final.parent / FIT_TIMING).read_text())["threads"] == 1
     assert isinstance(load_model(finals[1], kind="dpt"), DptModel)
     alone = make_config("smoke", "bandit", overrides=[
-        *sets, "train.together=false", "train.num_workers=1", "train.threads=1",
+        *sets, "train.together=false", "train.num_workers=0", "train.threads=1",
         f"out_dir={tmp_path / 'alone'}"])
     job, run_dir = plan_job(alone, "spice", 0, ds)
     assert run_dir.name == finals[0].parent.name  # one identity: the switch is not in it
     # the first attempt dies in epoch 1, after checkpoint 0
     monkeypatch.setenv(FAULT_ENV, fault_switch(train_epoch=1))
-    res = train_with_ray(job, run_dir)
-    monkeypatch.delenv(FAULT_ENV)
+    with torch_threads(1):
+        with pytest.raises(RuntimeError, match="injected training fault"):
+            train_local(job, run_dir)
+        monkeypatch.delenv(FAULT_ENV)
+        res = train_local(job, run_dir)
     assert res.worker_return["metrics"]["start_epoch"] == 1.0  # resumed, not restarted
-    assert not (run_dir / "scratch").exists() and ckpt.read_meta(res.final)["epoch"] == 2
+    assert ckpt.read_meta(res.final)["epoch"] == 2
     assert _weights(res.final) == _weights(finals[0])
     # a second call finds every model current and starts no job
     assert pretrain_many(specs, ds)[1]["jobs"] == 0

@@ -40,6 +40,7 @@ from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
 from spice_ray.train.losses import IGNORED_FIELDS, loss_for
+from spice_ray.train.stream import shard_batches, shuffled_batches  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,8 @@ def compute_loss(model: nn.Module, batch: dict[str, Any], job_kind: str, cfg: Ex
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
                         enabled=device.type == "cuda"):
         out = model(tokens)
-        ids = torch.tensor(batch["task_id"], device=device)  # a copy: batches are read-only
+        ids = batch["task_id"]  # a tensor from the stream; numpy (read-only) is copied
+        ids = ids.to(device) if isinstance(ids, Tensor) else torch.tensor(ids, device=device)
         if cfg.train.value_target == "mean":
             tokens = expected_reward_tokens(tokens, batch)
         return loss_for(job_kind)(out, tokens, unwrap(model), ids, cfg.train)
@@ -317,48 +319,6 @@ def fault_epoch_from_env() -> int:
     return int(fault("train_epoch", -1))
 
 
-def shuffled_batches(
-    chunks: Iterable[Mapping[str, Tensor]],
-    batch_size: int,
-    rng: np.random.Generator,
-    num_rows: int,
-    rank: int = 0,
-    world_size: int = 1,
-) -> Iterator[dict[str, Tensor]]:
-    """This worker's batches of one epoch from a stream of row chunks, reproducibly.
-
-    Each chunk (plus the rows left over from the previous one) is permuted with ``rng`` and cut
-    into batches of ``batch_size``; batch i goes to worker ``i % world_size``. Every worker sees
-    the same stream and the same ``rng``, so together they split the epoch without talking, and
-    each takes ``num_rows // batch_size // world_size`` batches (DDP needs equal step counts).
-    Unlike a shuffle buffer filled as data arrive, nothing here depends on timing.
-
-    Args:
-        chunks: dicts of tensors [n, ...] in a fixed order (e.g. one Parquet shard each).
-        batch_size: rows per batch (per worker).
-        rng: the epoch's generator, e.g. ``np.random.default_rng([seed, epoch])``.
-        num_rows: rows in the whole stream.
-        rank, world_size: this worker and the number of workers.
-    """
-    rounds = num_rows // batch_size // world_size
-    index = 0
-    carry: dict[str, Tensor] | None = None
-    for chunk in chunks:
-        cols = {k: torch.as_tensor(v) for k, v in chunk.items()}
-        if carry is not None:
-            cols = {k: torch.cat([carry[k], v]) for k, v in cols.items()}
-        n = len(next(iter(cols.values())))
-        perm = torch.from_numpy(rng.permutation(n))
-        full = n - n % batch_size
-        for lo in range(0, full, batch_size):
-            if index >= rounds * world_size:
-                return
-            if index % world_size == rank:
-                yield {k: v[perm[lo:lo + batch_size]] for k, v in cols.items()}
-            index += 1
-        carry = {k: v[perm[full:]] for k, v in cols.items()}
-
-
 class LocalContext:
     """Plain single-process loop (no Ray): for debugging and ``train.num_workers = 0``."""
 
@@ -372,9 +332,11 @@ class LocalContext:
         self.history: list[dict[str, float]] = []
 
     def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
-        rng = np.random.default_rng([self.job.seed, epoch])
-        return store.iter_batches(self.job.dataset_dir, "train", batch_size, rng=rng,
-                                  drop_last=True)
+        # a Train worker's stream (one worker of one), so where a model trains does not
+        # change what it learns; its shards checked here, as the driver checks a job's
+        store.split_files(self.job.dataset_dir, "train", verify=True)
+        rows = store.load_manifest(self.job.dataset_dir).split("train")["num_rows"]
+        return shard_batches(self.job, rows, epoch, batch_size, 0, 1)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
         return store.iter_batches(self.job.dataset_dir, "validation", batch_size)

@@ -1,7 +1,7 @@
 """A population's batches: each dataset split made into tokens once and kept on the training
 device, and each model's epoch order as row indices (``spice_ray.train.population``).
 
-A model's batches are those a one-worker Ray Train job reads (``ray_train.shard_batches``: the
+A model's batches are those a one-worker Ray Train job reads (``stream.shard_batches``: the
 split in chunks of ``max(data.shard_size, train.batch_size)`` rows in task order, each chunk
 shuffled by the (seed, epoch) generator), as indices into the split, so a population gathers
 every model's batch on the device with one index per token field and no host work.
@@ -27,7 +27,7 @@ TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(Tokens))
 def epoch_order(chunk_rows: Sequence[int], batch_size: int, rng: np.random.Generator,
                 num_rows: int) -> np.ndarray:
     """Row indices of one epoch's batches, [steps, batch_size]: the batches that
-    :func:`spice_ray.train.loop.shuffled_batches` makes from chunks of these sizes with this
+    :func:`spice_ray.train.stream.shuffled_batches` makes from chunks of these sizes with this
     ``rng`` on one worker (each chunk plus the rows left over from the last is permuted and cut
     into batches), as indices into the split's rows in file order."""
     rounds = num_rows // batch_size

@@ -15,13 +15,12 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from spice_ray.common.artifacts import is_current
 from spice_ray.common.console import SILENT, Bar, Console
@@ -42,38 +41,17 @@ from spice_ray.train.loop import (
     fit,
     latest_intact,
     publish_final,
-    shuffled_batches,
     steps_per_epoch,
 )
 from spice_ray.train.prior import resolve_config
 from spice_ray.train.progress import ProgressReporter, QueueDrain, TrainBar, describe_loss
+from spice_ray.train.stream import (  # noqa: F401 (in_task_order: this module's name for it)
+    in_task_order,
+    shard_batches,
+    val_shard_batches,
+)
 
 log = logging.getLogger(__name__)
-
-
-def shard_batches(job: TrainJob, train_rows: int, epoch: int, batch_size: int, rank: int,
-                   world_size: int) -> Iterator[dict[str, Any]]:
-    """Every worker reads the whole train split from its Parquet shards in file order, in
-    chunks of ``max(data.shard_size, batch_size)`` rows, and keeps its share of
-    :func:`shuffled_batches`: the same seed gives the same batches whatever the timing.
-
-    The workers read the run directory's files themselves (on a cluster it is one shared
-    file system, as for checkpoints), verified by the driver before the job
-    (:func:`verify_dataset`). Ray Data's ingestion was used before and gave the same chunks,
-    but since every worker reads the whole split (nothing to shard), it only added to each
-    job's start-up (two split-coordinator actors, a read execution every epoch): 3.5 of 17 s
-    of a one-epoch smoke job on 2 cores.
-    """
-    chunks = store.iter_batches(job.dataset_dir, "train", max(job.cfg.data.shard_size,
-                                                               batch_size), verify=False)
-    return shuffled_batches(in_task_order(chunks), batch_size,
-                            np.random.default_rng([job.seed, epoch]), train_rows, rank,
-                            world_size)
-
-
-def val_shard_batches(job: TrainJob, batch_size: int) -> Iterator[dict[str, Any]]:
-    """Each worker scores the whole validation split, in file order."""
-    return store.iter_batches(job.dataset_dir, "validation", batch_size, verify=False)
 
 
 def verify_dataset(dataset_dir: str | Path) -> None:
@@ -167,24 +145,6 @@ def probe_outputs(model: nn.Module, job: TrainJob, num_tasks: int = 4) -> list[f
         out = model(tokens)
     parts = [out.logits] + ([out.prior_mean] if hasattr(out, "prior_mean") else [])
     return torch.cat([p.reshape(-1) for p in parts]).tolist()
-
-
-def in_task_order(chunks: Iterable[Mapping[str, Tensor]]) -> Iterator[Mapping[str, Tensor]]:
-    """Pass chunks through, refusing any whose task ids are not increasing across the stream:
-    the batches (and so the weights) are only reproducible from a stream in file order.
-
-    Raises:
-        RuntimeError: naming the first out-of-order task id.
-    """
-    last = -1
-    for chunk in chunks:
-        ids = torch.as_tensor(chunk["task_id"])
-        if len(ids) and (int(ids[0]) <= last or bool((ids[1:] <= ids[:-1]).any())):
-            raise RuntimeError(f"training rows arrived out of task order (task {int(ids[0])} "
-                               f"after {last}): the same seed would not give the same weights")
-        if len(ids):
-            last = int(ids[-1])
-        yield chunk
 
 
 def train_worker(config: dict[str, Any]) -> dict[str, Any]:
