@@ -844,7 +844,7 @@ def test_a_corrupt_table_is_flagged_in_the_listing_with_a_non_zero_exit(tmp_path
 
 def test_run_files_and_saved_weights_are_not_world_writable(tmp_path) -> None:
     """Ray's session logs (0777) kept their mode when copied into the run; safetensors wrote
-    the weights 0600 beside 0644 siblings."""
+    the weights 0600 beside 0644 siblings (then 0644 whatever the umask)."""
     from spice_ray.model import checkpoint as ckpt
     from spice_ray.model.registry import build_model
 
@@ -857,9 +857,21 @@ def test_run_files_and_saved_weights_are_not_world_writable(tmp_path) -> None:
     assert {oct(p.stat().st_mode & 0o777) for p in (ray_logs, ray_logs / "old")} == {"0o755"}
     assert oct((ray_logs / "old" / "raylet.out").stat().st_mode & 0o777) == "0o644"
     cfg = make_config("smoke", "bandit")
-    path = ckpt.save_checkpoint(tmp_path / "c", build_model("dpt", cfg), cfg, "hash", epoch=0)
-    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in path.iterdir()}
-    assert set(modes.values()) == {"0o644"}, modes
+    previous = os.umask(0o022)
+    try:
+        path = ckpt.save_checkpoint(tmp_path / "c", build_model("dpt", cfg), cfg, "hash",
+                                    epoch=0)
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in path.iterdir()}
+        assert set(modes.values()) == {"0o644"}, modes
+        # a lab's umask 027 (no access for others) is kept for the weights too, as for their
+        # siblings: never widened to 0644
+        os.umask(0o027)
+        path = ckpt.save_checkpoint(tmp_path / "d", build_model("dpt", cfg), cfg, "hash",
+                                    epoch=0)
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in path.iterdir()}
+        assert set(modes.values()) == {"0o640"}, modes
+    finally:
+        os.umask(previous)
 
 
 def test_a_hard_linked_lock_or_log_is_replaced_not_written_through(tmp_path, caplog) -> None:

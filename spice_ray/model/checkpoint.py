@@ -61,6 +61,19 @@ class CheckpointError(SpiceRayError, RuntimeError):
     """A checkpoint is missing, corrupted, or does not fit the environment."""
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_checkpoint(
     directory: str | Path,
     model: Any,
@@ -85,7 +98,7 @@ def save_checkpoint(
 
     def write(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS))
-        os.chmod(tmp / WEIGHTS, 0o644)  # safetensors writes 0600; its siblings are 0644
+        os.chmod(tmp / WEIGHTS, 0o666 & ~_umask())  # safetensors writes 0600; as its siblings
         files = [WEIGHTS]
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER)
