@@ -194,18 +194,24 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     from tools.fusion_probe import main as probe
 
     tuned = json.loads((run_dir / "results" / "tuning.json").read_text())["bandit"]["methods"]
-    chosen = tuned["SPICE"]["chosen"]
-    assert chosen.get("width") == "paper"  # the fusion config's own width: beta alone differs
-    point = ",".join(f"{k}={v}" for k, v in chosen.items() if k != "width")
+    chosen = tuned["SPICE"]["chosen"]  # at the paper's or the fitted width, as validation chose
+    paper = tuned["SPICE"]["paper"]  # the best at the fusion config's own width: a --point
+    assert paper.get("width") == "paper"  # sets beta alone
+    point = ",".join(f"{k}={v}" for k, v in paper.items() if k != "width")
     capsys.readouterr()
     assert probe([str(run_dir), "bandit", "--chosen", "--point", point, "--on-chosen",
                   "rule=greedy,beta=0"]) == 0
     scored = {what: float(mean) for what, mean, _, _ in
               (line.rsplit(None, 3) for line in capsys.readouterr().out.splitlines())}
     assert np.isfinite(scored["SPICE chosen, rule=greedy,beta=0"])  # the same posterior, greedy
-    best = next(r["mean"] for r in tuned["SPICE"]["grid"] if r["setting"] == chosen)
-    assert scored[f"SPICE chosen {chosen}"] == pytest.approx(best, abs=5e-3)
-    assert scored[f"SPICE {point}"] == scored[f"SPICE chosen {chosen}"]
+    recorded = {json.dumps(r["setting"], sort_keys=True): r["mean"]
+                for r in tuned["SPICE"]["grid"]}
+    assert scored[f"SPICE chosen {chosen}"] == pytest.approx(
+        recorded[json.dumps(chosen, sort_keys=True)], abs=5e-3)
+    assert scored[f"SPICE {point}"] == pytest.approx(
+        recorded[json.dumps(paper, sort_keys=True)], abs=5e-3)
+    if paper == chosen:
+        assert scored[f"SPICE {point}"] == scored[f"SPICE chosen {chosen}"]
     # --set finds models by what they are: with the study's own setting, the study's models
     assert probe([str(run_dir), "bandit", "--point", point, "--set",
                   "train.lambda_shrink=1.0"]) == 0
@@ -424,31 +430,32 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert str(moved.run_dir) in rewritten and rewritten.replace(str(moved.run_dir), "") == \
         again.replace(str(run_dir), "")
     assert _work_done(moved) == []
-    # a bit flipped in a table is found, and that experiment's tables are recomputed, equal
+    # a bit flipped in a table is found, and that experiment's tables are recomputed, equal;
+    # and (in the same re-run) a stored tuning record about to make a table is scored again
+    # first: an honest one passes (the tuned table deleted: rebuilt equal, tuning.json
+    # untouched)
     table = run_dir / "results" / "bandit_online.parquet"
     good = load(run_dir, "bandit_online")
     data = bytearray(table.read_bytes())
     data[len(data) // 2] ^= 1
     table.write_bytes(bytes(data))
-    run_study(plan_study("smoke", tmp_path / "run"))
-    pd.testing.assert_frame_equal(load(run_dir, "bandit_online"), good)
-    assert report.stat().st_mtime_ns != written  # work was done: the report is written again
-    after = _mtimes(run_dir)
-    changed = sorted(Path(k).name for k in after if after[k] != before[k])
-    assert changed == ["bandit_offline.parquet", "bandit_online.parquet",
-                       "bandit_robustness.parquet", "calibration.parquet"]
-    # a stored tuning record about to make a table is scored again first: an honest one
-    # passes (the tuned table deleted: rebuilt equal, tuning.json untouched); one forged to be
-    # self-consistent (SPICE's worst point chosen, its recorded mean lowered below every other,
-    # its resolution and the sidecar recomputed) is found and tuned again
-    from spice_ray.common.artifacts import write_checked_text
-
     tuning_file = run_dir / "results" / "tuning.json"
     honest, honest_bytes = load(run_dir, "bandit_tuned"), tuning_file.read_bytes()
     (run_dir / "results" / "bandit_tuned.parquet").unlink()
-    run_study(plan_study("smoke", tmp_path / "run", experiments=("bandit",)))
+    run_study(plan_study("smoke", tmp_path / "run"))
+    pd.testing.assert_frame_equal(load(run_dir, "bandit_online"), good)
     pd.testing.assert_frame_equal(load(run_dir, "bandit_tuned"), honest)
     assert tuning_file.read_bytes() == honest_bytes
+    assert report.stat().st_mtime_ns != written  # work was done: the report is written again
+    after = _mtimes(run_dir)
+    changed = sorted(Path(k).name for k in after if k not in before or after[k] != before[k])
+    assert changed == ["bandit_offline.parquet", "bandit_online.parquet",
+                       "bandit_robustness.parquet", "bandit_tuned.parquet",
+                       "calibration.parquet"]
+    # one forged to be self-consistent (SPICE's worst point chosen, its recorded mean lowered
+    # below every other, its resolution and the sidecar recomputed) is found and tuned again
+    from spice_ray.common.artifacts import write_checked_text
+
     forged = json.loads(honest_bytes)
     spice = forged["bandit"]["methods"]["SPICE"]
     worst = max(spice["grid"], key=lambda g: g["mean"])
