@@ -89,11 +89,11 @@ def shard_batches(job: TrainJob, train_rows: int, epoch: int, batch_size: int, r
     :func:`shuffled_batches`: the same seed gives the same batches whatever the timing.
 
     The workers read the run directory's files themselves (on a cluster it is one shared
-    file system, as for checkpoints), verified by the driver before the job
-    (:func:`verify_dataset`). Ray Data's ingestion was used before and gave the same chunks,
-    but since every worker reads the whole split (nothing to shard), it only added to each
-    job's start-up (two split-coordinator actors, a read execution every epoch): 3.5 of 17 s
-    of a one-epoch smoke job on 2 cores.
+    file system, as for checkpoints), unverified: the driver verifies them before a job
+    (``ray_train.verify_dataset``), the in-driver loop each epoch. Ray Data's ingestion was
+    used before and gave the same chunks, but since every worker reads the whole split
+    (nothing to shard), it only added to each job's start-up (two split-coordinator actors, a
+    read execution every epoch): 3.5 of 17 s of a one-epoch smoke job on 2 cores.
     """
     chunks = store.iter_batches(job.dataset_dir, "train", max(job.cfg.data.shard_size,
                                                                batch_size), verify=False)
