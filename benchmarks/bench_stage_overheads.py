@@ -7,7 +7,7 @@
    over workers, in file order) and each worker streaming the train split with
    ``get_dataset_shard("train").iter_torch_batches`` every epoch, as training did before.
    Current "Parquet": no datasets on the trainer; the worker reads the shards in file order
-   with ``store.iter_batches`` (what ``spice_ray.train.ray_train.shard_batches`` does). Each way
+   with ``store.iter_batches`` (what ``spice_ray.train.stream.shard_batches`` does). Each way
    is a whole one-worker job (0.5 CPU) that only streams its chunks for ``--epochs`` epochs and
    digests them, so the difference is the ingestion's cost per job, start-up included; the
    digests must be equal (the same chunks, so the same weights). Best of ``--repeats``

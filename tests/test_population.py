@@ -17,7 +17,7 @@ from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model, load_model, torch_threads
 from spice_ray.model.tokens import Tokens
 from spice_ray.train import population as pop_module
-from spice_ray.train.loop import LocalContext, TrainingDiverged, fit, shuffled_batches
+from spice_ray.train.loop import LocalContext, TrainingDiverged, fit
 from spice_ray.train.population import (
     PopulationError,
     epoch_order,
@@ -25,6 +25,7 @@ from spice_ray.train.population import (
     functional_template,
 )
 from spice_ray.train.ray_train import plan_job, settle_final
+from spice_ray.train.stream import shuffled_batches
 from spice_ray.train.together import ModelSpec, pretrain_many
 
 TOL = 1e-5

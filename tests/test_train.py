@@ -21,7 +21,7 @@ from spice_ray.data.store import iter_batches
 from spice_ray.model import DptModel, SpiceModel
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.model.registry import build_model, load_model, model_payload, torch_threads
-from spice_ray.train.loop import make_optimizer, shuffled_batches
+from spice_ray.train.loop import make_optimizer
 from spice_ray.train.ray_train import (
     plan_job,
     pretrain,
@@ -29,6 +29,7 @@ from spice_ray.train.ray_train import (
     train_local,
     train_with_ray,
 )
+from spice_ray.train.stream import shuffled_batches
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +255,7 @@ def test_workers_stream_the_split_in_file_order_and_the_driver_verifies_it(tmp_p
 
 
 def test_out_of_order_training_stream_is_refused() -> None:
-    from spice_ray.train.ray_train import in_task_order
+    from spice_ray.train.stream import in_task_order
 
     chunks = [{"task_id": torch.arange(0, 4)}, {"task_id": torch.arange(4, 8)}]
     assert len(list(in_task_order(chunks))) == 2

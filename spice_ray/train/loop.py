@@ -40,7 +40,7 @@ from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
 from spice_ray.train.losses import IGNORED_FIELDS, loss_for
-from spice_ray.train.stream import shard_batches, shuffled_batches  # noqa: F401 (re-exported)
+from spice_ray.train.stream import shard_batches
 
 log = logging.getLogger(__name__)
 
@@ -324,22 +324,27 @@ class LocalContext:
 
     world_size = 1
     rank = 0
+    verify_shards = True
+    """Check the shards' checksums each epoch before reading them (in a Train worker the
+    driver checked them before the job)."""
 
     def __init__(self, job: TrainJob, run_dir: Path, device: str = "cpu") -> None:
         self.job = job
         self.run_dir = Path(run_dir)
         self.device = torch.device(device)
         self.history: list[dict[str, float]] = []
+        self._train_rows = store.load_manifest(job.dataset_dir).split("train")["num_rows"]
 
     def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
         # a Train worker's stream (one worker of one), so where a model trains does not
-        # change what it learns; its shards checked here, as the driver checks a job's
-        store.split_files(self.job.dataset_dir, "train", verify=True)
-        rows = store.load_manifest(self.job.dataset_dir).split("train")["num_rows"]
-        return shard_batches(self.job, rows, epoch, batch_size, 0, 1)
+        # change what it learns
+        if self.verify_shards:
+            store.split_files(self.job.dataset_dir, "train", verify=True)
+        return shard_batches(self.job, self._train_rows, epoch, batch_size, 0, 1)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
-        return store.iter_batches(self.job.dataset_dir, "validation", batch_size)
+        return store.iter_batches(self.job.dataset_dir, "validation", batch_size,
+                                  verify=self.verify_shards)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return model

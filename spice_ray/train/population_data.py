@@ -68,7 +68,7 @@ def load_split(job: TrainJob, split: str, device: torch.device) -> Split:
     """``split`` of ``job``'s dataset, read as the loop reads it: in chunks of
     ``max(data.shard_size, train.batch_size)`` rows in task order (the chunks that fix the
     shuffle), made into tokens once, and moved to ``device``."""
-    from spice_ray.train.ray_train import in_task_order
+    from spice_ray.train.stream import in_task_order
 
     cfg = job.cfg
     chunks = store.iter_batches(job.dataset_dir, split, max(cfg.data.shard_size,

@@ -45,11 +45,7 @@ from spice_ray.train.loop import (
 )
 from spice_ray.train.prior import resolve_config
 from spice_ray.train.progress import ProgressReporter, QueueDrain, TrainBar, describe_loss
-from spice_ray.train.stream import (  # noqa: F401 (in_task_order: this module's name for it)
-    in_task_order,
-    shard_batches,
-    val_shard_batches,
-)
+from spice_ray.train.stream import shard_batches, val_shard_batches
 
 log = logging.getLogger(__name__)
 

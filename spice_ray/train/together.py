@@ -22,7 +22,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ import torch
 from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import SILENT, Bar, Console, count
 from spice_ray.config import ExperimentConfig
-from spice_ray.data import store
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.runtime.resources import gpus_available
 from spice_ray.runtime.tracking import TrainTracker
@@ -51,10 +50,8 @@ from spice_ray.train.ray_train import (
     plan_job,
     pretrain,
     settle_final,
-    shard_batches,
     start_tracking,
     threads_per_worker,
-    val_shard_batches,
     verify_dataset,
     worker_resources,
 )
@@ -71,18 +68,13 @@ class SeedContext(LocalContext):
     (``<run_dir>/local/epoch-*``, as in the plain loop), where a retried worker resumes.
     """
 
+    verify_shards = False  # the driver verified them before the job (verify_dataset)
+
     def __init__(self, job: TrainJob, run_dir: Path) -> None:
         import ray.train.torch
 
         super().__init__(job, run_dir)
         self.device = ray.train.torch.get_device()
-        self._train_rows = store.load_manifest(job.dataset_dir).split("train")["num_rows"]
-
-    def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
-        return shard_batches(self.job, self._train_rows, epoch, batch_size, 0, 1)
-
-    def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
-        return val_shard_batches(self.job, batch_size)
 
 
 DIVERGED = "diverged.txt"
