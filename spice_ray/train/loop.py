@@ -333,13 +333,16 @@ class LocalContext:
         self.run_dir = Path(run_dir)
         self.device = torch.device(device)
         self.history: list[dict[str, float]] = []
-        self._train_rows = store.load_manifest(job.dataset_dir).split("train")["num_rows"]
+        self._train_rows: int | None = None  # read when training starts, not to resume or load
 
     def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
         # a Train worker's stream (one worker of one), so where a model trains does not
         # change what it learns
         if self.verify_shards:
             store.split_files(self.job.dataset_dir, "train", verify=True)
+        if self._train_rows is None:
+            manifest = store.load_manifest(self.job.dataset_dir)
+            self._train_rows = int(manifest.split("train")["num_rows"])
         return shard_batches(self.job, self._train_rows, epoch, batch_size, 0, 1)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:

@@ -9,6 +9,7 @@ fixes its batches, and so its weights up to rounding.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ def shuffled_batches(
     index = 0
     carry: dict[str, Tensor] | None = None
     for chunk in chunks:
-        cols = {k: torch.as_tensor(v) for k, v in chunk.items()}
+        cols = {k: _tensor(v) for k, v in chunk.items()}
         if carry is not None:
             cols = {k: torch.cat([carry[k], v]) for k, v in cols.items()}
         n = len(next(iter(cols.values())))
@@ -64,6 +65,14 @@ def shuffled_batches(
         carry = {k: v[perm[full:]] for k, v in cols.items()}
 
 
+def _tensor(v: Any) -> Tensor:
+    """``v`` as a tensor without a copy. Arrow hands out read-only arrays; nothing here writes
+    to them (batches are gathered copies), so torch's warning about that is silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(v)
+
+
 def in_task_order(chunks: Iterable[Mapping[str, Tensor]]) -> Iterator[Mapping[str, Tensor]]:
     """Pass chunks through, refusing any whose task ids are not increasing across the stream:
     the batches (and so the weights) are only reproducible from a stream in file order.
@@ -73,7 +82,7 @@ def in_task_order(chunks: Iterable[Mapping[str, Tensor]]) -> Iterator[Mapping[st
     """
     last = -1
     for chunk in chunks:
-        ids = torch.as_tensor(chunk["task_id"])
+        ids = np.asarray(chunk["task_id"])  # read only: no tensor needed
         if len(ids) and (int(ids[0]) <= last or bool((ids[1:] <= ids[:-1]).any())):
             raise RuntimeError(f"training rows arrived out of task order (task {int(ids[0])} "
                                f"after {last}): the same seed would not give the same weights")
