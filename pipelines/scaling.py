@@ -8,7 +8,7 @@ on the latent and template bandits, trained through a geometric ladder of step b
 
 Each rung is a study run of its own (``<out>/<family>/rung-<m>x``, the `small` preset's
 experiment at m times its training steps, tuned on validation tasks and evaluated like the
-study) whose models resume from the rung below's final checkpoints, so the ladder trains each
+study; every rung in this process, on one Ray) whose models resume from the rung below's final checkpoints, so the ladder trains each
 model once. Interrupted, the same command resumes: finished rungs are current and skipped by
 their own stages. After every rung, ``<out>/scaling.parquet`` (one row per rung and quantity,
 with a SHA-256 sidecar), ``scaling.md`` and ``scaling.png`` are rewritten.
@@ -17,7 +17,7 @@ with a SHA-256 sidecar), ``scaling.md`` and ``scaling.png`` are rewritten.
 from __future__ import annotations
 
 import argparse
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ladder table from {len(done)} finished rung(s): {paths[0]} ({paths[1].name}, "
               f"{paths[2].name})")
         return 0
+    # every rung's study runs in this process, on one Ray (started by the first rung, joined by
+    # the rest): a rung in a process of its own paid the interpreter, the imports and Ray's
+    # start-up again, about 20 s a rung on 2 cores
+    full_run = runpy.run_path(str(FULL_RUN), run_name="scaling_rung")["cli"]
     below: dict[str, Path] = {}
     for i, rung in enumerate(rungs, 1):
         print(f"scaling ladder [{i}/{len(rungs)}] {rung.family} {rung.multiple}x: "
@@ -94,12 +98,16 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
             if seed_datasets(below[rung.family], rung):
                 print(f"  reads the datasets of {below[rung.family].name} (copied)", flush=True)
-        cmd = [sys.executable, str(FULL_RUN), "--preset", args.preset, "--experiments",
-               rung.family, "--out", str(rung.run_dir)]
-        cmd += [a for o in rung.overrides for a in ("--set", o)]
+        argv = ["--preset", args.preset, "--experiments", rung.family, "--out",
+                str(rung.run_dir)]
+        argv += [a for o in rung.overrides for a in ("--set", o)]
         if args.address:
-            cmd += ["--address", args.address]
-        code = subprocess.run(cmd, check=False).returncode
+            argv += ["--address", args.address]
+        try:
+            full_run(argv)
+            code = 0
+        except SystemExit as exc:  # full_run's one-line errors have printed their line
+            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
         if code != 0:
             print(f"error: rung {rung.family} {rung.multiple}x failed (exit {code}); the same "
                   "command resumes it", file=sys.stderr)

@@ -430,32 +430,23 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     assert str(moved.run_dir) in rewritten and rewritten.replace(str(moved.run_dir), "") == \
         again.replace(str(run_dir), "")
     assert _work_done(moved) == []
-    # a bit flipped in a table is found, and that experiment's tables are recomputed, equal;
-    # and (in the same re-run) a stored tuning record about to make a table is scored again
-    # first: an honest one passes (the tuned table deleted: rebuilt equal, tuning.json
-    # untouched)
+    # one re-run finds three things: a bit flipped in a table (that experiment's tables are
+    # recomputed, equal); a tuning record forged to be self-consistent (SPICE's worst point
+    # chosen, its recorded mean lowered below every other, its resolution and the sidecar
+    # recomputed), scored again before it makes a table, found and tuned again; and an honest
+    # record about to make a table (bandit20's tuned table deleted), which passes its
+    # re-score and is kept as it was
+    from spice_ray.common.artifacts import write_checked_text
+
     table = run_dir / "results" / "bandit_online.parquet"
     good = load(run_dir, "bandit_online")
     data = bytearray(table.read_bytes())
     data[len(data) // 2] ^= 1
     table.write_bytes(bytes(data))
     tuning_file = run_dir / "results" / "tuning.json"
-    honest, honest_bytes = load(run_dir, "bandit_tuned"), tuning_file.read_bytes()
-    (run_dir / "results" / "bandit_tuned.parquet").unlink()
-    run_study(plan_study("smoke", tmp_path / "run"))
-    pd.testing.assert_frame_equal(load(run_dir, "bandit_online"), good)
-    pd.testing.assert_frame_equal(load(run_dir, "bandit_tuned"), honest)
-    assert tuning_file.read_bytes() == honest_bytes
-    assert report.stat().st_mtime_ns != written  # work was done: the report is written again
-    after = _mtimes(run_dir)
-    changed = sorted(Path(k).name for k in after if k not in before or after[k] != before[k])
-    assert changed == ["bandit_offline.parquet", "bandit_online.parquet",
-                       "bandit_robustness.parquet", "bandit_tuned.parquet",
-                       "calibration.parquet"]
-    # one forged to be self-consistent (SPICE's worst point chosen, its recorded mean lowered
-    # below every other, its resolution and the sidecar recomputed) is found and tuned again
-    from spice_ray.common.artifacts import write_checked_text
-
+    honest_bytes = tuning_file.read_bytes()
+    honest = {name: load(run_dir, f"{name}_tuned") for name in ("bandit", "bandit20")}
+    (run_dir / "results" / "bandit20_tuned.parquet").unlink()
     forged = json.loads(honest_bytes)
     spice = forged["bandit"]["methods"]["SPICE"]
     worst = max(spice["grid"], key=lambda g: g["mean"])
@@ -466,9 +457,18 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
         spice["paper"] = paper_choice(spice)
     write_checked_text(tuning_file, json.dumps(forged, indent=1))
     assert record_problem(forged["bandit"]) is None  # consistent: only a re-score finds it
-    run_study(plan_study("smoke", tmp_path / "run", experiments=("bandit",)))
-    pd.testing.assert_frame_equal(load(run_dir, "bandit_tuned"), honest)
-    assert json.loads(tuning_file.read_text())["bandit"] == json.loads(honest_bytes)["bandit"]
+    run_study(plan_study("smoke", tmp_path / "run"))
+    pd.testing.assert_frame_equal(load(run_dir, "bandit_online"), good)
+    for name, frame in honest.items():
+        pd.testing.assert_frame_equal(load(run_dir, f"{name}_tuned"), frame)
+    assert json.loads(tuning_file.read_text()) == json.loads(honest_bytes)
+    assert report.stat().st_mtime_ns != written  # work was done: the report is written again
+    after = _mtimes(run_dir)
+    changed = sorted(Path(k).name for k in after if k not in before or after[k] != before[k])
+    # (bandit's tuned table is current again once its record is tuned back to the honest one)
+    assert changed == ["bandit20_tuned.parquet", "bandit_offline.parquet",
+                       "bandit_online.parquet", "bandit_robustness.parquet",
+                       "calibration.parquet"]
 
 
 def test_bad_set_fails_before_any_work(tmp_path, capsys) -> None:
