@@ -8,10 +8,11 @@ on the latent and template bandits, trained through a geometric ladder of step b
 
 Each rung is a study run of its own (``<out>/<family>/rung-<m>x``, the `small` preset's
 experiment at m times its training steps, tuned on validation tasks and evaluated like the
-study; every rung in this process, on one Ray) whose models resume from the rung below's final checkpoints, so the ladder trains each
-model once. Interrupted, the same command resumes: finished rungs are current and skipped by
-their own stages. After every rung, ``<out>/scaling.parquet`` (one row per rung and quantity,
-with a SHA-256 sidecar), ``scaling.md`` and ``scaling.png`` are rewritten.
+study; every rung in this process, on one Ray) whose models resume from the rung below's
+final checkpoints, so the ladder trains each model once. Interrupted, the same command
+resumes: finished rungs are current and skipped by their own stages. After every rung,
+``<out>/scaling.parquet`` (one row per rung and quantity, with a SHA-256 sidecar),
+``scaling.md`` and ``scaling.png`` are rewritten.
 """
 
 from __future__ import annotations
