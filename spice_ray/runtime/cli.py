@@ -290,7 +290,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
     import ray
     from ray.data import DataContext
 
-    if ray.is_initialized():
+    if ray.is_initialized():  # joined again (e.g. the scaling ladder's next rung): its logs
+        _route_ray_loggers(console if verbose else None)  # follow this run's directory
         return ray
     if address:
         check_reachable(address)
