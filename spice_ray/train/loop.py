@@ -40,7 +40,7 @@ from spice_ray.model.registry import build_model
 from spice_ray.model.tokens import Tokens, make_tokens
 from spice_ray.model.trunk import TrunkModel
 from spice_ray.train.losses import IGNORED_FIELDS, loss_for
-from spice_ray.train.stream import shard_batches
+from spice_ray.train.stream import shard_batches, val_shard_batches
 
 log = logging.getLogger(__name__)
 
@@ -333,21 +333,16 @@ class LocalContext:
         self.run_dir = Path(run_dir)
         self.device = torch.device(device)
         self.history: list[dict[str, float]] = []
-        self._train_rows: int | None = None  # read when training starts, not to resume or load
 
     def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
         # a Train worker's stream (one worker of one), so where a model trains does not
         # change what it learns
         if self.verify_shards:
             store.split_files(self.job.dataset_dir, "train", verify=True)
-        if self._train_rows is None:
-            manifest = store.load_manifest(self.job.dataset_dir)
-            self._train_rows = int(manifest.split("train")["num_rows"])
-        return shard_batches(self.job, self._train_rows, epoch, batch_size, 0, 1)
+        return shard_batches(self.job, epoch, batch_size, 0, 1)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
-        return store.iter_batches(self.job.dataset_dir, "validation", batch_size,
-                                  verify=self.verify_shards)
+        return val_shard_batches(self.job, batch_size, verify=self.verify_shards)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return model

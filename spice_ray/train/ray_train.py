@@ -80,11 +80,9 @@ class RayContext:
         self._scratch = scratch_root(self.run_dir) / f"rank-{self.rank}"
         shutil.rmtree(self._scratch, ignore_errors=True)
         self._scratch.mkdir(parents=True)
-        self._train_rows = store.load_manifest(job.dataset_dir).split("train")["num_rows"]
 
     def train_batches(self, epoch: int, batch_size: int) -> Iterator[dict[str, Any]]:
-        return shard_batches(self.job, self._train_rows, epoch, batch_size, self.rank,
-                              self.world_size)
+        return shard_batches(self.job, epoch, batch_size, self.rank, self.world_size)
 
     def val_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
         return val_shard_batches(self.job, batch_size)
