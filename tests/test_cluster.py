@@ -375,7 +375,7 @@ def test_local_multinode_cluster_places_work_by_label_and_runs_the_study(tmp_pat
             study = subprocess.run(
                 [sys.executable, str(ROOT / "pipelines" / "full_run.py"), "--preset", "smoke",
                  "--address", "auto", "--out", str(tmp_path / "run"), "--experiments",
-                 "bandit", "--set", "train.num_workers=1", "--set",
+                 "darkroom_dpt_star", "--set", "train.num_workers=1", "--set",
                  "data.ray_data_min_tasks=0"],  # Ray Data even at smoke size
                 env=cluster.env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
             assert study.returncode == 0, study.stderr[-4000:]

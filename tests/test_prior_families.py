@@ -113,6 +113,22 @@ def _importance_posterior(env, counts: np.ndarray, sums: np.ndarray, n: int = 40
     return mean, w @ mu**2 - mean**2
 
 
+def test_rowwise_products_are_the_broadcast_sums_and_the_same_in_any_batch() -> None:
+    """The exact posteriors' products (``envs.bayes.rowwise_matmul``): each row summed on its
+    own, bit for bit the broadcast product summed over K, whatever the batch a row is in and
+    whatever the operands' memory layout (the call sites pass transposed grids)."""
+    from spice_ray.envs.bayes import rowwise_matmul
+
+    rng = np.random.default_rng(0)
+    for B, K, N in ((500, 10, 1024), (500, 1024, 10), (37, 5, 64), (1, 300, 7)):
+        x, m = rng.normal(size=(B, K)), rng.normal(size=(N, K)).T  # m: a transposed view
+        got = rowwise_matmul(x, m)
+        want = (x[:, :, None] * np.ascontiguousarray(m)[None]).sum(1)
+        assert np.array_equal(got, want), (B, K, N)
+        for rows in (slice(-1, None), slice(0, 3), slice(1, None, 2)):
+            assert np.array_equal(rowwise_matmul(np.asfortranarray(x[rows]), m), got[rows])
+
+
 @pytest.mark.parametrize("name", ["bandit_template", "bandit_latent", "linear_bandit"])
 def test_exact_posteriors_match_monte_carlo(name: str) -> None:
     env = _env(name)

@@ -53,6 +53,34 @@ def test_a_real_probe_times_a_learned_agent_on_an_untrained_model() -> None:
     assert eval_rates.rollout_seconds(cfg, AgentSpec("ucb"), None, 4) == 0.0
 
 
+def test_a_probe_is_one_rollout_timed_at_both_lengths_with_eager_heads(monkeypatch) -> None:
+    """One rollout to the longer probe length, the clock read as the shorter length's step
+    begins; one untimed run before the first probe of a model shape, none before the next;
+    the value heads eager (a dry run compiles nothing)."""
+    cfg = make_config("smoke", "darkroom", overrides=["model.head_kernel=compiled"])
+    runs, kernels = [], []
+    real_run, real_build = eval_rates.run_online, eval_rates.build_model
+
+    def run_online(agent, env, tasks, horizon, *args):
+        runs.append((horizon, isinstance(agent, eval_rates._Stopwatch)))
+        return real_run(agent, env, tasks, horizon, *args)
+
+    def build_model(kind, cfg_, generator):
+        kernels.append(cfg_.model.head_kernel)
+        return real_build(kind, cfg_, generator)
+
+    monkeypatch.setattr(eval_rates, "_WARMED", set())
+    monkeypatch.setattr(eval_rates, "run_online", run_online)
+    monkeypatch.setattr(eval_rates, "build_model", build_model)
+    a, b = eval_rates._probe(cfg, AgentSpec("spice"), "spice", 4)
+    longer = min(eval_rates.PROBE_STEPS[1], cfg.eval.online_horizon)  # smoke: the horizon, 20
+    assert runs == [(8, False), (longer, True)] and kernels == ["eager"] and a > 0 and b >= 0
+    eval_rates._probe(cfg, AgentSpec("spice", sample=False), "spice", 4)  # the same shape
+    assert runs[2:] == [(longer, True)]
+    laps = eval_rates._Stopwatch(AgentSpec("random"), [8])
+    assert laps.method == "random" and laps.laps == []  # otherwise the agent it wraps
+
+
 @pytest.mark.parametrize("kind", ["spice", "dpt"])
 def test_step_flops_are_one_task_counted_times_the_batch(kind) -> None:
     """The dry run counts one task's forward + backward and multiplies: the same count as the

@@ -96,8 +96,15 @@ def rowwise_matmul(x: np.ndarray, m: np.ndarray) -> np.ndarray:
     """x @ m for x [B, K] and m [K, N], each row summed on its own: a row's bits do not depend
     on the batch it is in. (A BLAS product blocks its work by the whole matrix's shape, so the
     same task gave values ~1e-16 apart in batches of 1, 125 or 500, enough to move an argmax
-    between arms whose exact means are equal.) [B, N], float64."""
-    return (np.asarray(x, np.float64)[:, :, None] * np.asarray(m, np.float64)[None]).sum(1)
+    between arms whose exact means are equal.) [B, N], float64.
+
+    ``np.einsum`` without ``optimize``, on row-major copies, sums each output in its own loop
+    over K in index order, as the broadcast product summed over K does, bit for bit, without
+    the [B, K, N] temporary: 6-16x faster at the latent bandit's 1,024 angles. (Its loop order
+    follows the operands' memory layout, hence the copies; ``optimize=True`` would hand the
+    product to BLAS.)"""
+    return np.einsum("bk,kn->bn", np.ascontiguousarray(x, np.float64),
+                     np.ascontiguousarray(m, np.float64))  # one layout: one loop order
 
 
 def exact_ties(values: np.ndarray, decimals: int = 12) -> np.ndarray:
