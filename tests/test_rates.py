@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -79,6 +81,37 @@ def test_a_probe_is_one_rollout_timed_at_both_lengths_with_eager_heads(monkeypat
     assert runs[2:] == [(longer, True)]
     laps = eval_rates._Stopwatch(AgentSpec("random"), [8])
     assert laps.method == "random" and laps.laps == []  # otherwise the agent it wraps
+
+
+_SIDE_BY_SIDE = """
+import os
+from spice_ray.agents import AgentSpec
+from spice_ray.config import make_config
+from spice_ray.evaluate import rates
+cfg = make_config("smoke", "darkroom")
+asked = [(AgentSpec("random"), None, 4), (AgentSpec("count"), None, 8),
+         (AgentSpec("random"), None, 8)]
+with rates.collecting() as wanted:
+    assert [rates.rollout_seconds(cfg, s, k, n) for s, k, n in asked] == [0.0] * 3
+assert len(wanted) == 3 and rates._MEASURED == {}
+rates.probe_all(wanted + wanted[:1], 2)
+assert sorted(rates._MEASURED) == sorted(w[0] for w in wanted), rates._MEASURED
+assert all(a > 0 and b >= 0 for a, b in rates._MEASURED.values())
+times = [rates.rollout_seconds(cfg, s, k, n) for s, k, n in asked]  # probed: no new probe
+assert all(t > 0 for t in times) and len(rates._MEASURED) == 3
+print("OK", os.getpid())
+"""
+
+
+def test_a_plans_probes_are_collected_then_timed_side_by_side_in_forks(tmp_path) -> None:
+    """The dry run's two passes: the first collects the probes (each 0 s), ``probe_all`` times
+    them in two forks (the probes of a shape in one), the second reads them. In a fresh
+    interpreter, as ``--dry-run`` runs (this test process may have joined Ray, where the
+    probes run one after another)."""
+    proc = subprocess.run([sys.executable, "-c", _SIDE_BY_SIDE], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("OK"), proc.stderr[-3000:]
+    assert "one by one" not in proc.stderr  # the forks ran (no fall-back)
 
 
 @pytest.mark.parametrize("kind", ["spice", "dpt"])

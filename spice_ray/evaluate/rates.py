@@ -18,9 +18,16 @@ two-run probes this replaced: 0.58x and 0.89x.)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import math
+import multiprocessing
+import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import numpy as np
@@ -32,6 +39,8 @@ from spice_ray.data.tasks import generate_tasks
 from spice_ray.evaluate.online import agent_draws, online_noise, run_online
 from spice_ray.model.registry import build_model, torch_threads
 
+log = logging.getLogger(__name__)
+
 PROBE_STEPS = (8, 24)
 """The two probe lengths (fewer where the horizon is shorter)."""
 
@@ -40,6 +49,58 @@ _MEASURED: dict[str, tuple[float, float]] = {}
 
 _WARMED: set[str] = set()
 """Model shapes (with the environment and task count) already run once in this process."""
+
+
+Probe = tuple[str, ExperimentConfig, AgentSpec, "str | None", int]
+"""(key, cfg, spec, kind, num_tasks) of one rollout to probe."""
+
+_WANTED: list[Probe] | None = None
+"""While :func:`collecting`: the probes :func:`rollout_seconds` was asked for."""
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[Probe]]:
+    """Within: :func:`rollout_seconds` of anything not yet probed records it in the list
+    yielded and returns 0.0 (a plan's first pass, so that :func:`probe_all` can time the
+    probes side by side)."""
+    global _WANTED
+    _WANTED, wanted = [], _WANTED
+    try:
+        yield _WANTED
+    finally:
+        _WANTED = wanted
+
+
+def probe_all(wanted: list[Probe], workers: int) -> None:
+    """Probe every rollout of ``wanted`` not yet probed, in ``workers`` forks of this process
+    side by side (as evaluation actors run), the probes of one model shape in one fork (it is
+    warmed up once); one after another here where ``workers`` is 1, there is one shape, this
+    process has joined Ray (a fork would copy its connection's state, not its threads), or the
+    forks cannot run."""
+    todo: dict[str, Probe] = {}
+    for probe in wanted:
+        if probe[0] not in _MEASURED:
+            todo.setdefault(probe[0], probe)
+    groups: dict[str, list[Probe]] = {}
+    for key, cfg, spec, kind, n in todo.values():
+        shape = repr((kind, cfg.model if kind else None, cfg.env, n))
+        groups.setdefault(shape, []).append((key, cfg, spec, kind, n))
+    ray = sys.modules.get("ray")
+    if workers > 1 and len(groups) > 1 and not (ray is not None and ray.is_initialized()):
+        try:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(min(workers, len(groups)), mp_context=context) as pool:
+                for measured in pool.map(_probe_group, groups.values()):
+                    _MEASURED.update(measured)
+            return
+        except (OSError, BrokenProcessPool, ValueError) as exc:
+            log.warning("rollout probes side by side failed (%s); probing one by one", exc)
+    for group in groups.values():
+        _MEASURED.update(_probe_group(group))
+
+
+def _probe_group(group: list[Probe]) -> dict[str, tuple[float, float]]:
+    return {key: _probe(cfg, spec, kind, n) for key, cfg, spec, kind, n in group}
 
 
 def actor_tasks(cfg: ExperimentConfig, num_tasks: int) -> int:
@@ -59,6 +120,9 @@ def rollout_seconds(cfg: ExperimentConfig, spec: AgentSpec, kind: str | None,
     key = repr((spec.method, spec.rule(), spec.fusion.kernel, spec.fusion.target, kind,
                 cfg.model if kind else None, cfg.env, num_tasks))
     if key not in _MEASURED:
+        if _WANTED is not None:  # a first pass over a plan: what it would probe
+            _WANTED.append((key, cfg, spec, kind, num_tasks))
+            return 0.0
         _MEASURED[key] = _probe(cfg, spec, kind, num_tasks)
     a, b = _MEASURED[key]
     steps = cfg.eval.online_horizon * cfg.eval.episodes

@@ -85,7 +85,16 @@ def side_by_side_seconds(model_seconds: list[float], tc: TrainConfig) -> float:
 
 
 def describe_plan(plan: StudyPlan) -> str:
-    """What ``run_study`` would do: stages, resources, expected sizes and rough times."""
+    """What ``run_study`` would do: stages, resources, expected sizes and rough times. A first
+    pass collects the rollouts to probe, which are then timed side by side on the machine's
+    CPUs (:func:`rates.probe_all`), and a second pass writes the plan with their times."""
+    with rates.collecting() as wanted:
+        _describe(plan)
+    rates.probe_all(wanted, os.cpu_count() or 1)
+    return _describe(plan)
+
+
+def _describe(plan: StudyPlan) -> str:
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     lines = [f"run directory: {plan.run_dir}", ""]
     if load > 0.5 * cpus:  # every time below that is timed now is timed on a shared machine

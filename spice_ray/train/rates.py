@@ -73,6 +73,17 @@ def counted_flops(cfg: ExperimentConfig, kind: str, num_tasks: int) -> float:
     """Matmul FLOPs of a forward + backward of a ``kind`` model for ``cfg`` on a batch of
     ``num_tasks`` generated tasks, as ``torch.utils.flop_counter`` counts them (the eager
     heads: the same math as the fused ones, countable; causal attention not included)."""
+    key = repr((kind, cfg, num_tasks))
+    if key not in _COUNTED:
+        _COUNTED[key] = _count_flops(cfg, kind, num_tasks)
+    return _COUNTED[key]
+
+
+_COUNTED: dict[str, float] = {}
+"""FLOPs already counted in this process, by kind, config and task count."""
+
+
+def _count_flops(cfg: ExperimentConfig, kind: str, num_tasks: int) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     counted = cfg.replace(model=dataclasses.replace(cfg.model, head_kernel="eager"))
