@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -162,13 +164,25 @@ def test_the_tuning_grid_on_ray_tune_equals_in_process(ray_local, setup, tmp_pat
     assert tune_grid.points_per_trial(tune_grid.TRIAL_STEPS // 3) == 2
     assert tune_grid.points_per_trial(tune_grid.TRIAL_STEPS + 1) == 1
     assert tune_grid.chunks_of([0, 0, 0, 1, 1, 1], [2, 3]) == [[0, 1], [2], [3, 4, 5]]
-    done = {}
+    done, seen = {}, []
     monkeypatch.setattr(tune_grid, "MAX_FAILURES", 0)  # each re-run starts a process
+    run, system = tmp_path / "run", tmp_path / "system-temp"
+    run.mkdir()
+    system.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system))  # where the scratch went before
+
+    def on_done(i, scores):  # Tune's experiment is written inside the run, nowhere else
+        seen.append(sorted(p.name.split("-")[0] for p in run.iterdir()))
+        done.setdefault(i, scores)
+
     with pytest.raises(RuntimeError, match=r"tuning b: 4 of 10 grid points have no score, "
                        r"the first SPICE at \{'beta': 0.5\} \(.*CheckpointError: .*missing/"
                        r"meta.json does not exist"):
         tune_grid.score_grid([pending("a", path), pending("b", str(tmp_path / "missing"))],
-                             CFG.eval, lambda i, scores: done.setdefault(i, scores))
+                             CFG.eval, on_done, scratch=run)
+    assert seen == [[".tuning"]] and list(run.iterdir()) == []
+    # (wandb, a [test] extra, makes its media and artifact folders there when Tune imports it)
+    assert [p.name for p in system.iterdir() if "wandb" not in p.name] == []
     models = ModelCache()
     want = pd.DataFrame([{"method": c.key[0], "config": c.key[1],
                           **score_point(c, sources, seeds, CFG.env, data, models)}

@@ -76,7 +76,8 @@ def test_a_probe_is_one_rollout_timed_at_both_lengths_with_eager_heads(monkeypat
     monkeypatch.setattr(eval_rates, "build_model", build_model)
     a, b = eval_rates._probe(cfg, AgentSpec("spice"), "spice", 4)
     longer = min(eval_rates.PROBE_STEPS[1], cfg.eval.online_horizon)  # smoke: the horizon, 20
-    assert runs == [(8, False), (longer, True)] and kernels == ["eager"] and a > 0 and b >= 0
+    assert runs == [(8, False), (longer, True)] and kernels == ["eager"]
+    assert a >= 0 <= b and a + b > 0  # a measured time (noise may put it all in a or b)
     eval_rates._probe(cfg, AgentSpec("spice", sample=False), "spice", 4)  # the same shape
     assert runs[2:] == [(longer, True)]
     laps = eval_rates._Stopwatch(AgentSpec("random"), [8])
@@ -96,7 +97,7 @@ with rates.collecting() as wanted:
 assert len(wanted) == 3 and rates._MEASURED == {}
 rates.probe_all(wanted + wanted[:1], 2)
 assert sorted(rates._MEASURED) == sorted(w[0] for w in wanted), rates._MEASURED
-assert all(a > 0 and b >= 0 for a, b in rates._MEASURED.values())
+assert all(a >= 0 and b >= 0 and a + b > 0 for a, b in rates._MEASURED.values())
 times = [rates.rollout_seconds(cfg, s, k, n) for s, k, n in asked]  # probed: no new probe
 assert all(t > 0 for t in times) and len(rates._MEASURED) == 3
 print("OK", os.getpid())

@@ -210,7 +210,7 @@ def test_the_tuning_stage_reads_only_the_validation_split(monkeypatch) -> None:
 
     scored = []
 
-    def score_grid(pending, eval_cfg, on_done, console=None):
+    def score_grid(pending, eval_cfg, on_done, console=None, scratch=None):
         """What the Tune trials compute, in this process: each point's score on every task
         under every seed, as ``tuning.final_scores`` reads the rows."""
         for i, p in enumerate(pending):
@@ -415,7 +415,7 @@ def test_the_stage_writes_each_experiments_choices_as_they_come_in_in_its_order(
 
     written = []
 
-    def score_grid(pending, eval_cfg, on_done, console=None):
+    def score_grid(pending, eval_cfg, on_done, console=None, scratch=None):
         assert [p.name for p in pending] == ["bandit", "darkroom"]
         for i in (1, 0):  # darkroom's trials finish first
             on_done(i, pd.DataFrame())

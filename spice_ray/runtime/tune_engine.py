@@ -48,25 +48,30 @@ def new_tuner(trainable: Any, *, name: str, storage: str, max_concurrent: int,
             callbacks=list(callbacks)))
 
 
-def fit(tuner: Any, logger: str, quiet: bool = True) -> Any:
+def fit(tuner: Any, logger: str, quiet: bool = True, trial_logs: bool = True) -> Any:
     """``tuner.fit()``, Tune's prints sent to the logger named ``logger`` (the run's log)
-    where ``quiet``; returns its ``ResultGrid``.
+    where ``quiet``; returns its ``ResultGrid``. ``trial_logs=False``: without the CSV, JSON
+    and TensorBoard files Tune writes of every trial's results by default
+    (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``), for an experiment nobody reads.
 
     Tune's own SIGINT handler is left out (``TUNE_DISABLE_SIGINT_HANDLER``): it ended the fit
     quietly with trials unfinished, so a Ctrl-C in the tuning stage surfaced as "grid points
     have no score" with a traceback. The driver's handler (``runtime.cli.run_main``) then stops
     the run as in any other stage: one line, exit 130, the same command resumes.
     """
-    before = os.environ.get(_NO_TUNE_SIGINT)
-    os.environ[_NO_TUNE_SIGINT] = "1"
+    switches = {_NO_TUNE_SIGINT: "1", **({} if trial_logs else {_NO_TRIAL_LOGS: "1"})}
+    before = {name: os.environ.get(name) for name in switches}
+    os.environ.update(switches)
     try:
         with printed_to_log(logging.getLogger(logger), enabled=quiet):
             return tuner.fit()
     finally:
-        if before is None:
-            os.environ.pop(_NO_TUNE_SIGINT, None)
-        else:
-            os.environ[_NO_TUNE_SIGINT] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 _NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
+_NO_TRIAL_LOGS = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"

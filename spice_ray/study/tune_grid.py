@@ -21,10 +21,10 @@ job once and keep the checkpoints they loaded
 starting it and the trial processes costs ~8 s on the 2-core machine, each trial 75-100 ms
 of Tune's controller.
 
-Tune's experiment directory is scratch (a temporary directory, deleted after): what the stage
-keeps is ``results/tuning.json``. A trial whose process died is run again
-(:data:`MAX_FAILURES` times); a point still without a score is an error that names it and the
-trial's error.
+Tune's experiment directory is scratch (a temporary directory in the run directory, deleted
+after; Tune's per-trial loggers off): what the stage keeps is ``results/tuning.json``. A trial
+whose process died is run again (:data:`MAX_FAILURES` times); a point still without a score is
+an error that names it and the trial's error.
 """
 
 from __future__ import annotations
@@ -156,12 +156,15 @@ def _trial_progress(on_chunk: Callable[[int, list[dict[str, Any]]], None]) -> An
 
 
 def score_grid(pending: Sequence[Pending], eval_cfg: EvalConfig,
-               on_done: Callable[[int, pd.DataFrame], None], console: Console = SILENT
-               ) -> None:
+               on_done: Callable[[int, pd.DataFrame], None], console: Console = SILENT,
+               scratch: Path | None = None) -> None:
     """Score every point of every experiment in ``pending`` on Ray Tune (needs a running Ray),
     :func:`points_per_trial` consecutive points of one experiment a trial;
     ``on_done(i, scores)`` as soon as ``pending[i]``'s last point is in, with one row per
-    point in grid order (method, config, mean, sem, n, per_task).
+    point in grid order (method, config, mean, sem, n, per_task). Tune's experiment is
+    written in a temporary directory under ``scratch`` (the run directory; None: the
+    system's), deleted after, without Tune's per-trial CSV, JSON and TensorBoard loggers
+    (nothing reads them).
 
     Raises:
         RuntimeError: a point has no score after :data:`MAX_FAILURES` re-runs, or scored a
@@ -205,12 +208,12 @@ def score_grid(pending: Sequence[Pending], eval_cfg: EvalConfig,
     bundle = actor_bundle(eval_cfg.actor_cpus, eval_cfg.actor_gpus)  # an evaluation actor's
     trainable = tune.with_resources(tune.with_parameters(grid_trial, job=[ref]),
                                     tune.PlacementGroupFactory([bundle]))
-    with tempfile.TemporaryDirectory(prefix="spice-ray-tuning-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=".tuning-", dir=scratch) as storage:
         tuner = engine.new_tuner(
-            trainable, name="tuning", storage=scratch, max_concurrent=eval_cfg.num_actors,
+            trainable, name="tuning", storage=storage, max_concurrent=eval_cfg.num_actors,
             max_failures=MAX_FAILURES, callbacks=[_trial_progress(on_chunk)],
             param_space={"chunk": tune.grid_search(list(range(len(chunks))))})
-        grid = engine.fit(tuner, f"{__name__}.tune")
+        grid = engine.fit(tuner, f"{__name__}.tune", trial_logs=False)
     bar.close(f"{count(len(scores), 'grid point')} of {count(len(pending), 'experiment')} "
               f"in {count(len(chunks), 'Tune trial')}, {eval_cfg.num_actors} at a time")
     missing = [i for i in range(len(points)) if i not in scores]
@@ -318,7 +321,8 @@ def tune_all(configs: dict[str, ExperimentConfig], run_dir: Path, datasets: dict
                              f"same in every tuned experiment of a run, not {sorted(resources)}")
         score_grid(pending, configs[pending[0].name].eval,
                    lambda i, scores: record_done(pending[i].name,
-                                                 finish(pending[i], scores), False), console)
+                                                 finish(pending[i], scores), False), console,
+                   scratch=run_dir)
     return {n: done[n] for n in order}
 
 
@@ -330,5 +334,6 @@ def tune_experiment(name: str, cfg: ExperimentConfig, dataset: Path, finals: Fin
     if not isinstance(got, Pending):
         return got
     out: list[dict[str, Any]] = []
-    score_grid([got], cfg.eval, lambda i, scores: out.append(finish(got, scores)))
+    score_grid([got], cfg.eval, lambda i, scores: out.append(finish(got, scores)),
+               scratch=Path(cfg.out_dir) if Path(cfg.out_dir).is_dir() else None)
     return out[0]
