@@ -86,11 +86,15 @@ def side_by_side_seconds(model_seconds: list[float], tc: TrainConfig) -> float:
 
 def describe_plan(plan: StudyPlan) -> str:
     """What ``run_study`` would do: stages, resources, expected sizes and rough times. A first
-    pass collects the rollouts to probe, which are then timed side by side on the machine's
-    CPUs (:func:`rates.probe_all`), and a second pass writes the plan with their times."""
+    pass collects the rollouts to probe, which are then timed side by side, as many at once as
+    evaluation actors run (``eval.num_actors``, at most one per CPU: :func:`rates.probe_all`),
+    and a second pass writes the plan with their times."""
     with rates.collecting() as wanted:
         _describe(plan)
-    rates.probe_all(wanted, os.cpu_count() or 1)
+    actors = max((c.eval.num_actors for c in plan.configs.values()), default=1)
+    usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")  # Linux
+              else os.cpu_count() or 1)
+    rates.probe_all(wanted, min(actors, usable))
     return _describe(plan)
 
 
