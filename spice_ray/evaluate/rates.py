@@ -48,7 +48,7 @@ _MEASURED: dict[str, tuple[float, float]] = {}
 """(a, b) of rollouts already probed in this process, by what their cost depends on."""
 
 _WARMED: set[str] = set()
-"""Model shapes (with the environment and task count) already run once in this process."""
+"""Shapes (:func:`_shape`) already run once in this process."""
 
 
 Probe = tuple[str, ExperimentConfig, AgentSpec, "str | None", int]
@@ -64,11 +64,11 @@ def collecting() -> Iterator[list[Probe]]:
     yielded and returns 0.0 (a plan's first pass, so that :func:`probe_all` can time the
     probes side by side)."""
     global _WANTED
-    _WANTED, wanted = [], _WANTED
+    _WANTED, previous = [], _WANTED
     try:
         yield _WANTED
     finally:
-        _WANTED = wanted
+        _WANTED = previous
 
 
 def probe_all(wanted: list[Probe], workers: int) -> None:
@@ -82,9 +82,8 @@ def probe_all(wanted: list[Probe], workers: int) -> None:
         if probe[0] not in _MEASURED:
             todo.setdefault(probe[0], probe)
     groups: dict[str, list[Probe]] = {}
-    for key, cfg, spec, kind, n in todo.values():
-        shape = repr((kind, cfg.model if kind else None, cfg.env, n))
-        groups.setdefault(shape, []).append((key, cfg, spec, kind, n))
+    for probe in todo.values():
+        groups.setdefault(_shape(probe[1], probe[3], probe[4]), []).append(probe)
     ray = sys.modules.get("ray")
     if workers > 1 and len(groups) > 1 and not (ray is not None and ray.is_initialized()):
         try:
@@ -97,6 +96,11 @@ def probe_all(wanted: list[Probe], workers: int) -> None:
             log.warning("rollout probes side by side failed (%s); probing one by one", exc)
     for group in groups.values():
         _MEASURED.update(_probe_group(group))
+
+
+def _shape(cfg: ExperimentConfig, kind: str | None, num_tasks: int) -> str:
+    """What a probe's untimed first run warms: the model (if any), environment and task count."""
+    return repr((kind, cfg.model if kind else None, cfg.env, num_tasks))
 
 
 def _probe_group(group: list[Probe]) -> dict[str, tuple[float, float]]:
@@ -136,7 +140,7 @@ def _probe(cfg: ExperimentConfig, spec: AgentSpec, kind: str | None, num_tasks: 
     tasks = env.eval_tasks(data)
     horizon = cfg.eval.online_horizon * cfg.eval.episodes
     lengths = sorted({max(1, min(h, horizon)) for h in PROBE_STEPS})
-    shape = repr((kind, cfg.model if kind else None, cfg.env, num_tasks))
+    shape = _shape(cfg, kind, num_tasks)
     with torch_threads(1):  # as in an evaluation actor
         model = None
         if kind is not None:
