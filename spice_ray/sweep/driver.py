@@ -77,6 +77,7 @@ from spice_ray.sweep.resources import auto_max_concurrent, bundles_total, trial_
 from spice_ray.sweep.trial import (
     OPTIMISE_METRIC,
     REGRET_METRIC,
+    SWEEPS_DIR,
     TRIAL_ROWS,
     make_trainable,
 )
@@ -85,9 +86,6 @@ if TYPE_CHECKING:
     from ray.tune import ResultGrid
 
 log = logging.getLogger(__name__)
-
-SWEEPS_DIR = "sweeps"
-"""Sub-directory of the run directory holding Tune experiments and sweep tables."""
 
 
 @dataclass

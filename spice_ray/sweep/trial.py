@@ -45,8 +45,14 @@ from spice_ray.sweep.resources import trial_resources
 
 log = logging.getLogger(__name__)
 
+SWEEPS_DIR = "sweeps"
+"""Sub-directory of the run directory holding Tune experiments and sweep tables."""
 TRIAL_ROWS = "rows.parquet"
 """File name of a trial's tidy rows inside its Tune checkpoint."""
+STAGING = ".staging"
+"""Where in the run's sweeps folder a trial writes its rows before Tune takes them into its
+checkpoint (a directory per report, removed once reported): inside the run, never the
+system's temporary directory."""
 REGRET_METRIC = CUMULATIVE_REGRET
 """Metric of the rows the summary and the trial metrics are computed from."""
 OPTIMISE_METRIC = "regret_mean"
@@ -214,13 +220,15 @@ def sweep_trainable(
     if _matches(config, fail_if):
         raise SweepFault(f"fault injection: trial {params_json(config)} fails on purpose")
     chunks = cfg.sweep.report_chunks()
+    staging = Path(cfg.out_dir) / SWEEPS_DIR / STAGING
+    staging.mkdir(parents=True, exist_ok=True)
     for k, rows in enumerate(evaluate_chunks(cfg, dataset_dir, checkpoints, curve_points,
                                              train_in_trial, chunks), 1):
         metrics = regret_stats(rows)
         metrics |= {"chunk": k, "chunks": chunks, "seconds": time.perf_counter() - t0,
                     "finished_at": time.time(), "placement_group": pg.id.hex(),
                     "captures_actors": True}
-        with tempfile.TemporaryDirectory(prefix="spice_sweep_") as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"{pg.id.hex()[:12]}-", dir=staging) as tmp:
             write_frame(Path(tmp) / TRIAL_ROWS, rows)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
 
