@@ -40,8 +40,12 @@ def test_rollout_seconds_extrapolate_the_probes_to_the_horizon(monkeypatch) -> N
     seconds = eval_rates.rollout_seconds(cfg, spec, None, 8)
     assert seconds == pytest.approx(0.01 * 60 + 0.001 * 60 * 60)  # 2 episodes of 30 steps
     assert eval_rates.rollout_seconds(cfg, spec, None, 8) == seconds and len(calls) == 1
-    eval_rates.rollout_seconds(cfg, spec, None, 16)  # another task count is probed again
+    # fewer tasks: the probe scaled by their number; more: probed again, on that many
+    assert eval_rates.rollout_seconds(cfg, spec, None, 2) == pytest.approx(seconds / 4)
+    assert len(calls) == 1
+    assert eval_rates.rollout_seconds(cfg, spec, None, 16) == pytest.approx(seconds)
     assert calls == [("random", None, 8), ("random", None, 16)]
+    assert eval_rates.rollout_seconds(cfg, spec, None, 8) == pytest.approx(seconds / 2)
     assert eval_rates.actor_tasks(cfg, 17) == -(-17 // cfg.eval.num_actors)
 
 
@@ -96,17 +100,20 @@ with rates.collecting() as wanted:
     assert [rates.rollout_seconds(cfg, s, k, n) for s, k, n in asked] == [0.0] * 3
 assert len(wanted) == 3 and rates._MEASURED == {}
 rates.probe_all(wanted + wanted[:1], 2)
-assert sorted(rates._MEASURED) == sorted(w[0] for w in wanted), rates._MEASURED
-assert all(a >= 0 and b >= 0 and a + b > 0 for a, b in rates._MEASURED.values())
+# each agent once, on the most tasks asked for (random on 8, not also on 4)
+assert {k: v[0] for k, v in rates._MEASURED.items()} == {wanted[1][0]: 8, wanted[2][0]: 8}
+assert all(a >= 0 and b >= 0 and a + b > 0 for _, a, b in rates._MEASURED.values())
 times = [rates.rollout_seconds(cfg, s, k, n) for s, k, n in asked]  # probed: no new probe
-assert all(t > 0 for t in times) and len(rates._MEASURED) == 3
+assert all(t > 0 for t in times) and len(rates._MEASURED) == 2
+assert times[0] == times[2] / 2  # random on 4 tasks: its probe on 8, halved
 print("OK", os.getpid())
 """
 
 
 def test_a_plans_probes_are_collected_then_timed_side_by_side_in_forks(tmp_path) -> None:
     """The dry run's two passes: the first collects the probes (each 0 s), ``probe_all`` times
-    them in two forks (the probes of a shape in one), the second reads them. In a fresh
+    them in two forks (the probes of a shape in one; an agent once, on its most tasks), the
+    second reads them. In a fresh
     interpreter, as ``--dry-run`` runs (this test process may have joined Ray, where the
     probes run one after another)."""
     proc = subprocess.run([sys.executable, "-c", _SIDE_BY_SIDE], capture_output=True,
@@ -126,3 +133,30 @@ def test_step_flops_are_one_task_counted_times_the_batch(kind) -> None:
     assert train_rates.attention_flops(cfg, 3) == attention
     whole = train_rates.counted_flops(cfg, kind, 3) + attention  # the batch counted at once
     assert train_rates.step_flops(cfg, kind, 3) == pytest.approx(whole, rel=1e-12)
+
+
+_COUNT = """
+import sys
+from spice_ray.config import make_config
+from spice_ray.train import rates
+cfg = make_config("smoke", "darkroom")
+if sys.argv[1] == "guarded":  # torch's own wrapper: it imports the compiler stack
+    rates._without_compiler_guard = lambda: None
+flops = rates.counted_flops(cfg, "spice", 2)
+print(repr(flops), "torch._dynamo" in sys.modules)
+"""
+
+
+def test_a_flop_count_is_torchs_without_importing_its_compiler() -> None:
+    """The dry run's FLOP counts equal ``FlopCounterMode``'s as torch wraps it, without the
+    import of ``torch._dynamo`` that wrapper makes (seconds of every dry run). In fresh
+    interpreters: this process may have imported it already."""
+    counts = {}
+    for how in ("guarded", "unguarded"):
+        proc = subprocess.run([sys.executable, "-c", _COUNT, how], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        counts[how] = proc.stdout.split()
+    assert counts["guarded"][0] == counts["unguarded"][0] and float(counts["guarded"][0]) > 0
+    assert counts == {"guarded": [counts["guarded"][0], "True"],
+                      "unguarded": [counts["guarded"][0], "False"]}

@@ -9,6 +9,11 @@ h steps is fitted as ``a h + b h^2`` from two probe lengths. The model's value h
 (a dry run compiles nothing and writes nothing). A probe is one rollout to the longer length,
 the clock read as the shorter length's step begins; the first probe of a model shape on a
 task count is preceded by one untimed run (allocation, first-call costs). Nothing is written.
+An agent probed on n tasks gives the time on fewer tasks scaled by their number: a plan asks for
+the same agent on validation and eval shards of different sizes, and probes it once, on the
+larger (on the ``paper`` preset's plan, the probes on half as many tasks measured 0.9-1.1x
+the scaled times where they took over a second; rollouts batch their tasks, so time grows a
+little faster than the task count, and scaling down errs long).
 
 Against whole rollouts timed the same way (2-core machine, paper-size models, eager heads) the
 estimate came to 0.64x (bandit, 100 tasks, H = 500) and 0.83x (darkroom, 50 tasks, H = 100)
@@ -44,15 +49,17 @@ log = logging.getLogger(__name__)
 PROBE_STEPS = (8, 24)
 """The two probe lengths (fewer where the horizon is shorter)."""
 
-_MEASURED: dict[str, tuple[float, float]] = {}
-"""(a, b) of rollouts already probed in this process, by what their cost depends on."""
+_MEASURED: dict[str, tuple[int, float, float]] = {}
+"""(tasks, a, b) of rollouts already probed in this process, by what their cost depends on
+but the task count: a and b are for ``tasks`` tasks."""
 
 _WARMED: set[str] = set()
 """Shapes (:func:`_shape`) already run once in this process."""
 
 
 Probe = tuple[str, ExperimentConfig, AgentSpec, "str | None", int]
-"""(key, cfg, spec, kind, num_tasks) of one rollout to probe."""
+"""(key, cfg, spec, kind, num_tasks) of one rollout to probe (the key: what its cost depends
+on but the task count)."""
 
 _WANTED: list[Probe] | None = None
 """While :func:`collecting`: the probes :func:`rollout_seconds` was asked for."""
@@ -77,10 +84,11 @@ def probe_all(wanted: list[Probe], workers: int) -> None:
     warmed up once); one after another here where ``workers`` is 1, there is one shape, this
     process has joined Ray (a fork would copy its connection's state, not its threads), or the
     forks cannot run."""
-    todo: dict[str, Probe] = {}
+    todo: dict[str, Probe] = {}  # each agent once, on the most tasks it is asked for
     for probe in wanted:
-        if probe[0] not in _MEASURED:
-            todo.setdefault(probe[0], probe)
+        key, tasks = probe[0], probe[4]
+        if not _probed(key, tasks) and tasks > (todo[key][4] if key in todo else 0):
+            todo[key] = probe
     groups: dict[str, list[Probe]] = {}
     for probe in todo.values():
         groups.setdefault(_shape(probe[1], probe[3], probe[4]), []).append(probe)
@@ -103,8 +111,13 @@ def _shape(cfg: ExperimentConfig, kind: str | None, num_tasks: int) -> str:
     return repr((kind, cfg.model if kind else None, cfg.env, num_tasks))
 
 
-def _probe_group(group: list[Probe]) -> dict[str, tuple[float, float]]:
-    return {key: _probe(cfg, spec, kind, n) for key, cfg, spec, kind, n in group}
+def _probe_group(group: list[Probe]) -> dict[str, tuple[int, float, float]]:
+    return {key: (n, *_probe(cfg, spec, kind, n)) for key, cfg, spec, kind, n in group}
+
+
+def _probed(key: str, num_tasks: int) -> bool:
+    """Whether the rollout ``key`` was probed on at least ``num_tasks`` tasks."""
+    return key in _MEASURED and _MEASURED[key][0] >= num_tasks
 
 
 def actor_tasks(cfg: ExperimentConfig, num_tasks: int) -> int:
@@ -116,21 +129,22 @@ def rollout_seconds(cfg: ExperimentConfig, spec: AgentSpec, kind: str | None,
                     num_tasks: int) -> float:
     """Seconds of one online rollout of ``spec`` (over the full horizon and every episode) on
     ``num_tasks`` tasks in one process with one thread; ``kind``: the model kind it reads
-    (None: model-free). Probed once per agent kind, model size, environment and task count in
-    a process; 0 where ``spec`` does not act online in this environment."""
+    (None: model-free). Probed once per agent kind, model size and environment in a process,
+    on the most tasks asked for, and scaled to fewer; 0 where ``spec`` does not act online in
+    this environment."""
     env = cfg.environment()
     if not spec.applies_to(env, True):
         return 0.0
     key = repr((spec.method, spec.rule(), spec.fusion.kernel, spec.fusion.target, kind,
-                cfg.model if kind else None, cfg.env, num_tasks))
-    if key not in _MEASURED:
+                cfg.model if kind else None, cfg.env))
+    if not _probed(key, num_tasks):
         if _WANTED is not None:  # a first pass over a plan: what it would probe
             _WANTED.append((key, cfg, spec, kind, num_tasks))
             return 0.0
-        _MEASURED[key] = _probe(cfg, spec, kind, num_tasks)
-    a, b = _MEASURED[key]
+        _MEASURED[key] = (num_tasks, *_probe(cfg, spec, kind, num_tasks))
+    probed, a, b = _MEASURED[key]
     steps = cfg.eval.online_horizon * cfg.eval.episodes
-    return a * steps + b * steps * steps
+    return (a * steps + b * steps * steps) * num_tasks / probed
 
 
 def _probe(cfg: ExperimentConfig, spec: AgentSpec, kind: str | None, num_tasks: int

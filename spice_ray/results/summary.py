@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from spice_ray.results.schema import KEY, NO_SEED, metric_info
 from spice_ray.results.tables import ResultsError
@@ -39,6 +38,8 @@ RESAMPLES = 2000
 
 def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
     """Interquartile mean: the mean of the middle 50% of the values."""
+    from scipy import stats  # here: scipy's import costs seconds a plan or a listing skips
+
     return stats.trim_mean(values, 0.25, axis=axis)
 
 
@@ -62,6 +63,8 @@ def bootstrap_ci(values: np.ndarray, statistic=np.mean, confidence: float = 0.95
     finite = values[np.isfinite(values)]
     if np.all(finite == finite[0]):
         return float(finite[0]), float(finite[0])
+    from scipy import stats  # here: scipy's import costs seconds a plan or a listing skips
+
     rng = np.random.default_rng(seed)
     if values.ndim == 1:
         res = stats.bootstrap((values,), statistic, n_resamples=RESAMPLES,

@@ -86,6 +86,7 @@ _COUNTED: dict[str, float] = {}
 def _count_flops(cfg: ExperimentConfig, kind: str, num_tasks: int) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
+    _without_compiler_guard()
     counted = cfg.replace(model=dataclasses.replace(cfg.model, head_kernel="eager"))
     batch = generate_tasks(counted.env, counted.data, "train", np.arange(num_tasks))
     model = build_model(kind, counted, torch.Generator().manual_seed(0))
@@ -94,6 +95,22 @@ def _count_flops(cfg: ExperimentConfig, kind: str, num_tasks: int) -> float:
         loss, _ = compute_loss(model, batch, kind, counted, torch.device("cpu"))
         loss.backward()
     return float(counter.get_total_flops())
+
+
+def _without_compiler_guard() -> None:
+    """Let ``FlopCounterMode`` count without importing torch's compiler stack.
+
+    torch wraps every dispatch mode's ``__torch_dispatch__`` so that ``torch.compile`` leaves
+    it alone, and the wrapper imports ``torch._dynamo`` (4 s here, sympy included) the first
+    time it runs, to build the guard it then keeps on the wrapped function. Nothing in a FLOP
+    count is compiled, so the function is given itself as that guard; where torch no longer
+    wraps it so (another version), this does nothing and the count imports as before."""
+    from torch.utils import flop_counter
+
+    mode = getattr(flop_counter, "_FlopCounterMode", None)
+    raw = getattr(getattr(mode, "__torch_dispatch__", None), "__wrapped__", None)
+    if callable(raw) and not hasattr(raw, "__dynamo_disable"):
+        setattr(raw, "__dynamo_disable", raw)  # the name torch's wrapper caches its guard as
 
 
 def step_flops(cfg: ExperimentConfig, kind: str, batch_size: int | None = None) -> float:
