@@ -11,9 +11,12 @@ the clock read as the shorter length's step begins; the first probe of a model s
 task count is preceded by one untimed run (allocation, first-call costs). Nothing is written.
 An agent probed on n tasks gives the time on fewer tasks scaled by their number: a plan asks for
 the same agent on validation and eval shards of different sizes, and probes it once, on the
-larger (on the ``paper`` preset's plan, the probes on half as many tasks measured 0.9-1.1x
-the scaled times where they took over a second; rollouts batch their tasks, so time grows a
-little faster than the task count, and scaling down errs long).
+larger. On the ``paper`` preset's plan (2-core machine, two probes of each) the learned
+agents' probes on half as many tasks measured 0.8-1.2x their scaled times, but the bandit's
+SPICE on 100 tasks 1.5x (costs per step that do not shrink with the tasks: scaled down, a
+small shard's time errs short); the model-free agents' probes differ as much between two
+probes on the same tasks (0.3-5x: their few milliseconds a step leave the fitted h^2 term to
+timing noise), scaled or not.
 
 Against whole rollouts timed the same way (2-core machine, paper-size models, eager heads) the
 estimate came to 0.64x (bandit, 100 tasks, H = 500) and 0.83x (darkroom, 50 tasks, H = 100)
