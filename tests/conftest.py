@@ -6,6 +6,7 @@ import contextlib
 import os
 import runpy
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,14 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_worker_niceness", "0")  # as init_ray starts a local Ray
+# The suite's two workers share the machine's cores, and torch (and numpy's BLAS) would give
+# each worker one thread per core: four threads, two spinning, on two cores (four of the
+# modules took 58 s with 101 CPU-seconds that way, 40-44 s with 64-69 at one thread each). One
+# thread per test process, and in every process a test starts (they inherit the variable;
+# Ray's workers and Train's set their own counts as a run does).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): the variable came too late
+    sys.modules["torch"].set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
