@@ -103,8 +103,9 @@ def _without_compiler_guard() -> None:
     torch wraps every dispatch mode's ``__torch_dispatch__`` so that ``torch.compile`` leaves
     it alone, and the wrapper imports ``torch._dynamo`` (4 s here, sympy included) the first
     time it runs, to build the guard it then keeps on the wrapped function. Nothing in a FLOP
-    count is compiled, so the function is given itself as that guard; where torch no longer
-    wraps it so (another version), this does nothing and the count imports as before."""
+    count is compiled, so the function is given itself as that guard (for the rest of the
+    process: nothing in the platform compiles under a ``FlopCounterMode``); where torch no
+    longer wraps it so (another version), this does nothing and the count imports as before."""
     from torch.utils import flop_counter
 
     mode = getattr(flop_counter, "_FlopCounterMode", None)
