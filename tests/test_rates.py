@@ -113,9 +113,8 @@ print("OK", os.getpid())
 def test_a_plans_probes_are_collected_then_timed_side_by_side_in_forks(tmp_path) -> None:
     """The dry run's two passes: the first collects the probes (each 0 s), ``probe_all`` times
     them in two forks (the probes of a shape in one; an agent once, on its most tasks), the
-    second reads them. In a fresh
-    interpreter, as ``--dry-run`` runs (this test process may have joined Ray, where the
-    probes run one after another)."""
+    second reads them. In a fresh interpreter, as ``--dry-run`` runs (this test process may
+    have joined Ray, where the probes run one after another)."""
     proc = subprocess.run([sys.executable, "-c", _SIDE_BY_SIDE], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.startswith("OK"), proc.stderr[-3000:]

@@ -100,13 +100,13 @@ def test_table_and_summary(resumed: dict[str, Any], models: dict[str, Any]) -> N
         final.to_dict())
     # actors ran inside each trial's placement group (Tune captures child tasks)
     assert result.trials["captures_actors"].all()
+    assert result.trials["placement_group"].str.len().gt(0).all()
     # each report's rows were staged inside the run (not the system's temporary directory),
     # and every staging directory removed once Tune took its checkpoint
     from spice_ray.sweep.trial import STAGING
 
     staging = Path(models["out"]) / "sweeps" / STAGING
     assert staging.is_dir() and list(staging.iterdir()) == []
-    assert result.trials["placement_group"].str.len().gt(0).all()
 
 
 @pytest.mark.ray
