@@ -233,8 +233,9 @@ def test_search_spaces_are_checked_counted_and_hashed_stably() -> None:
 def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any], capfd, caplog) -> None:
     """Four Optuna trials over the schedule and beta (drawn for the fixed schedule only), each
     reporting its running regret after each quarter of the tasks; ASHA stops at least one, and
-    the tables say which; no configuration runs twice. Tune's banner and Optuna's INFO lines
-    go to the log, not the terminal."""
+    the tables say which; no configuration runs twice; the trials after the first reuse its
+    evaluation actors. Tune's banner and Optuna's INFO lines go to the log, not the
+    terminal."""
     import logging
 
     from ray import tune
@@ -260,6 +261,11 @@ def test_optuna_asha_sweep_stops_a_trial_early(models: dict[str, Any], capfd, ca
         assert line not in printed and line in caplog.text, (line, printed[-2000:])
     trials = result.trials
     assert len(trials) == 4 and trials["params"].nunique() == 4
+    # one trial after another in the trial process Tune reuses: a later trial finds the
+    # evaluation actors the first started (and their models loaded), and starts none
+    per_trial = cfg.sweep.actors_per_trial
+    assert set(trials["actors_started"]) <= {0, per_trial}, trials["actors_started"].tolist()
+    assert (trials["actors_started"] == 0).any() and trials["actors_started"].max() == per_trial
     fixed = trials["fusion.beta_schedule"] == "fixed"
     assert (trials.loc[~fixed, "fusion.beta"] == base_beta).all() and (~fixed).sum() <= 1
     assert (trials["chunks"] == 4).all()

@@ -206,6 +206,8 @@ class EvalPool:
     def __init__(self) -> None:
         self._key: tuple[float, float] | None = None
         self._actors: list[Any] = []
+        self.started = 0
+        """Actors this pool has started (replacements included)."""
 
     def actors(self, eval_cfg: EvalConfig, m: int) -> list[Any]:
         """The first ``m`` actors for ``eval_cfg``'s resources, started as needed."""
@@ -215,6 +217,7 @@ class EvalPool:
             self._key = key
         while len(self._actors) < m:
             self._actors.append(_actor_class(eval_cfg).remote(eval_cfg.actor_gpus > 0))
+            self.started += 1
         return self._actors[:m]
 
     def replace(self, eval_cfg: EvalConfig, actor: Any) -> Any:
@@ -223,6 +226,7 @@ class EvalPool:
 
         ray.kill(actor, no_restart=True)
         fresh = _actor_class(eval_cfg).remote(eval_cfg.actor_gpus > 0)
+        self.started += 1
         self._actors = [fresh if a is actor else a for a in self._actors]
         return fresh
 

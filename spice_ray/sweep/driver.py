@@ -217,8 +217,8 @@ def _trial_frames(grid: ResultGrid, name: str, split: str
         info = {"trial_id": str(metrics.get("trial_id", "")), "params": params_json(params),
                 **{k: v for k, v in metrics.items()
                    if k in ("regret_mean", "regret_sem", "n_tasks", "n_seeds", "seconds",
-                            "finished_at", "placement_group", "captures_actors", "chunk",
-                            "chunks")}}
+                            "finished_at", "placement_group", "captures_actors", "actors_started",
+                            "chunk", "chunks")}}
         info["stopped_early"] = int(metrics.get("chunk", 1)) < int(metrics.get("chunks", 1))
         flat = flatten_params(params)
         rows.insert(0, "sweep", name)
