@@ -112,6 +112,46 @@ def test_td_targets_by_hand(n: int, gamma: float, expected: list[float]) -> None
     torch.testing.assert_close(td_targets(R, V, n, gamma), t([expected]))
 
 
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [
+        # a window cut by the end bootstraps from V(s_5) = 40 after the rewards it has left
+        (1, [1 + 0.5 * 10, 2 + 0.5 * 20, 3 + 0.5 * 30, 4 + 0.5 * 40]),
+        (2, [1 + 1 + 0.25 * 20, 2 + 1.5 + 0.25 * 30, 3 + 2.0 + 0.25 * 40, 4 + 0.5 * 40]),
+        (5, [1 + 1 + 0.75 + 0.5 + 0.0625 * 40, 2 + 1.5 + 1.0 + 0.125 * 40,
+             3 + 2.0 + 0.25 * 40, 4 + 0.5 * 40]),
+    ],
+)
+def test_td_targets_with_a_bootstrapped_tail_by_hand(n: int, expected: list[float]) -> None:
+    torch.testing.assert_close(td_targets(R, V, n, 0.5, "bootstrap"), t([expected]))
+
+
+def test_train_tail_moves_the_value_loss_and_not_a_default_configs_identity() -> None:
+    from spice_ray.config.sections import without_later_defaults
+
+    g = torch.Generator().manual_seed(1)
+    B, T, K, A = 2, 4, 3, 2
+    q, logits = torch.randn(B, T + 1, K, A, generator=g), torch.randn(B, T + 1, A, generator=g)
+    tokens = Tokens(query_state=torch.zeros(B, 1), states=torch.zeros(B, T, 1),
+                    actions=t([[0, 1, 1, 0], [1, 1, 0, 0]]),
+                    rewards=t([[1.0, 0.0, 0.5, 1.0], [0.2, 0.3, 0.9, 0.0]]),
+                    next_states=torch.zeros(B, T, 1), label=t([1, 0]),
+                    behaviour_probs=t([[0.5, 0.5], [0.8, 0.2]]))
+    paper = TrainConfig(gamma=0.5, td_n=2)
+    departed = dataclasses.replace(paper, tail="bootstrap")
+    qbar = q.mean(-2)  # (B, T+1, A): transition t's values at position t-1, V(s_{t+1}) at t
+    y = td_targets(tokens.rewards, qbar[:, 1:].amax(-1), 2, 0.5, "bootstrap")
+    _, parts = spice_loss(fake_output(q, logits), tokens, departed, anchor=t(0.0))
+    torch.testing.assert_close(parts["td"], td_loss(qbar[:, :-1], tokens.actions, y))
+    _, paper_parts = spice_loss(fake_output(q, logits), tokens, paper, anchor=t(0.0))
+    assert paper_parts["td"] != parts["td"] and paper_parts["policy"] == parts["policy"]
+    # a field added later: checkpoints trained before it stay current at its default
+    assert "tail" not in without_later_defaults("train", dataclasses.asdict(paper))
+    assert without_later_defaults("train", dataclasses.asdict(departed))["tail"] == "bootstrap"
+    with pytest.raises(ValueError, match="train.tail"):
+        TrainConfig(tail="cut")
+
+
 def naive_td_targets(r: list[float], v: list[float], n: int, gamma: float) -> list[float]:
     """The paper's formula, one t at a time (1-indexed t, v[t-1] = V(s_{t+1}))."""
     T = len(r)

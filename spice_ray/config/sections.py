@@ -20,7 +20,7 @@ from spice_ray import envs
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.config.grids import GRIDS
 from spice_ray.envs.labels import parse_label
-from spice_ray.fusion.posterior import TAIL_DEFAULT
+from spice_ray.fusion.posterior import TAIL_DEFAULT, TAILS
 from spice_ray.fusion.width import WIDTH_SOURCE_DEFAULT
 
 HEAD_KERNELS = ("auto", "compiled", "eager")
@@ -174,7 +174,8 @@ LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
                                                        "population": False,
                                                        "lambda_shrink": 1.0,
                                                        "shrink_form": "prefix",
-                                                       "value_target": "reward"}}
+                                                       "value_target": "reward",
+                                                       "tail": TAIL_DEFAULT}}
 """Fields added to a section after results were made with it, left out of what identifies
 those results at these values (:func:`without_later_defaults`: a model's training identity
 and architecture spec, an evaluation's inputs): what was made before them is what the default
@@ -293,6 +294,12 @@ class TrainConfig:
     bootstrap: Literal["max", "mean"] = "max"
     """V(s_{t+n}) in the TD(n) targets: max_a' Q-bar (the paper) or the mean over actions (the
     uniform behaviour policy's value, free of maximisation bias)."""
+    tail: Literal["truncate", "bootstrap"] = TAIL_DEFAULT
+    """A TD(n) window cut by the training context's end: not bootstrapped (the paper's
+    indicator t + n <= T, so the last n - 1 transitions' targets are sums of the few rewards
+    left and the heads' values there fall towards 0), or bootstrapped from the value at the
+    last state it reaches ("bootstrap", a departure; ``fusion.tail`` is the same choice for the
+    context's evidence at test time)."""
     head_targets: Literal["mean", "bootstrap"] = "mean"
     """What TD(n) fits: the ensemble mean (the paper) or each head to its own targets on its
     own half of the tasks, bootstrapping from itself (sigma_Q then responds to data)."""
@@ -379,6 +386,7 @@ class TrainConfig:
         _check(0.0 <= self.gamma <= 1.0, "train.gamma", self.gamma, "a float in [0, 1]")
         _check(self.bootstrap in ("max", "mean"), "train.bootstrap", self.bootstrap,
                "one of max, mean")
+        _check(self.tail in TAILS, "train.tail", self.tail, f"one of {', '.join(TAILS)}")
         _check(self.shrink_form in ("prefix", "average"), "train.shrink_form",
                self.shrink_form, "one of prefix, average")
         _check(self.shrink_prior in ("fixed", "data"), "train.shrink_prior", self.shrink_prior,

@@ -175,7 +175,8 @@ def spice_loss(
     q_mean, q_std = _upcast(out.prior_mean), _upcast(out.prior_std)  # (B, T+1, A) x2
     q_pred, q_next = align_to_transitions(q_mean)  # (B, T, A) x2
     next_values = bootstrap_values(q_next.detach(), cfg.bootstrap)  # (B, T): V(s_{t+1})
-    y = td_targets(tokens.rewards.to(q_pred.dtype), next_values, cfg.td_n, cfg.gamma)  # (B, T)
+    y = td_targets(tokens.rewards.to(q_pred.dtype), next_values, cfg.td_n, cfg.gamma,
+                   cfg.tail)  # (B, T)
     if cfg.head_targets == "bootstrap":
         if task_ids is None:
             raise ValueError("train.head_targets=bootstrap needs the batch's task ids")

@@ -14,18 +14,26 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from spice_ray.config import TrainConfig
-from spice_ray.fusion.posterior import bootstrap_values, gaussian_posterior, nstep_targets
+from spice_ray.fusion.posterior import (
+    TAIL_DEFAULT,
+    bootstrap_values,
+    gaussian_posterior,
+    nstep_targets,
+)
 from spice_ray.model.ensemble import ValueEnsemble
 from spice_ray.model.spice import align_to_transitions
 from spice_ray.model.tokens import Tokens
 
 
-def td_targets(rewards: Tensor, next_values: Tensor, n: int, gamma: float) -> Tensor:
+def td_targets(rewards: Tensor, next_values: Tensor, n: int, gamma: float,
+               tail: str = TAIL_DEFAULT) -> Tensor:
     """TD(n) targets y_t = sum_{i<n, t+i<=T} gamma^i r_{t+i} + gamma^n 1[t+n<=T] V(s_{t+n}).
 
     Rewards past the context end are not summed (truncation), and the bootstrap is added only
     when the context still holds s_{t+n} as the state of a later transition (the paper's
-    indicator t + n <= T). Bandits (n = 1, gamma = 0) give y_t = r_t.
+    indicator t + n <= T). With ``tail="bootstrap"`` a window cut by the end adds
+    gamma^k V(s_{T+1}) after its k = T - t + 1 rewards instead (``train.tail``). Bandits
+    (n = 1, gamma = 0) give y_t = r_t.
 
     Args:
         rewards: [B, T] r_t.
@@ -33,11 +41,12 @@ def td_targets(rewards: Tensor, next_values: Tensor, n: int, gamma: float) -> Te
             the max over actions of ``align_to_transitions(prior_mean)[1]``. Detached here.
         n: TD length (>= 1).
         gamma: discount.
+        tail: "truncate" (the paper's indicator) or "bootstrap".
 
     Returns:
         [B, T] targets (no gradient).
     """
-    return nstep_targets(rewards, next_values.detach(), n, gamma)
+    return nstep_targets(rewards, next_values.detach(), n, gamma, tail=tail)
 
 
 def td_loss(q_pred_mean: Tensor, actions: Tensor, targets: Tensor) -> Tensor:
@@ -216,14 +225,14 @@ def bootstrapped_td_loss(q: Tensor, tokens: Tokens, cfg: TrainConfig, task_ids: 
     Args:
         q: [B, T+1, K, A] every head's Q at every position.
         tokens: the batch (actions, rewards).
-        cfg: td_n, gamma, bootstrap.
+        cfg: td_n, gamma, tail, bootstrap.
         task_ids: [B] the tasks' ids.
     """
     q_pred, q_next = align_to_transitions(q)  # (B, T, K, A) x2
     B, T, K, _ = q_pred.shape
     next_values = bootstrap_values(q_next.detach(), cfg.bootstrap).permute(0, 2, 1)  # (B, K, T)
     rewards = tokens.rewards.to(q_pred.dtype)[:, None, :].expand(B, K, T)  # (B, K, T)
-    y = nstep_targets(rewards, next_values, cfg.td_n, cfg.gamma)  # (B, K, T)
+    y = nstep_targets(rewards, next_values, cfg.td_n, cfg.gamma, tail=cfg.tail)  # (B, K, T)
     idx = tokens.actions.long()[:, :, None, None].expand(B, T, K, 1)
     taken = q_pred.gather(-1, idx).squeeze(-1).permute(0, 2, 1)  # (B, K, T)
     mask = head_masks(task_ids, K).to(taken.dtype)[:, :, None]  # (B, K, 1)
