@@ -105,6 +105,7 @@ def test_training_identities_stay_what_they_were(preset, env, kind, identity) ->
 @pytest.mark.parametrize("env,override", [("darkroom", "train.shrink_form=average"),
                                           ("darkroom", "train.lambda_shrink=0"),
                                           ("darkroom", "train.h0_prior=state"),
+                                          ("darkroom", "train.tail=bootstrap"),
                                           ("bandit_template", "train.value_target=mean")])
 def test_a_value_loss_variant_shares_dpt_and_retrains_spice(env, override) -> None:
     """DPT's loss reads no value-loss field: a variant that changes only one keeps DPT's

@@ -183,6 +183,9 @@ class Method:
     scales_width: bool = False
     """Fused methods: its prior's width is the learned sigma_Q scaled by
     ``fusion.width_scale`` (SPICE); otherwise the scale is not read and not in its config."""
+    paper_width: str = ""
+    """A method with ``scales_width``: the method (its name) that the tuned tables run beside
+    it at its best point among those at the paper's width (SPICE's "spice-paper"); "": none."""
     settings: tuple[str, ...] = ()
     """Non-fused methods: the fusion fields that change their results (e.g. beta)."""
     constants: Callable[[EvalConfig], dict[str, Any]] | None = None

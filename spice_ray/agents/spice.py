@@ -299,7 +299,7 @@ def _model_free(spec: AgentSpec, env: Any, build: Build) -> SpiceAgent:
 
 
 register_method("spice", Method("SPICE", _learned, model="spice", offline=True, fused=True,
-                                 scales_width=True))
+                                 scales_width=True, paper_width="spice-paper"))
 register_method("spice-paper", Method("SPICE (paper)", _learned, model="spice", fused=True))
 """SPICE with the ensemble's width as the paper uses it (``fusion.width_scale`` not read): the
 tuned tables' row beside SPICE, whose width scale is chosen on validation with beta."""

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spice_ray.agents import AgentSpec
+from spice_ray.agents import METHODS, AgentSpec
 from spice_ray.agents.tunables import (  # noqa: F401 (the grids, re-exported)
     BETAS,
     FUSION_TUNABLES,
@@ -359,7 +359,8 @@ def bases(specs: list[AgentSpec], cfg: ExperimentConfig) -> list[AgentSpec]:
 def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig, dataset: Path
                  ) -> dict[str, list[Candidate]]:
     """Per tuned evaluation, each method at its chosen setting (a ``tune_experiment`` record);
-    beside SPICE, "SPICE (paper)": the paper's width at its best paper-width point."""
+    beside a method that declares one (``Method.paper_width``: SPICE's "SPICE (paper)"), that
+    method at the best of its paper-width points."""
     specs = agent_specs(exp, cfg, dataset)
     out: dict[str, list[Candidate]] = {}
     for ev_name in exp.tuned:
@@ -370,10 +371,10 @@ def chosen_specs(record: dict[str, Any], exp: Experiment, cfg: ExperimentConfig,
                 raise ValueError(f"tuning.json: {base.label} chose {method['chosen']}, which "
                                  "is not on its grid")
             out.setdefault(ev_name, []).append(match)
-            paper = paper_choice(method)
-            if paper is not None:
+            paper, beside = paper_choice(method), METHODS[base.method].paper_width
+            if paper is not None and beside:
                 point = grid_point(base, cfg.eval, record, paper)
-                spec = dataclasses.replace(point.spec, method="spice-paper")
+                spec = dataclasses.replace(point.spec, method=beside)
                 out[ev_name].append(Candidate(spec, cfg.eval, point.setting))
     return out
 

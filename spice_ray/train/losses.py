@@ -257,7 +257,8 @@ LossFn = Callable[[Any, Tokens, TrunkModel, Tensor, TrainConfig], tuple[Tensor, 
 LOSSES: dict[str, LossFn] = {}
 """Model kind (``model.registry.MODELS``) -> its training loss; the loop asks here by kind."""
 
-VALUE_LOSS_FIELDS = frozenset({"h0_prior", "lambda_shrink", "shrink_form", "value_target"})
+VALUE_LOSS_FIELDS = frozenset({"h0_prior", "lambda_shrink", "shrink_form", "tail",
+                               "value_target"})
 """Train fields read only by the value heads' losses and added after models were trained
 (``config.LATER_DEFAULTS``): a kind whose loss has no value term leaves them out of its
 models' training identity, so a variant that changes only them does not retrain it. (The
