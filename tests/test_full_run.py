@@ -260,6 +260,17 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     final = readout(run_dir, "darkroom_region", 0, 200, "validation")
     pd.testing.assert_frame_equal(last.drop(columns=["checkpoint"]),
                                   final.drop(columns=["checkpoint"]), check_dtype=False)
+    # the end of the context, where the TD windows are cut: h = 50 (inside the context),
+    # T - 5, T - 1 and T (the position no loss regresses): shown / not-shown shares, mean Q-bar
+    from tools.last_positions import main as last_positions
+
+    horizon = plan.configs["darkroom_region"].env.horizon
+    assert last_positions([str(run_dir), "darkroom_region", "--epoch", str(epochs)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    hs = sorted({min(h, horizon) for h in (50, horizon - 5, horizon - 1, horizon)})
+    assert printed[1].split()[3::3] == [str(h) for h in hs]
+    cells = re.findall(r"(\S+) / (\S+) \((\S+)\)", printed[2])
+    assert len(cells) == len(hs) and all(0 <= float(a) <= 1 or a == "nan" for a, _, _ in cells)
     text = report.read_text()
     study_order = [t.name for t in study_tables(plan)]
     places = [text.index(f"## {name}\n") for name in study_order]
