@@ -9,8 +9,8 @@ T > 50), T - 5, T - 1 and T on the validation walks: the share of goal-shown and
 states where argmax Q-bar is an optimal action, and the mean Q-bar where the goal was shown.
 Position T follows the last transition: no loss regresses its values (transition t's
 prediction comes from position t - 1), yet with ``train.tail=bootstrap`` every window cut by
-the context's end bootstraps from them, and with the paper's indicator one window does. No
-Ray; one thread.
+the context's end bootstraps from them (the paper's indicator never reads them: V(s_{t+n}) is
+read at position t + n - 1 <= T - 1). No Ray; one thread.
 """
 
 from __future__ import annotations
