@@ -177,6 +177,10 @@ def _slow_nstep(rewards, next_values, n, gamma, length, tail="truncate"):
             y += gamma**n * next_values[t + n - 1]
         elif tail == "bootstrap" and gamma != 0:  # cut by the end: the last next state's value
             y += gamma ** (length - t) * next_values[length - 1]
+        elif tail == "inside" and gamma != 0 and t < length - 1:  # stop before the last
+            k = length - 1 - t  # transition; bootstrap from the state that starts it
+            y = sum(gamma**i * rewards[t + i] for i in range(k)) \
+                + gamma**k * next_values[length - 2]
         out[t] = y
     return out
 

@@ -126,6 +126,24 @@ def test_td_targets_with_a_bootstrapped_tail_by_hand(n: int, expected: list[floa
     torch.testing.assert_close(td_targets(R, V, n, 0.5, "bootstrap"), t([expected]))
 
 
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [
+        (1, [1 + 0.5 * 10, 2 + 0.5 * 20, 3 + 0.5 * 30, 4.0]),  # n = 1: the paper's
+        # a cut window stops before the last transition and bootstraps from V(s_4) = 30 (the
+        # state that starts it, read at a position a loss trains); the last keeps r_4 alone
+        (2, [1 + 1 + 0.25 * 20, 2 + 1.5 + 0.25 * 30, 3 + 0.5 * 30, 4.0]),
+        (5, [1 + 1 + 0.75 + 0.125 * 30, 2 + 1.5 + 0.25 * 30, 3 + 0.5 * 30, 4.0]),
+    ],
+)
+def test_td_targets_with_the_tail_bootstrapped_inside_by_hand(n: int, expected: list[float]
+                                                              ) -> None:
+    torch.testing.assert_close(td_targets(R, V, n, 0.5, "inside"), t([expected]))
+    # never reads V(s_5), the value no loss trains
+    assert torch.equal(td_targets(R, V, n, 0.5, "inside"),
+                       td_targets(R, t([[10.0, 20.0, 30.0, float("nan")]]), n, 0.5, "inside"))
+
+
 def test_train_tail_moves_the_value_loss_and_not_a_default_configs_identity() -> None:
     from spice_ray.config.sections import without_later_defaults
 

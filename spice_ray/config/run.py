@@ -81,10 +81,11 @@ class FusionConfig:
     """n of the n-step targets (>= 1)."""
     gamma: float = 0.0
     """Discount of the n-step targets in [0, 1]."""
-    tail: Literal["truncate", "bootstrap"] = TAIL_DEFAULT
-    """An n-step window cut by the context's end: not bootstrapped (the paper's indicator) or
+    tail: Literal["truncate", "bootstrap", "inside"] = TAIL_DEFAULT
+    """An n-step window cut by the context's end: not bootstrapped (the paper's indicator),
     bootstrapped from the last state it reaches ("bootstrap", a departure: the newest
-    transitions' targets then sit on the others' scale; ``fusion.nstep_targets``)."""
+    transitions' targets then sit on the others' scale), or from the state that starts the
+    last transition ("inside"; ``fusion.nstep_targets``)."""
     bootstrap: Literal["max", "mean"] = "max"
     """V(s_{t+n}) in the n-step targets: max_a' Q-bar (the paper) or the mean over actions."""
 

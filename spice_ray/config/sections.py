@@ -294,12 +294,14 @@ class TrainConfig:
     bootstrap: Literal["max", "mean"] = "max"
     """V(s_{t+n}) in the TD(n) targets: max_a' Q-bar (the paper) or the mean over actions (the
     uniform behaviour policy's value, free of maximisation bias)."""
-    tail: Literal["truncate", "bootstrap"] = TAIL_DEFAULT
+    tail: Literal["truncate", "bootstrap", "inside"] = TAIL_DEFAULT
     """A TD(n) window cut by the training context's end: not bootstrapped (the paper's
     indicator t + n <= T, so the last n - 1 transitions' targets are sums of the few rewards
-    left and the heads' values there fall towards 0), or bootstrapped from the value at the
-    last state it reaches ("bootstrap", a departure; ``fusion.tail`` is the same choice for the
-    context's evidence at test time)."""
+    left and the heads' values there fall towards 0); bootstrapped from the value at the last
+    state it reaches ("bootstrap", a departure: that value is position T's, which no loss
+    regresses); or stopped before the last transition and bootstrapped from the state that
+    starts it ("inside", a departure that reads only trained positions; the last transition
+    keeps its one reward). ``fusion.tail`` is the same choice for the context's evidence."""
     head_targets: Literal["mean", "bootstrap"] = "mean"
     """What TD(n) fits: the ensemble mean (the paper) or each head to its own targets on its
     own half of the tasks, bootstrapping from itself (sigma_Q then responds to data)."""

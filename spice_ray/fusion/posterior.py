@@ -164,9 +164,10 @@ def bootstrap_values(q_mean: Tensor, how: Bootstrap = "max") -> Tensor:
     raise ValueError(f"bootstrap={how!r} is invalid: one of {', '.join(BOOTSTRAPS)}")
 
 
-TAILS = ("truncate", "bootstrap")
-"""What an n-step window cut by the context's end adds (``fusion.tail``): nothing (the paper's
-indicator) or the value at the last state it reaches."""
+TAILS = ("truncate", "bootstrap", "inside")
+"""What an n-step window cut by the context's end adds (``fusion.tail``, ``train.tail``):
+nothing (the paper's indicator), the value at the last state it reaches, or ("inside") the
+value at the last state that starts a transition of the context, after the rewards before it."""
 TAIL_DEFAULT = "truncate"
 """The paper's: a window that runs past the context's end is not bootstrapped."""
 
@@ -202,6 +203,16 @@ def nstep_targets(
     target of an action just taken is its one reward: staying on a goal just reached reads as
     worth 1 while the moves never tried keep their prior values).
 
+    With ``tail="inside"`` a window cut by the context's end stops one transition earlier and
+    bootstraps from the state that starts the last transition, s_L, whose value a model reads
+    at a position some loss trains (in training, ``next_values[L-1]`` is position L, which no
+    loss regresses); the last transition keeps its one reward:
+
+        y_t = sum_{i < k} gamma^i r_{t+i}  +  gamma^k next_values[t+k-1],  k = min(n, L - t)
+        (t < L),    y_L = r_L
+
+    For n = 1 it is ``truncate``.
+
     Args:
         rewards: [..., T] rewards r_t.
         next_values: [..., T] bootstrap values at s'_t (e.g. ``prior_mean.amax(-1)`` evaluated at
@@ -234,6 +245,17 @@ def nstep_targets(
         return torch.cat([x, pad], dim=-1)[..., k:k + num_steps]
 
     targets = torch.zeros_like(rewards)
+    if gamma != 0.0 and tail == "inside":
+        # 0-indexed: k = min(n, L - 1 - t) rewards, then V at s_{L-1}'s index; the last: r alone
+        steps = torch.arange(num_steps, device=rewards.device)
+        length = valid.sum(-1, keepdim=True)
+        k = torch.minimum(torch.full_like(steps, n), length - 1 - steps)  # (..., T)
+        for i in range(n):
+            kept = (i < k) | ((i == 0) & (k <= 0))  # the last transition keeps its reward
+            targets = targets + torch.where(kept, gamma**i * shifted(rewards, i, 0.0), zero)
+        boot = next_values.gather(-1, (steps + k - 1).clamp(0, num_steps - 1))
+        return torch.where(valid & (k >= 1), targets + gamma ** k.clamp_min(0).to(rewards.dtype)
+                           * boot, torch.where(valid, targets, zero))
     for i in range(n):
         targets = targets + gamma**i * shifted(rewards, i, 0.0)  # r_{t+i}, 0 past the end
     if gamma != 0.0 and tail == "bootstrap":
