@@ -246,7 +246,8 @@ def nstep_targets(
 
     targets = torch.zeros_like(rewards)
     if gamma != 0.0 and tail == "inside":
-        # 0-indexed: k = min(n, L - 1 - t) rewards, then V at s_{L-1}'s index; the last: r alone
+        # 0-indexed t: k = min(n, L - 1 - t) rewards, then the value after transition
+        # t + k - 1 (at most L - 2: the state that starts the last one); the last: r alone
         steps = torch.arange(num_steps, device=rewards.device)
         length = valid.sum(-1, keepdim=True)
         k = torch.minimum(torch.full_like(steps, n), length - 1 - steps)  # (..., T)

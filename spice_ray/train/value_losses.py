@@ -41,7 +41,8 @@ def td_targets(rewards: Tensor, next_values: Tensor, n: int, gamma: float,
             the max over actions of ``align_to_transitions(prior_mean)[1]``. Detached here.
         n: TD length (>= 1).
         gamma: discount.
-        tail: "truncate" (the paper's indicator) or "bootstrap".
+        tail: "truncate" (the paper's indicator), "bootstrap" or "inside"
+            (``fusion.nstep_targets``).
 
     Returns:
         [B, T] targets (no gradient).
