@@ -244,28 +244,24 @@ def nstep_targets(
         pad = torch.full((*x.shape[:-1], k), fill, dtype=x.dtype, device=x.device)
         return torch.cat([x, pad], dim=-1)[..., k:k + num_steps]
 
+    k = None  # a cut window's rewards before its bootstrap, where the tail bootstraps it
+    if gamma != 0.0 and tail != "truncate":
+        # 0-indexed t: the window ends at the context's end L ("bootstrap") or before its last
+        # transition ("inside"), then V at the state it reaches; k <= 0: no bootstrap (the
+        # last transition under "inside", which keeps its reward)
+        steps = torch.arange(num_steps, device=rewards.device)
+        end = valid.sum(-1, keepdim=True) - int(tail == "inside")
+        k = torch.minimum(torch.full_like(steps, n), end - steps)  # (..., T)
     targets = torch.zeros_like(rewards)
-    if gamma != 0.0 and tail == "inside":
-        # 0-indexed t: k = min(n, L - 1 - t) rewards, then the value after transition
-        # t + k - 1 (at most L - 2: the state that starts the last one); the last: r alone
-        steps = torch.arange(num_steps, device=rewards.device)
-        length = valid.sum(-1, keepdim=True)
-        k = torch.minimum(torch.full_like(steps, n), length - 1 - steps)  # (..., T)
-        for i in range(n):
-            kept = (i < k) | ((i == 0) & (k <= 0))  # the last transition keeps its reward
-            targets = targets + torch.where(kept, gamma**i * shifted(rewards, i, 0.0), zero)
-        boot = next_values.gather(-1, (steps + k - 1).clamp(0, num_steps - 1))
-        return torch.where(valid & (k >= 1), targets + gamma ** k.clamp_min(0).to(rewards.dtype)
-                           * boot, torch.where(valid, targets, zero))
     for i in range(n):
-        targets = targets + gamma**i * shifted(rewards, i, 0.0)  # r_{t+i}, 0 past the end
-    if gamma != 0.0 and tail == "bootstrap":
-        # k = min(n, L - t + 1) rewards (0-indexed: L - t), then V at the state they reach
-        steps = torch.arange(num_steps, device=rewards.device)
-        length = valid.sum(-1, keepdim=True)
-        k = torch.minimum(torch.full_like(steps, n), length - steps).clamp_min(1)
-        boot = next_values.gather(-1, (steps + k - 1).clamp_max(num_steps - 1))
-        targets = targets + torch.where(valid, gamma ** k.to(rewards.dtype) * boot, zero)
+        term = gamma**i * shifted(rewards, i, 0.0)  # r_{t+i}, 0 past the end
+        if k is not None:
+            term = torch.where(i < k.clamp_min(1), term, zero)
+        targets = targets + term
+    if k is not None:
+        boot = next_values.gather(-1, (steps + k - 1).clamp(0, num_steps - 1))
+        targets = targets + torch.where(valid & (k >= 1),
+                                        gamma ** k.clamp_min(0).to(rewards.dtype) * boot, zero)
     elif gamma != 0.0:  # gamma = 0: no bootstrap at all (next_values may be dummies, even NaN)
         boot_valid = shifted(valid, n, False)  # 1[t + n <= L]: s_{t+n} starts a transition
         boot = shifted(next_values, n - 1, 0.0)  # next_values[t + n - 1] = V(s_{t+n})
