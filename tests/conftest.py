@@ -15,6 +15,12 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_worker_niceness", "0")  # as init_ray starts a local Ray
+# Two of Ray Train's own watchers no test reads: the spot-preemption watcher (an actor per
+# training run, polling for node drains a local cluster never has) and its Prometheus metrics
+# callbacks. Off for the suite's Ray Train jobs, every Ray a test starts and every process it
+# spawns (they inherit the variables); a user's run keeps Ray's defaults.
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
 # The suite's two workers share the machine's cores, and torch (and numpy's BLAS) would give
 # each worker one thread per core: four threads, two spinning, on two cores (four of the
 # modules took 58 s with 101 CPU-seconds that way, 40-44 s with 64-69 at one thread each). One

@@ -285,7 +285,6 @@ import ray
 from ray import tune
 from spice_ray.runtime import tune_engine as engine
 from spice_ray.runtime.cli import run_main
-from spice_ray.runtime.reach import start_local
 
 class CtrlC(tune.Callback):  # in the driver: Ctrl-C as soon as the first trial starts
     def on_trial_start(self, iteration, trials, trial, **info):
@@ -294,8 +293,7 @@ class CtrlC(tune.Callback):  # in the driver: Ctrl-C as soon as the first trial 
 def slow(config):
     time.sleep(120)
 
-start_local(ray.init, ray.shutdown, num_cpus=2, include_dashboard=False,
-            logging_level="ERROR", log_to_driver=False)
+ray.init(address=sys.argv[2], logging_level="ERROR", log_to_driver=False)
 tuner = engine.new_tuner(slow, name="ctrl-c", storage=sys.argv[1], max_concurrent=1,
                          max_failures=0, callbacks=[CtrlC()],
                          param_space={"a": tune.grid_search([1, 2])})
@@ -304,16 +302,18 @@ run_main(engine.fit, tuner, "ctrl-c")
 
 
 @pytest.mark.ray
-def test_ctrl_c_in_a_tune_fit_stops_the_run_in_one_line_with_status_130(tmp_path) -> None:
+def test_ctrl_c_in_a_tune_fit_stops_the_run_in_one_line_with_status_130(ray_local,
+                                                                        tmp_path) -> None:
     """Tune's own SIGINT handler ended the fit quietly with its trials unfinished, so a Ctrl-C
     in the study's tuning stage came out as a traceback ('grid points have no score'). Through
     the engine's fit it stops as any other stage: one line, status 130, without waiting for
-    the trial in flight."""
+    the trial in flight. The driver joins the session's Ray (its trial ends with it)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    proc = subprocess.run([sys.executable, "-c", _CTRL_C_IN_TUNING, str(tmp_path)],
+    address = ray_local.get_runtime_context().gcs_address
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_IN_TUNING, str(tmp_path), address],
                           capture_output=True, text=True, timeout=110, env=dict(
                               os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     assert proc.returncode == 130, proc.stderr[-3000:]

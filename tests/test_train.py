@@ -468,7 +468,6 @@ _CTRL_C_IN_TRAINING = """
 import os, signal, sys
 import ray
 from spice_ray.runtime.cli import run_main
-from spice_ray.runtime.reach import start_local
 from spice_ray.config import make_config
 from spice_ray.train.ray_train import plan_job, train_with_ray
 
@@ -481,20 +480,23 @@ class CtrlC:  # the progress bar: Ctrl-C as soon as the first training step is s
 
 cfg = make_config("smoke", "bandit", overrides=[f"out_dir={sys.argv[2]}", "train.epochs=50",
                                                    "train.num_workers=1"])
-start_local(ray.init, ray.shutdown, num_cpus=2, include_dashboard=False,
-            logging_level="ERROR", log_to_driver=False)
+ray.init(address=sys.argv[3], logging_level="ERROR", log_to_driver=False)
 job, run_dir = plan_job(cfg, "spice", 0, sys.argv[1])
 run_main(train_with_ray, job, run_dir, CtrlC())
 """
 
 
 @pytest.mark.ray
-def test_ctrl_c_during_ray_train_stops_the_run_with_status_130(smoke_bandit, tmp_path) -> None:
+def test_ctrl_c_during_ray_train_stops_the_run_with_status_130(ray_local, smoke_bandit,
+                                                                tmp_path) -> None:
     """Ray Train V2 installs its own SIGINT handler inside fit (abort, sys.exit(0)): a Ctrl-C
     while pretraining ended a study as "failed" with status 1 and no message. The trainer's
-    hook is skipped, so the run stops as any other stage does."""
+    hook is skipped, so the run stops as any other stage does. The driver joins the session's
+    Ray (a Ray of its own would add only Ray's start-up; its job's actors end with it)."""
     _, ds = smoke_bandit
-    proc = subprocess.run([sys.executable, "-c", _CTRL_C_IN_TRAINING, str(ds), str(tmp_path)],
+    address = ray_local.get_runtime_context().gcs_address
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_IN_TRAINING, str(ds), str(tmp_path),
+                           address],
                           capture_output=True, text=True, timeout=300, env=dict(
                               os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     assert proc.returncode == 130, proc.stderr[-3000:]
