@@ -25,6 +25,8 @@ def test_a_process_kind_comes_from_its_command_line() -> None:
              ("python", "/v/bin/python -u /repo/pipelines/full_run.py --preset smoke"):
                  "python full_run.py",
              ("python", "/v/bin/python -c import ray"): "python -c",
+             ("python", "/v/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))"):
+                 "pytest-xdist worker",
              ("bash", "bash -c sleep 1"): "bash",
              ("kworker/0:1", ""): "kworker/0:1"}
     assert {key: cbp.kind_of(*key) for key in kinds} == kinds

@@ -37,6 +37,8 @@ RAY_DAEMONS = {"gcs_server": "ray daemon: GCS", "raylet": "ray daemon: raylet",
                "log_monitor.py": "ray daemon: log monitor",
                "autoscaler/_private/monitor.py": "ray daemon: autoscaler monitor"}
 """A fragment of a Ray daemon's command line -> its kind."""
+EXECNET_BOOTSTRAP = "import sys;exec(eval(sys.stdin.readline()))"
+"""The ``-c`` code of a process execnet starts (pytest-xdist's workers)."""
 
 
 def kind_of(name: str, cmdline: str) -> str:
@@ -52,7 +54,10 @@ def kind_of(name: str, cmdline: str) -> str:
         if "-m" in args[1:]:
             return "python -m " + args[args.index("-m") + 1]
         if "-c" in args[1:]:
-            return "python -c"
+            code = cmdline.split(" -c ", 1)[-1]
+            # execnet's bootstrap: the process a pytest-xdist worker runs its tests in
+            return ("pytest-xdist worker" if code.startswith(EXECNET_BOOTSTRAP)
+                    else "python -c")
         script = next((a for a in args[1:] if not a.startswith("-")), "")
         return "python " + Path(script).name if script else "python"
     return name
