@@ -51,7 +51,7 @@ def kind_of(name: str, cmdline: str) -> str:
             return kind
     args = cmdline.split()
     if args and re.search(r"python[\d.]*$", Path(args[0]).name):
-        if "-m" in args[1:]:
+        if "-m" in args[1:-1]:
             return "python -m " + args[args.index("-m") + 1]
         if "-c" in args[1:]:
             code = cmdline.split(" -c ", 1)[-1]
@@ -65,7 +65,8 @@ def kind_of(name: str, cmdline: str) -> str:
 
 @dataclass
 class Seen:
-    """One process (a pid and its start time): its kind and CPU-seconds so far."""
+    """One process (a pid and its start time): its name, latest command line and CPU-seconds
+    when first and last sampled."""
 
     name: str
     cmdline: str
