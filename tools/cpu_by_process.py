@@ -80,8 +80,8 @@ class Seen:
         return self.last - (0.0 if self.counted_from_start else self.first)
 
 
-def _read(pid: str) -> tuple[str, float, str] | None:
-    """(start time, CPU-seconds, name) of ``pid``, or None if it is gone."""
+def _read(pid: str) -> tuple[str, float, str, str] | None:
+    """(start time, CPU-seconds, name, state) of ``pid``, or None if it is gone."""
     try:
         stat = (PROC / pid / "stat").read_text()
     except OSError:
@@ -89,16 +89,13 @@ def _read(pid: str) -> tuple[str, float, str] | None:
     name = stat[stat.index("(") + 1:stat.rindex(")")]
     rest = stat[stat.rindex(")") + 2:].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return rest[19], (int(rest[11]) + int(rest[12])) / ticks, name
+    return rest[19], (int(rest[11]) + int(rest[12])) / ticks, name, rest[0]
 
 
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, ended but not yet reaped by its parent, does not)."""
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
+    got = _read(str(pid))
+    return got is not None and got[3] not in "ZX"
 
 
 def _cmdline(pid: str) -> str:
@@ -129,7 +126,7 @@ def sample(pid: int, every: float = 0.5) -> tuple[dict[str, Seen], float, float]
             got = _read(entry)
             if got is None:
                 continue
-            start, cpu, name = got
+            start, cpu, name, _ = got
             key = f"{entry}:{start}"
             known = seen.get(key)
             if known is None:

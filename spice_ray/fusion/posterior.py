@@ -252,11 +252,12 @@ def nstep_targets(
         steps = torch.arange(num_steps, device=rewards.device)
         end = valid.sum(-1, keepdim=True) - int(tail == "inside")
         k = torch.minimum(torch.full_like(steps, n), end - steps)  # (..., T)
+    kept = None if k is None else k.clamp_min(1)  # rewards kept (the last one at least)
     targets = torch.zeros_like(rewards)
     for i in range(n):
         term = gamma**i * shifted(rewards, i, 0.0)  # r_{t+i}, 0 past the end
-        if k is not None:
-            term = torch.where(i < k.clamp_min(1), term, zero)
+        if kept is not None:
+            term = torch.where(i < kept, term, zero)
         targets = targets + term
     if k is not None:
         boot = next_values.gather(-1, (steps + k - 1).clamp(0, num_steps - 1))
