@@ -190,6 +190,20 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
     named = play(episode_inputs(run_dir, checkpoint=final, split="eval")[0], env, data,
                  horizon, False)
     np.testing.assert_array_equal(named["return"], as_acts["return"])
+    # its step budget: every epoch checkpoint played on validation, the best mean return
+    # chosen; then that epoch's checkpoints on eval: the last one's is the table's return
+    from tools.dpt_star_episode import main as dpt_star
+
+    star_cfg = plan.configs[EXPERIMENT]
+    capsys.readouterr()
+    assert dpt_star([str(run_dir), "--every-checkpoint", "--csv", str(tmp_path / "b.csv")]) == 0
+    budget = pd.read_csv(tmp_path / "b.csv")
+    assert sorted(set(budget["epoch"])) == list(range(1, star_cfg.train.epochs + 1))
+    assert len(budget) == star_cfg.train.epochs * star_cfg.data.num_val_tasks
+    best = budget.groupby("steps")["return"].mean()
+    assert f"budget: {best.idxmax():,} steps" in capsys.readouterr().out
+    assert dpt_star([str(run_dir), "--epoch", str(star_cfg.train.epochs), "--split", "eval"]) == 0
+    assert f"return {star['value'].mean():.2f} [" in capsys.readouterr().out
     # the fusion probe scores a method's chosen point as the tuning stage did
     from tools.fusion_probe import main as probe
 

@@ -90,6 +90,14 @@ def test_weighted_policy_loss_by_hand() -> None:
     torch.testing.assert_close(loss, t(sum(ce) / 2))
     torch.testing.assert_close(dpt_loss(logits, t([0]), train_query_position=False)[0], t(ce[1]))
     assert set(parts) == {"loss", "policy"}
+    # the loss DPT models train with reads train.query_position
+    from types import SimpleNamespace
+
+    from spice_ray.train.losses import loss_for
+    for on in (True, False):
+        got = loss_for("dpt")(SimpleNamespace(logits=logits), SimpleNamespace(label=t([0])),
+                              None, None, TrainConfig(query_position=on))[0]
+        torch.testing.assert_close(got, t(sum(ce) / 2 if on else ce[1]))
 
 
 R = t([[1.0, 2.0, 3.0, 4.0]])  # (B=1, T=4): r_1..r_4
@@ -297,6 +305,15 @@ def test_spice_loss_combines_components_by_hand() -> None:
         qbar[:, :-1], tokens.actions, tokens.rewards, 1, cfg.shrink_prior_mean,
         cfg.shrink_prior_var, cfg.shrink_noise_var))
     assert avg["shrink"] != parts["shrink"] and avg["td"] == parts["td"]
+    # the policy loss over positions 1..T only, as the DPT reference code trains: the query
+    # alone (position 0) then moves nothing, and the value terms are as before
+    off = dataclasses.replace(cfg, query_position=False)
+    moved = fake_output(q, torch.cat([logits[:, :1] + 5.0, logits[:, 1:]], 1))
+    for o in (out, moved):
+        _, drop = spice_loss(o, tokens, off, anchor=t(2.0))
+        torch.testing.assert_close(drop["policy"], weighted_policy_loss(
+            logits[:, 1:], tokens.label, w[:, 1:]))
+        assert drop["td"] == parts["td"] and drop["shrink"] == parts["shrink"]
 
 
 def test_detach_weights_stops_policy_gradient_into_values() -> None:

@@ -120,6 +120,18 @@ def test_a_value_loss_variant_shares_dpt_and_retrains_spice(env, override) -> No
     assert TrainJob(changed, "dpt", "d", "h", 0).identity() not in ids["dpt"]
 
 
+def test_the_query_position_choice_is_a_new_model_of_every_kind() -> None:
+    """``train.query_position=false`` (the DPT code's loss) trains other weights for DPT and
+    SPICE alike, while its default leaves every identity as it was (the pins above)."""
+    from spice_ray.train.loop import TrainJob
+
+    base, dpt_code = (make_config("small", "darkroom", overrides=o).to_dict()
+                      for o in ([], ["train.query_position=false"]))
+    for kind in ("spice", "dpt"):
+        assert TrainJob(base, kind, "d", "h", 0).identity() \
+            != TrainJob(dpt_code, kind, "d", "h", 0).identity()
+
+
 def test_a_longer_training_resumes_from_a_shorter_one_and_equals_a_straight_run(
         smoke_bandit, tmp_path) -> None:
     """Under a constant rate the epochs are not in a model's identity: 3 epochs resumed from a

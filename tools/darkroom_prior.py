@@ -36,8 +36,7 @@ import pandas as pd
 import torch
 
 from spice_ray.common.errors import SpiceRayError
-from spice_ray.config import ExperimentConfig, load_config, with_overrides
-from spice_ray.data.store import dataset_dir, load_split
+from spice_ray.data.store import load_split
 from spice_ray.evaluate.darkroom_prior import (
     SHOWN_FROM,
     darkroom_prior_rows,
@@ -46,29 +45,11 @@ from spice_ray.evaluate.darkroom_prior import (
 )
 from spice_ray.model.checkpoint import read_meta
 from spice_ray.model.registry import load_model, torch_threads
-from spice_ray.study.run_models import model_and_dataset
-from spice_ray.train.ray_train import plan_job
-
-
-def experiment_config(run: Path, experiment: str, overrides: tuple[str, ...] = ()
-                      ) -> ExperimentConfig:
-    """The run's config of ``experiment`` with ``overrides`` (``SECTION.FIELD=VALUE``)."""
-    return with_overrides(load_config(run / "configs" / f"{experiment}.yaml"), overrides)
-
-
-def epoch_checkpoints(run: Path, experiment: str, seed: int,
-                      overrides: tuple[str, ...] = ()) -> list[Path]:
-    """Every ``epoch-*`` checkpoint of the experiment's own SPICE training of ``seed`` (not a
-    weight-ablation variant's on the same dataset) in ``run``'s checkpoints, in epoch order:
-    the run directory the study's pretraining stage gives that model."""
-    cfg = experiment_config(run, experiment, overrides)
-    dataset = dataset_dir(run / "datasets", cfg)
-    _, model_dir = plan_job(cfg, "spice", seed, dataset, run / "checkpoints")
-    found = sorted(model_dir.glob("local/epoch-*"), key=lambda p: int(p.name.split("-")[1]))
-    if not found:
-        raise SystemExit(f"error: no epoch checkpoint of {experiment} SPICE seed {seed} in "
-                         f"{model_dir}")
-    return found
+from spice_ray.study.run_models import (
+    epoch_checkpoints,
+    experiment_config,
+    model_and_dataset,
+)
 
 
 def readout(run: Path, experiment: str, seed: int, tasks: int, split: str,

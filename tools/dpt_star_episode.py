@@ -1,6 +1,9 @@
-"""Where a DPT* darkroom episode loses its return: the DPT paper's protocol, then one action fixed.
+"""Where a DPT* darkroom episode loses its return: the DPT paper's protocol, then one action
+fixed; and DPT*'s step budget chosen on validation tasks.
 
-    python tools/dpt_star_episode.py RUN [--seed 0] [--checkpoint DIR] [--split validation|eval]
+    python tools/dpt_star_episode.py RUN [--seeds 0,1,2] [--split validation|eval|train]
+                                     [--checkpoint DIR | --epoch E | --every-checkpoint]
+                                     [--tasks N] [--csv FILE]
 
 For the ``darkroom_dpt_star`` model of a study's run, on validation tasks unless ``--split``
 says otherwise: the DPT paper's offline protocol (the task's own fixed context, one greedy
@@ -12,23 +15,38 @@ twice on the same tasks:
 Printed for each: the return over all tasks and over the tasks whose context shows the goal,
 how many of those the agent reaches, and its actions on the goal cell. A diagnosis, not a
 baseline: the correction reads the goal. ``--checkpoint`` plays another checkpoint of that
-model (an ``epoch-*`` one of a training still under way: where a long training stands).
+model (an ``epoch-*`` one of a training still under way: where a long training stands);
+``--epoch E`` the checkpoint after E epochs of every seed in ``--seeds``, and then their mean
+return with a 95% interval that resamples the trainings (seeds) and the tasks, clustered by
+goal (the split's tasks share a few held-out goals).
+
+``--every-checkpoint`` plays every ``epoch-*`` checkpoint of every seed (as it acts, on the
+validation tasks by default) and ends with one line per checkpoint and the step budget
+:func:`choose_budget` takes from them: the checkpoint of the highest return averaged over the
+seeds on the same tasks (fewer steps on a tie). Under a constant learning rate a checkpoint is
+what a training of that many epochs ends with, so that budget is DPT*'s scored one, chosen
+with no label of eval; then ``--epoch E --split eval`` reports it. No Ray; one thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
-from spice_ray.config import load_config
+from spice_ray.common.errors import SpiceRayError
 from spice_ray.data.store import load_split
 from spice_ray.envs import darkroom
-from spice_ray.model.registry import load_model
+from spice_ray.model.checkpoint import read_meta
+from spice_ray.model.registry import load_model, torch_threads
 from spice_ray.model.tokens import make_tokens
-from spice_ray.study.run_models import model_and_dataset
+from spice_ray.results.summary import hierarchical_interval, weighted_mean
+from spice_ray.study.run_models import epoch_checkpoints, experiment_config, model_and_dataset
+from spice_ray.train.loop import steps_per_epoch
 
 EXPERIMENT = "darkroom_dpt_star"
 STAY = darkroom.ACTION_NAMES.index("stay")
@@ -64,40 +82,181 @@ def play(model, env, data: dict[str, np.ndarray], horizon: int, stay_on_goal: bo
 
 
 def episode_inputs(run: Path, seed: int = 0, split: str = "validation",
-                   checkpoint: Path | None = None):
+                   checkpoint: Path | None = None, tasks: int | None = None):
     """(model, env config, tasks of ``split``, horizon) of the run's DPT* of training seed
-    ``seed`` (or of ``checkpoint``, a checkpoint under the run's ``checkpoints/``)."""
-    cfg = load_config(Path(run) / "configs" / f"{EXPERIMENT}.yaml")
+    ``seed`` (or of ``checkpoint``, a checkpoint under the run's ``checkpoints/``); the first
+    ``tasks`` of the split (default: as many as the study evaluates, ``eval.num_tasks``)."""
+    cfg = experiment_config(run, EXPERIMENT)
     final, dataset = model_and_dataset(run, EXPERIMENT, "dpt", seed, checkpoint)
-    data = load_split(dataset, split, limit=cfg.eval.num_tasks)
+    data = load_split(dataset, split, limit=tasks or cfg.eval.num_tasks)
     return load_model(final, cfg.env, "dpt"), cfg.env, data, cfg.eval.online_horizon
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", type=Path, help="a study's run directory")
-    p.add_argument("--seed", type=int, default=0, help="training seed of the model")
-    p.add_argument("--split", choices=("train", "validation", "eval"), default="validation",
-                   help="whose tasks: held-out goals (validation, the default: where a step "
-                        "budget may be chosen; eval only to report) or the training goals")
-    p.add_argument("--checkpoint", type=Path, help="another checkpoint of the run's model")
-    args = p.parse_args()
-    model, env, data, horizon = episode_inputs(args.run, args.seed, args.split, args.checkpoint)
+def _epochs(n: int) -> str:
+    return f"{n} epoch" + ("" if n == 1 else "s")
+
+
+def trained_steps(checkpoint: Path, per_epoch: int) -> tuple[int, int]:
+    """(epochs, optimiser steps) a checkpoint has trained, from its own ``meta.json``."""
+    epochs = int(read_meta(checkpoint)["epoch"]) + 1
+    return epochs, epochs * per_epoch
+
+
+def choose_budget(returns: pd.DataFrame) -> pd.Series:
+    """The step budget by validation return: of per-task rows (``steps``, ``seed``,
+    ``task``, ``return``) of every checkpoint, the row of :func:`budget_table` with the highest
+    return averaged over seeds and tasks; the fewer steps on a tie.
+
+    Raises:
+        ValueError: some checkpoint lacks a seed or a task the others have (its mean would
+            not be over the same tasks and trainings).
+    """
+    table = budget_table(returns)
+    best = table["mean"].max()
+    return table[table["mean"] == best].sort_values("steps").iloc[0]
+
+
+def budget_table(returns: pd.DataFrame) -> pd.DataFrame:
+    """Per checkpoint (``epoch``, ``steps``): each seed's mean return over the tasks, their
+    mean (``mean``) and the standard error of the seed-averaged task returns (``sem``)."""
+    counts = returns.groupby("steps")[["seed", "task"]].nunique()
+    full = (counts["seed"] == returns["seed"].nunique()) & \
+        (counts["task"] == returns["task"].nunique())
+    if not full.all():
+        raise ValueError("checkpoints at steps " + ", ".join(map(str, counts.index[~full]))
+                         + " lack a seed or task the others have: play every seed's "
+                         "checkpoint on the same tasks")
+    per_seed = returns.pivot_table(index="steps", columns="seed", values="return",
+                                   aggfunc="mean")
+    per_task = returns.groupby(["steps", "task"])["return"].mean()
+    sem = per_task.groupby(level="steps").agg(lambda v: v.std(ddof=1) / np.sqrt(len(v)))
+    table = per_seed.rename(columns=lambda k: f"seed {k}").rename_axis(columns=None)
+    table = table.assign(mean=per_seed.mean(axis=1), sem=sem).reset_index()
+    epochs = returns.drop_duplicates("steps").set_index("steps")["epoch"]
+    table.insert(0, "epoch", table["steps"].map(epochs))
+    return table
+
+
+def play_rows(model, env, data, horizon: int, **keys) -> pd.DataFrame:
+    """Per-task rows of one checkpoint playing the protocol as it acts: ``task``, ``goal``
+    (the cell's index), ``return``, whether the context shows the goal, and ``keys``."""
+    with torch_threads(1):
+        out = play(model, env, data, horizon, False)
+    goals = np.asarray(data["goal"], dtype=np.int64)
+    return pd.DataFrame({"task": np.arange(len(goals)),
+                         "goal": goals[:, 0] * env.params.grid_size + goals[:, 1],
+                         "return": out["return"],
+                         "shown": np.asarray(data["rewards"]).sum(1) > 0} | keys)
+
+
+def seeds_interval(rows: pd.DataFrame) -> tuple[float, float, float]:
+    """Mean return over seeds and tasks and its 95% interval, resampling seeds and tasks
+    (clustered by goal): ``summary.hierarchical_interval``."""
+    values = rows.pivot(index="task", columns="seed", values="return")
+    goals = rows.drop_duplicates("task").set_index("task").loc[values.index, "goal"]
+    return hierarchical_interval(lambda means, w: weighted_mean(means[0], w),
+                                 [values.to_numpy()], goals.to_numpy())
+
+
+def diagnose(model, env, data, horizon: int, label: str) -> None:
+    """The two plays of one checkpoint, printed (as it acts, and with stay forced)."""
     seen = np.asarray(data["rewards"]).sum(1) > 0
-    print(f"{EXPERIMENT} DPT {args.checkpoint or f'seed {args.seed}'} of {args.run} "
-          f"({len(seen)} {args.split} tasks; the "
-          f"context shows the goal in {seen.sum()}):")
-    for label, force in (("as it acts", False), ("stay forced on the goal", True)):
-        out = play(model, env, data, horizon, force)
+    print(f"{label} ({len(seen)} tasks; the context shows the goal in {seen.sum()}):")
+    for name, force in (("as it acts", False), ("stay forced on the goal", True)):
+        with torch_threads(1):
+            out = play(model, env, data, horizon, force)
         names = ", ".join(f"{n} {c}" for n, c in zip(darkroom.ACTION_NAMES, out["on_goal"],
                                                      strict=True))
-        print(f"  {label}: return {out['return'].mean():.2f} +- "
+        print(f"  {name}: return {out['return'].mean():.2f} +- "
               f"{out['return'].std(ddof=1) / np.sqrt(len(seen)):.2f} (context shows the goal: "
               f"{out['return'][seen].mean():.2f}; reached in {out['reached'][seen].mean():.0%} "
               f"of those); actions on the goal: {names}; mean P(stay) there "
               + (f"{out['stay_prob'].mean():.3f}" if out["stay_prob"].size else "n/a"))
 
 
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", type=Path, help="a study's run directory")
+    p.add_argument("--seeds", "--seed", default="0",
+                   help="training seeds of the models, comma-separated (default: 0)")
+    p.add_argument("--split", choices=("train", "validation", "eval"), default="validation",
+                   help="whose tasks: held-out goals (validation, the default: where a step "
+                        "budget may be chosen; eval only to report) or the training goals")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", type=Path, help="another checkpoint of the run's model")
+    which.add_argument("--epoch", type=int,
+                       help="every seed's checkpoint after this many epochs of training")
+    which.add_argument("--every-checkpoint", action="store_true",
+                       help="play every epoch checkpoint of every seed and choose the budget")
+    p.add_argument("--tasks", type=int, default=0,
+                   help="the split's first N tasks (default: every validation task, or as "
+                        "many as the study evaluates on the other splits)")
+    p.add_argument("--csv", type=Path, help="also write the per-task returns to this file")
+    args = p.parse_args(argv)
+    if not re.fullmatch(r"\d+(,\d+)*", args.seeds):
+        raise SystemExit(f"error: --seeds {args.seeds[:80]!r} is invalid: e.g. 0,1,2")
+    if args.tasks < 0:
+        raise SystemExit(f"error: --tasks {args.tasks} is invalid: an integer >= 0")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    try:
+        cfg = experiment_config(args.run, EXPERIMENT)
+        tasks = args.tasks or (cfg.data.num_val_tasks if args.split == "validation"
+                               else cfg.eval.num_tasks)
+        per_epoch = steps_per_epoch(cfg)
+        frames = []
+        for seed in seeds:
+            if args.checkpoint is not None or (args.epoch is None
+                                               and not args.every_checkpoint):
+                model, env, data, horizon = episode_inputs(args.run, seed, args.split,
+                                                           args.checkpoint, tasks)
+                diagnose(model, env, data, horizon, f"{EXPERIMENT} DPT "
+                         f"{args.checkpoint or f'seed {seed}'} of {args.run}, {args.split}")
+                continue
+            found = epoch_checkpoints(args.run, EXPERIMENT, seed, kind="dpt")
+            trained = {trained_steps(c, per_epoch)[0]: c for c in found}
+            if args.epoch is not None:
+                if args.epoch not in trained:
+                    raise ValueError(f"--epoch {args.epoch}: seed {seed} has checkpoints "
+                                     f"after epochs {', '.join(map(str, sorted(trained)))}")
+                trained = {args.epoch: trained[args.epoch]}
+            for epochs, ckpt in sorted(trained.items()):
+                model, env, data, horizon = episode_inputs(args.run, seed, args.split, ckpt,
+                                                           tasks)
+                if args.epoch is not None:
+                    diagnose(model, env, data, horizon, f"{EXPERIMENT} DPT seed {seed}, "
+                             f"{_epochs(epochs)} ({epochs * per_epoch:,} steps), {args.split}")
+                rows = play_rows(model, env, data, horizon, seed=seed, epoch=epochs,
+                                 steps=epochs * per_epoch)
+                if args.every_checkpoint:
+                    print(f"seed {seed}, {_epochs(epochs)} ({epochs * per_epoch:,} steps): "
+                          f"return {rows['return'].mean():.2f} on {len(rows)} {args.split} "
+                          "tasks", flush=True)
+                frames.append(rows)
+    except (OSError, ValueError, KeyError, SpiceRayError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if not frames:
+        return 0
+    rows = pd.concat(frames, ignore_index=True)
+    if args.csv:
+        rows.to_csv(args.csv, index=False)
+    if args.every_checkpoint:
+        try:
+            chosen = choose_budget(rows)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        print(f"\nreturn by checkpoint ({args.split} tasks, as it acts):")
+        print(budget_table(rows).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(f"budget: {int(chosen['steps']):,} steps ({_epochs(int(chosen['epoch']))}), the "
+              f"highest {args.split} return averaged over seeds {args.seeds} "
+              f"({chosen['mean']:.2f} +- {chosen['sem']:.2f})")
+    else:
+        point, low, high = seeds_interval(rows)
+        print(f"\nDPT* after {_epochs(args.epoch)}, seeds {args.seeds}, {len(data['goal'])} "
+              f"{args.split} tasks: return {point:.2f} [{low:.2f}, {high:.2f}] (95%: seeds and "
+              "tasks resampled, tasks clustered by goal)")
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -24,7 +24,7 @@ import torch
 from spice_ray.data.store import dataset_dir, load_split
 from spice_ray.evaluate.darkroom_prior import exact_readout, learned_readout, optimal_set
 from spice_ray.model.registry import load_model, torch_threads
-from tools.darkroom_prior import epoch_checkpoints, experiment_config
+from spice_ray.study.run_models import epoch_checkpoints, experiment_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
           "optimal where the goal was shown / not shown (mean Q-bar where shown)")
     print("  seed  " + "  ".join(f"{f'h = {h}':>24s}" for h in hs))
     for seed in (int(s) for s in args.seeds.split(",")):
-        found = epoch_checkpoints(args.run, args.experiment, seed, overrides)
+        try:
+            found = epoch_checkpoints(args.run, args.experiment, seed, overrides)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
         if not 1 <= args.epoch <= len(found):
             raise SystemExit(f"error: --epoch {args.epoch}: seed {seed} has epochs 1 to "
                              f"{len(found)}")

@@ -175,7 +175,8 @@ LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
                                                        "lambda_shrink": 1.0,
                                                        "shrink_form": "prefix",
                                                        "value_target": "reward",
-                                                       "tail": TAIL_DEFAULT}}
+                                                       "tail": TAIL_DEFAULT,
+                                                       "query_position": True}}
 """Fields added to a section after results were made with it, left out of what identifies
 those results at these values (:func:`without_later_defaults`: a model's training identity
 and architecture spec, an evaluation's inputs): what was made before them is what the default
@@ -287,6 +288,11 @@ class TrainConfig:
     """Lower clip epsilon of the advantage and epistemic weights (>= 0)."""
     detach_weights: bool = True
     """Stop gradients through omega into the value heads."""
+    query_position: bool = True
+    """Train the policy loss at position 0 too, the query alone before any transition (ours,
+    SPICE's and DPT's); False trains positions 1..T only, as the DPT reference code does (its
+    model returns the predictions after the first context token). Read by every policy loss;
+    the value losses are unaffected."""
     td_n: int = 1
     """n of the TD(n) targets (>= 1; bandits 1, darkroom 5)."""
     gamma: float = 0.0

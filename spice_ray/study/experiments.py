@@ -246,7 +246,7 @@ DARKROOM_DPT_STAR = Experiment(
                   (CUMULATIVE_RETURN, CUMULATIVE_REGRET, *ACCURACY_METRICS),
                   (Select("dpt"), Select("random")), ("online_return",),
                   "DPT* on Darkroom (DPT paper protocol)", analysis=action_accuracy),),
-    overrides=("data.label=optimal", "env.rollin=uniform"),
+    overrides=("data.label=optimal", "env.rollin=uniform", "train.query_position=false"),
     notes=("DPT* (darkroom_dpt_star): the DPT paper reports a return of about 61.5 for DPT on "
            "this protocol (10x10 grid, H = 100, held-out goals, one episode from (0, 0) on a "
            "fixed context of random transitions); the optimal return from (0, 0) is H minus "

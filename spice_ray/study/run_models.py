@@ -6,11 +6,12 @@ one is ``spice_ray.model.registry.load_model``'s, for a saved policy as for any 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from spice_ray.common.errors import excerpt
-from spice_ray.config import FusionConfig
+from spice_ray.config import ExperimentConfig, FusionConfig
 from spice_ray.model import checkpoint as ckpt
 
 
@@ -259,3 +260,37 @@ def model_and_dataset(run_dir: str | Path, experiment: str, kind: str, seed: int
     final = Path(checkpoint).resolve()
     return final, run_dir / "datasets" / final.relative_to(
         (run_dir / "checkpoints").resolve()).parts[0]
+
+
+def experiment_config(run_dir: str | Path, experiment: str, overrides: Sequence[str] = ()
+                      ) -> ExperimentConfig:
+    """The run's config of ``experiment`` (``RUN/configs/<experiment>.yaml``, which the study
+    writes first) with ``overrides`` (``SECTION.FIELD=VALUE``) applied."""
+    from spice_ray.config import load_config, with_overrides
+
+    return with_overrides(load_config(Path(run_dir) / "configs" / f"{experiment}.yaml"),
+                          tuple(overrides))
+
+
+def epoch_checkpoints(run_dir: str | Path, experiment: str, seed: int,
+                      overrides: Sequence[str] = (), kind: str = "spice") -> list[Path]:
+    """Every ``epoch-*`` checkpoint of the experiment's own ``kind`` model of training seed
+    ``seed`` (not a weight-ablation variant's on the same dataset), in epoch order, from the
+    directory the study's pretraining stage gives that model: a training under way or
+    finished.
+
+    Raises:
+        ValueError: there is none, naming the directory looked in.
+    """
+    from spice_ray.data.store import dataset_dir
+    from spice_ray.train.ray_train import plan_job
+
+    run_dir = Path(run_dir)
+    cfg = experiment_config(run_dir, experiment, overrides)
+    dataset = dataset_dir(run_dir / "datasets", cfg)
+    _, model_dir = plan_job(cfg, kind, seed, dataset, run_dir / "checkpoints")
+    found = sorted(model_dir.glob("local/epoch-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not found:
+        raise ValueError(f"no epoch checkpoint of {experiment} {kind} seed {seed} in "
+                         f"{model_dir}")
+    return found

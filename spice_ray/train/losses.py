@@ -190,8 +190,9 @@ def spice_loss(
     else:
         l_shrink = shrink_loss(q_mean, tokens.actions, y, cfg.td_n, cfg.shrink_prior_mean,
                                cfg.shrink_prior_var, cfg.shrink_noise_var)
-    w = policy_weights(q_mean, q_std, tokens.behaviour_probs, tokens.label, cfg)
-    l_pi = weighted_policy_loss(out.logits, tokens.label, w)
+    first = 0 if cfg.query_position else 1  # position 0: the query alone
+    w = policy_weights(q_mean, q_std, tokens.behaviour_probs, tokens.label, cfg)[:, first:]
+    l_pi = weighted_policy_loss(out.logits[:, first:], tokens.label, w)
     loss = l_pi + cfg.lambda_q * (l_td + cfg.lambda_shrink * l_shrink) \
         + cfg.lambda_anchor * anchor
     parts = {
@@ -310,4 +311,4 @@ def _spice_batch_loss(out: SpiceOutput, tokens: Tokens, model: TrunkModel, task_
 @register_loss("dpt", ignores=VALUE_LOSS_FIELDS)  # plain cross-entropy
 def _dpt_batch_loss(out: Any, tokens: Tokens, model: TrunkModel, task_ids: Tensor,
                     cfg: TrainConfig) -> tuple[Tensor, dict[str, Tensor]]:
-    return dpt_loss(out.logits, tokens.label)
+    return dpt_loss(out.logits, tokens.label, cfg.query_position)
