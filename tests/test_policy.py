@@ -226,6 +226,29 @@ def test_from_pretrained_resolves_a_hub_id_through_the_local_cache(tmp_path) -> 
         spice_ray.SpicePolicy.from_pretrained(tmp_path / "missing" / "deeper" / "folder")
 
 
+def test_from_run_refuses_a_final_another_epoch_count_republished(tmp_path) -> None:
+    """Under a constant rate a training's epochs are not in its identity, so a variant that
+    trains the same model to fewer epochs republishes the shared ``final``: a reader of the
+    experiment listed after 2 epochs is refused by name, not handed the 1-epoch model."""
+    import shutil
+
+    from spice_ray.study.records import write_checkpoint_index
+
+    cfg = make_config("smoke", "darkroom")
+    run = tmp_path / "run"
+    model = build_model("spice", cfg, torch.Generator().manual_seed(0))
+    final = run / "checkpoints" / "ds" / "spice-aaaaaaaa-seed0" / "final"
+    save_checkpoint(final, model, cfg, "hash", 1, extra={"identity": "aaaaaaaa1111", "seed": 0})
+    write_checkpoint_index(run, {("darkroom", "spice", "", 0): final})
+    assert spice_ray.SpicePolicy.from_run(run, "darkroom").env.name == "darkroom"
+    shutil.rmtree(final)  # the variant's training of 1 epoch publishes the same directory
+    save_checkpoint(final, model, cfg, "hash", 0, extra={"identity": "aaaaaaaa1111", "seed": 0})
+    with pytest.raises(ValueError, match=r"holds spice seed 0 after epoch 0, but "
+                                         r"checkpoints/index.json lists darkroom spice seed 0 "
+                                         r"after epoch 1: a training of the same model"):
+        spice_ray.SpicePolicy.from_run(run, "darkroom")
+
+
 def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path, caplog) -> None:
     """Two weight variants' checkpoint directories swapped: ``from_run`` names the mismatch
     between the index and the checkpoint's own meta.json instead of loading the other model,

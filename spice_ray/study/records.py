@@ -118,10 +118,14 @@ def write_checkpoint_index(run_dir: Path, finals: Finals) -> Path:
            for (name, kind, variant, seed), final in finals.items()}
     kept = [e for e in entries if isinstance(e, dict) and
             (e.get("experiment"), e.get("kind"), e.get("variant"), e.get("seed")) not in new]
-    # each model's training identity (its meta.json's), so a reader can tell a moved or
-    # swapped checkpoint directory from the one listed
+    # each model's training identity and last epoch (its meta.json's), so a reader can tell
+    # a moved or swapped checkpoint directory from the one listed, and a final that a training
+    # of the same model to another epoch has since republished (under a constant rate the
+    # epochs are not in the identity: such trainings share one directory)
+    metas = {k: ckpt.read_meta(run_dir / p) for k, p in new.items()}
     entries = kept + [{"experiment": k[0], "kind": k[1], "variant": k[2], "seed": k[3],
-                       "path": p, "identity": ckpt.read_meta(run_dir / p).get("identity")}
+                       "path": p, "identity": metas[k].get("identity"),
+                       "epoch": metas[k].get("epoch")}
                       for k, p in new.items()]
     # in one order whatever ran last, so the same models give the same bytes (the report's
     # freshness reads the index's checksum)

@@ -19,7 +19,8 @@ def checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
     """The checkpoint directory of a checkpoint-index entry, once its own ``meta.json``
     (checksummed) agrees with the entry: kind, seed and training identity (the index's, or
     the 8 hex digits that name the directory, ``<kind>-<identity>-seed<k>``, in an index
-    written before identities were recorded)."""
+    written before identities were recorded), and the last epoch trained where the index
+    records one."""
     from spice_ray.study.records import checked_index_entry
 
     path = run_dir / checked_index_entry(run_dir, entry)["path"]
@@ -35,6 +36,14 @@ def checked_entry(run_dir: Path, entry: dict[str, Any]) -> Path:
                          f"identity {got or '?'}, but checkpoints/index.json lists it as "
                          f"{what} of identity {listed or '?'}: the directory was moved or "
                          "swapped; re-run the study's full_run command, which retrains it")
+    listed_epoch = entry.get("epoch")
+    if isinstance(listed_epoch, int) and meta.get("epoch") != listed_epoch:
+        raise ValueError(f"{path} holds {meta.get('kind')} seed {meta.get('seed')} after "
+                         f"epoch {meta.get('epoch')}, but checkpoints/index.json lists {what} "
+                         f"after epoch {listed_epoch}: a training of the same model to "
+                         "another number of epochs (a variant or another experiment in this "
+                         "run) republished it; re-run this experiment's full_run command, or "
+                         "give such trainings their own --out")
     return path
 
 
