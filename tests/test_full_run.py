@@ -196,7 +196,9 @@ def test_full_run_smoke_end_to_end_and_rerun_skips(ray_local, tmp_path, capsys) 
 
     star_cfg = plan.configs[EXPERIMENT]
     capsys.readouterr()
-    assert dpt_star([str(run_dir), "--every-checkpoint", "--csv", str(tmp_path / "b.csv")]) == 0
+    assert dpt_star([str(run_dir), "--every-checkpoint", "--csv", str(tmp_path / "b.csv"),
+                     "--plot", str(tmp_path / "b.png")]) == 0
+    assert (tmp_path / "b.png").stat().st_size > 10_000
     budget = pd.read_csv(tmp_path / "b.csv")
     assert sorted(set(budget["epoch"])) == list(range(1, star_cfg.train.epochs + 1))
     assert len(budget) == star_cfg.train.epochs * star_cfg.data.num_val_tasks

@@ -3,7 +3,7 @@ fixed; and DPT*'s step budget chosen on validation tasks.
 
     python tools/dpt_star_episode.py RUN [--seeds 0,1,2] [--split validation|eval|train]
                                      [--checkpoint DIR | --epoch E | --every-checkpoint]
-                                     [--tasks N] [--csv FILE]
+                                     [--tasks N] [--csv FILE] [--plot PNG]
 
 For the ``darkroom_dpt_star`` model of a study's run, on validation tasks unless ``--split``
 says otherwise: the DPT paper's offline protocol (the task's own fixed context, one greedy
@@ -158,6 +158,26 @@ def seeds_interval(rows: pd.DataFrame) -> tuple[float, float, float]:
                                  [values.to_numpy()], goals.to_numpy())
 
 
+def plot_budget(table: pd.DataFrame, chosen: pd.Series, path: Path, split: str) -> Path:
+    """Return per checkpoint, each seed and their mean (+- SEM over tasks), the budget
+    marked: what ``--every-checkpoint`` chose from."""
+    from spice_ray.results.figure_files import plt, save
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for col in [c for c in table.columns if c.startswith("seed ")]:
+        ax.plot(table["steps"], table[col], lw=0.8, alpha=0.6, marker=".", label=col)
+    ax.errorbar(table["steps"], table["mean"], yerr=table["sem"], color="black", lw=1.6,
+                capsize=2, label="mean over seeds")
+    ax.axvline(chosen["steps"], color="grey", ls="--", lw=0.8,
+               label=f"budget: {int(chosen['steps']):,} steps")
+    ax.set_xlabel("training steps")
+    ax.set_ylabel(f"return ({split} tasks)")
+    ax.set_title("DPT* by the DPT paper's protocol, per checkpoint", fontsize=10)
+    ax.legend(fontsize=7, frameon=False)
+    return save(fig, Path(path), f"one greedy episode of each {split} task from (0, 0) on its "
+                "fixed context; error bars: SEM over tasks of the seeds' mean")
+
+
 def diagnose(model, env, data, horizon: int, label: str) -> None:
     """The two plays of one checkpoint, printed (as it acts, and with stay forced)."""
     seen = np.asarray(data["rewards"]).sum(1) > 0
@@ -193,9 +213,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="the split's first N tasks (default: every validation task, or as "
                         "many as the study evaluates on the other splits)")
     p.add_argument("--csv", type=Path, help="also write the per-task returns to this file")
+    p.add_argument("--plot", type=Path,
+                   help="with --every-checkpoint: also draw the return per checkpoint (PNG)")
     args = p.parse_args(argv)
     if not re.fullmatch(r"\d+(,\d+)*", args.seeds):
         raise SystemExit(f"error: --seeds {args.seeds[:80]!r} is invalid: e.g. 0,1,2")
+    if args.plot and not args.every_checkpoint:
+        raise SystemExit("error: --plot draws what --every-checkpoint plays: give both")
     if args.tasks < 0:
         raise SystemExit(f"error: --tasks {args.tasks} is invalid: an integer >= 0")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -245,8 +269,11 @@ def main(argv: list[str] | None = None) -> int:
             chosen = choose_budget(rows)
         except ValueError as exc:
             raise SystemExit(f"error: {exc}") from None
+        table = budget_table(rows)
         print(f"\nreturn by checkpoint ({args.split} tasks, as it acts):")
-        print(budget_table(rows).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        if args.plot:
+            print(f"figure: {plot_budget(table, chosen, args.plot, args.split)}")
         print(f"budget: {int(chosen['steps']):,} steps ({_epochs(int(chosen['epoch']))}), the "
               f"highest {args.split} return averaged over seeds {args.seeds} "
               f"({chosen['mean']:.2f} +- {chosen['sem']:.2f})")
