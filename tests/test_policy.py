@@ -240,13 +240,13 @@ def test_from_run_refuses_a_final_another_epoch_count_republished(tmp_path) -> N
     final = run / "checkpoints" / "ds" / "spice-aaaaaaaa-seed0" / "final"
     save_checkpoint(final, model, cfg, "hash", 1, extra={"identity": "aaaaaaaa1111", "seed": 0})
     write_checkpoint_index(run, {("darkroom", "spice", "", 0): final})
-    assert spice_ray.SpicePolicy.from_run(run, "darkroom").env.name == "darkroom"
+    assert spice_ray.SpicePolicy.from_run(run, "darkroom", tuned=False).env.name == "darkroom"
     shutil.rmtree(final)  # the variant's training of 1 epoch publishes the same directory
     save_checkpoint(final, model, cfg, "hash", 0, extra={"identity": "aaaaaaaa1111", "seed": 0})
     with pytest.raises(ValueError, match=r"holds spice seed 0 after epoch 0, but "
                                          r"checkpoints/index.json lists darkroom spice seed 0 "
                                          r"after epoch 1: a training of the same model"):
-        spice_ray.SpicePolicy.from_run(run, "darkroom")
+        spice_ray.SpicePolicy.from_run(run, "darkroom", tuned=False)
 
 
 def test_from_run_refuses_a_swapped_checkpoint_directory(tmp_path, caplog) -> None:
@@ -513,7 +513,7 @@ def test_an_index_entry_outside_the_run_or_of_the_wrong_shape_is_refused(tmp_pat
     save_checkpoint(final, model, cfg, "hash", 1, extra=identity)
     write_checkpoint_index(run, {("darkroom", "spice", "", 0): final})
     good = json.loads((run / CHECKPOINT_INDEX).read_text())
-    assert spice_ray.SpicePolicy.from_run(run, "darkroom").env.name == "darkroom"
+    assert spice_ray.SpicePolicy.from_run(run, "darkroom", tuned=False).env.name == "darkroom"
     for path in (str(outside), "checkpoints/../../outside/final"):
         bad = json.loads(json.dumps(good))
         bad["checkpoints"][0]["path"] = path
