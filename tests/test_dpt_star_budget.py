@@ -34,3 +34,29 @@ def test_a_checkpoint_missing_a_seed_is_refused_by_name() -> None:
     rows = _returns({1: [[1, 2], [3, 4]], 2: [[5, 6]]})
     with pytest.raises(ValueError, match="steps 200 lack a seed"):
         choose_budget(rows)
+
+
+def test_a_checkpoint_is_found_by_the_epochs_it_trained_not_its_place(tmp_path,
+                                                                       monkeypatch) -> None:
+    """A training that checkpoints every 2 epochs keeps epoch-0001, epoch-0003, ...: the
+    checkpoint after 4 epochs is epoch-0003 (its own meta.json says so), not the list's
+    fourth; one after 3 epochs does not exist and is refused, naming those there are."""
+    import torch
+
+    from spice_ray.config import make_config
+    from spice_ray.model.checkpoint import save_checkpoint
+    from spice_ray.model.registry import build_model
+    from spice_ray.study import run_models
+
+    cfg = make_config("smoke", "darkroom")
+    model = build_model("dpt", cfg, torch.Generator().manual_seed(0))
+    dirs = []
+    for epoch in (1, 3, 5, 7):  # 0-based, as the loop writes them
+        dirs.append(tmp_path / f"epoch-{epoch:04d}")
+        save_checkpoint(dirs[-1], model, cfg, "hash", epoch)
+    monkeypatch.setattr(run_models, "epoch_checkpoints", lambda *a, **k: dirs)
+    assert run_models.checkpoint_after("RUN", "darkroom_dpt_star", 0, 4, kind="dpt") == dirs[1]
+    assert [run_models.trained_epochs(d) for d in dirs] == [2, 4, 6, 8]
+    with pytest.raises(ValueError, match="darkroom_dpt_star dpt seed 0 has no checkpoint after "
+                                         "3 epochs; it has them after 2, 4, 6, 8"):
+        run_models.checkpoint_after("RUN", "darkroom_dpt_star", 0, 3, kind="dpt")

@@ -41,11 +41,16 @@ import torch
 from spice_ray.common.errors import SpiceRayError
 from spice_ray.data.store import load_split
 from spice_ray.envs import darkroom
-from spice_ray.model.checkpoint import read_meta
 from spice_ray.model.registry import load_model, torch_threads
 from spice_ray.model.tokens import make_tokens
 from spice_ray.results.summary import hierarchical_interval, weighted_mean
-from spice_ray.study.run_models import epoch_checkpoints, experiment_config, model_and_dataset
+from spice_ray.study.run_models import (
+    checkpoint_after,
+    epoch_checkpoints,
+    experiment_config,
+    model_and_dataset,
+    trained_epochs,
+)
 from spice_ray.train.loop import steps_per_epoch
 
 EXPERIMENT = "darkroom_dpt_star"
@@ -94,12 +99,6 @@ def episode_inputs(run: Path, seed: int = 0, split: str = "validation",
 
 def _epochs(n: int) -> str:
     return f"{n} epoch" + ("" if n == 1 else "s")
-
-
-def trained_steps(checkpoint: Path, per_epoch: int) -> tuple[int, int]:
-    """(epochs, optimiser steps) a checkpoint has trained, from its own ``meta.json``."""
-    epochs = int(read_meta(checkpoint)["epoch"]) + 1
-    return epochs, epochs * per_epoch
 
 
 def choose_budget(returns: pd.DataFrame) -> pd.Series:
@@ -237,13 +236,12 @@ def main(argv: list[str] | None = None) -> int:
                 diagnose(model, env, data, horizon, f"{EXPERIMENT} DPT "
                          f"{args.checkpoint or f'seed {seed}'} of {args.run}, {args.split}")
                 continue
-            found = epoch_checkpoints(args.run, EXPERIMENT, seed, kind="dpt")
-            trained = {trained_steps(c, per_epoch)[0]: c for c in found}
             if args.epoch is not None:
-                if args.epoch not in trained:
-                    raise ValueError(f"--epoch {args.epoch}: seed {seed} has checkpoints "
-                                     f"after epochs {', '.join(map(str, sorted(trained)))}")
-                trained = {args.epoch: trained[args.epoch]}
+                trained = {args.epoch: checkpoint_after(args.run, EXPERIMENT, seed,
+                                                        args.epoch, kind="dpt")}
+            else:
+                trained = {trained_epochs(c): c
+                           for c in epoch_checkpoints(args.run, EXPERIMENT, seed, kind="dpt")}
             for epochs, ckpt in sorted(trained.items()):
                 model, env, data, horizon = episode_inputs(args.run, seed, args.split, ckpt,
                                                            tasks)

@@ -24,7 +24,7 @@ import torch
 from spice_ray.data.store import dataset_dir, load_split
 from spice_ray.evaluate.darkroom_prior import exact_readout, learned_readout, optimal_set
 from spice_ray.model.registry import load_model, torch_threads
-from spice_ray.study.run_models import epoch_checkpoints, experiment_config
+from spice_ray.study.run_models import checkpoint_after, experiment_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", type=Path, help="a study's run directory")
     p.add_argument("experiment", help="a grid darkroom experiment of the run")
-    p.add_argument("--epoch", type=int, required=True, help="the epoch checkpoint (1-based)")
+    p.add_argument("--epoch", type=int, required=True,
+                   help="the checkpoint after this many epochs of training")
     p.add_argument("--seeds", default="0", help="training seeds, comma-separated")
     p.add_argument("--tasks", type=int, default=200, help="validation walks to read")
     p.add_argument("--set", action="append", default=[], dest="overrides",
@@ -53,14 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     print("  seed  " + "  ".join(f"{f'h = {h}':>24s}" for h in hs))
     for seed in (int(s) for s in args.seeds.split(",")):
         try:
-            found = epoch_checkpoints(args.run, args.experiment, seed, overrides)
+            checkpoint = checkpoint_after(args.run, args.experiment, seed, args.epoch,
+                                          overrides)
         except ValueError as exc:
-            raise SystemExit(f"error: {exc}") from None
-        if not 1 <= args.epoch <= len(found):
-            raise SystemExit(f"error: --epoch {args.epoch}: seed {seed} has epochs 1 to "
-                             f"{len(found)}")
+            raise SystemExit(f"error: --epoch {args.epoch}: {exc}") from None
         with torch_threads(1), torch.no_grad():
-            model = load_model(found[args.epoch - 1], cfg.env, "spice").eval()
+            model = load_model(checkpoint, cfg.env, "spice").eval()
             mean = learned_readout(model, cfg.env, data, hs)["prior_mean"]  # (B, P, A)
         hit = np.take_along_axis(optimal, mean.argmax(-1)[..., None], -1)[..., 0]
         cells = []

@@ -303,3 +303,25 @@ def epoch_checkpoints(run_dir: str | Path, experiment: str, seed: int,
         raise ValueError(f"no epoch checkpoint of {experiment} {kind} seed {seed} in "
                          f"{model_dir}")
     return found
+
+
+def trained_epochs(checkpoint: str | Path) -> int:
+    """How many epochs a checkpoint has trained, from its own ``meta.json``."""
+    return int(ckpt.read_meta(checkpoint)["epoch"]) + 1
+
+
+def checkpoint_after(run_dir: str | Path, experiment: str, seed: int, epochs: int,
+                     overrides: Sequence[str] = (), kind: str = "spice") -> Path:
+    """The ``epoch-*`` checkpoint of :func:`epoch_checkpoints` that has trained ``epochs``
+    epochs (read from its ``meta.json``, not its place in the list: a training that
+    checkpoints every few epochs skips the others).
+
+    Raises:
+        ValueError: there is none, naming the epochs there are.
+    """
+    found = {trained_epochs(c): c for c in epoch_checkpoints(run_dir, experiment, seed,
+                                                             overrides, kind)}
+    if epochs not in found:
+        raise ValueError(f"{experiment} {kind} seed {seed} has no checkpoint after {epochs} "
+                         f"epochs; it has them after {', '.join(map(str, sorted(found)))}")
+    return found[epochs]
