@@ -26,14 +26,14 @@ def test_the_budget_is_the_best_mean_over_seeds_and_the_shorter_on_a_tie() -> No
     assert table[["seed 0", "seed 1"]].iloc[1].tolist() == [50, 5]
     # the SEM is over the tasks' seed means: epoch 1's tasks average 20 and 30
     assert table["sem"].iloc[0] == pytest.approx(5.0)
-    chosen = choose_budget(rows)
+    chosen = choose_budget(table)
     assert (chosen["epoch"], chosen["steps"], chosen["mean"]) == (3, 300, 30)
 
 
 def test_a_checkpoint_missing_a_seed_is_refused_by_name() -> None:
     rows = _returns({1: [[1, 2], [3, 4]], 2: [[5, 6]]})
     with pytest.raises(ValueError, match="steps 200 lack a seed"):
-        choose_budget(rows)
+        budget_table(rows)
 
 
 def test_a_checkpoint_is_found_by_the_epochs_it_trained_not_its_place(tmp_path,

@@ -101,23 +101,22 @@ def _epochs(n: int) -> str:
     return f"{n} epoch" + ("" if n == 1 else "s")
 
 
-def choose_budget(returns: pd.DataFrame) -> pd.Series:
-    """The step budget by validation return: of per-task rows (``steps``, ``seed``,
-    ``task``, ``return``) of every checkpoint, the row of :func:`budget_table` with the highest
-    return averaged over seeds and tasks; the fewer steps on a tie.
-
-    Raises:
-        ValueError: some checkpoint lacks a seed or a task the others have (its mean would
-            not be over the same tasks and trainings).
-    """
-    table = budget_table(returns)
+def choose_budget(table: pd.DataFrame) -> pd.Series:
+    """The step budget by validation return: the row of :func:`budget_table` ``table`` with
+    the highest return averaged over seeds and tasks; the fewer steps on a tie."""
     best = table["mean"].max()
     return table[table["mean"] == best].sort_values("steps").iloc[0]
 
 
 def budget_table(returns: pd.DataFrame) -> pd.DataFrame:
-    """Per checkpoint (``epoch``, ``steps``): each seed's mean return over the tasks, their
-    mean (``mean``) and the standard error of the seed-averaged task returns (``sem``)."""
+    """Of per-task rows (``epoch``, ``steps``, ``seed``, ``task``, ``return``), per checkpoint:
+    each seed's mean return over the tasks, their mean (``mean``) and the standard error of
+    the seed-averaged task returns (``sem``).
+
+    Raises:
+        ValueError: some checkpoint lacks a seed or a task the others have (its mean would
+            not be over the same tasks and trainings).
+    """
     counts = returns.groupby("steps")[["seed", "task"]].nunique()
     full = (counts["seed"] == returns["seed"].nunique()) & \
         (counts["task"] == returns["task"].nunique())
@@ -136,11 +135,9 @@ def budget_table(returns: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def play_rows(model, env, data, horizon: int, **keys) -> pd.DataFrame:
-    """Per-task rows of one checkpoint playing the protocol as it acts: ``task``, ``goal``
-    (the cell's index), ``return``, whether the context shows the goal, and ``keys``."""
-    with torch_threads(1):
-        out = play(model, env, data, horizon, False)
+def task_rows(out: dict[str, np.ndarray], env, data, **keys) -> pd.DataFrame:
+    """Per-task rows of a :func:`play` of ``data``'s tasks: ``task``, ``goal`` (the cell's
+    index), ``return``, whether the context shows the goal, and ``keys``."""
     goals = np.asarray(data["goal"], dtype=np.int64)
     return pd.DataFrame({"task": np.arange(len(goals)),
                          "goal": goals[:, 0] * env.params.grid_size + goals[:, 1],
@@ -177,13 +174,15 @@ def plot_budget(table: pd.DataFrame, chosen: pd.Series, path: Path, split: str) 
                 "fixed context; error bars: SEM over tasks of the seeds' mean")
 
 
-def diagnose(model, env, data, horizon: int, label: str) -> None:
-    """The two plays of one checkpoint, printed (as it acts, and with stay forced)."""
+def diagnose(model, env, data, horizon: int, label: str) -> dict[str, np.ndarray]:
+    """The two plays of one checkpoint, printed (as it acts, and with stay forced); returns
+    the first."""
     seen = np.asarray(data["rewards"]).sum(1) > 0
     print(f"{label} ({len(seen)} tasks; the context shows the goal in {seen.sum()}):")
+    plays = {}
     for name, force in (("as it acts", False), ("stay forced on the goal", True)):
         with torch_threads(1):
-            out = play(model, env, data, horizon, force)
+            out = plays[force] = play(model, env, data, horizon, force)
         names = ", ".join(f"{n} {c}" for n, c in zip(darkroom.ACTION_NAMES, out["on_goal"],
                                                      strict=True))
         print(f"  {name}: return {out['return'].mean():.2f} +- "
@@ -191,6 +190,7 @@ def diagnose(model, env, data, horizon: int, label: str) -> None:
               f"{out['return'][seen].mean():.2f}; reached in {out['reached'][seen].mean():.0%} "
               f"of those); actions on the goal: {names}; mean P(stay) there "
               + (f"{out['stay_prob'].mean():.3f}" if out["stay_prob"].size else "n/a"))
+    return plays[False]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,9 +246,13 @@ def main(argv: list[str] | None = None) -> int:
                 model, env, data, horizon = episode_inputs(args.run, seed, args.split, ckpt,
                                                            tasks)
                 if args.epoch is not None:
-                    diagnose(model, env, data, horizon, f"{EXPERIMENT} DPT seed {seed}, "
-                             f"{_epochs(epochs)} ({epochs * per_epoch:,} steps), {args.split}")
-                rows = play_rows(model, env, data, horizon, seed=seed, epoch=epochs,
+                    acted = diagnose(model, env, data, horizon, f"{EXPERIMENT} DPT seed "
+                                     f"{seed}, {_epochs(epochs)} ({epochs * per_epoch:,} "
+                                     f"steps), {args.split}")
+                else:
+                    with torch_threads(1):
+                        acted = play(model, env, data, horizon, False)
+                rows = task_rows(acted, env, data, seed=seed, epoch=epochs,
                                  steps=epochs * per_epoch)
                 if args.every_checkpoint:
                     print(f"seed {seed}, {_epochs(epochs)} ({epochs * per_epoch:,} steps): "
@@ -264,10 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.to_csv(args.csv, index=False)
     if args.every_checkpoint:
         try:
-            chosen = choose_budget(rows)
+            table = budget_table(rows)
         except ValueError as exc:
             raise SystemExit(f"error: {exc}") from None
-        table = budget_table(rows)
+        chosen = choose_budget(table)
         print(f"\nreturn by checkpoint ({args.split} tasks, as it acts):")
         print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
         if args.plot:
