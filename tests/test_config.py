@@ -57,7 +57,7 @@ def test_wrong_types_are_refused(tmp_path) -> None:
     path.write_text("data:\n  num_train_tasks: lots\n")
     with pytest.raises(ConfigError, match=r"data\.num_train_tasks='lots'.*integer"):
         make_config("smoke", "bandit", yaml_path=path)
-    with pytest.raises(ConfigError, match=r"train\.use_gpu.*true or false"):
+    with pytest.raises(ConfigError, match=r"train\.use_gpu=3 is invalid: one of true, false, auto"):
         make_config("smoke", "bandit", overrides=["train.use_gpu=3"])
     with pytest.raises(ConfigError, match=r"model\.n_layer=2\.5.*integer"):
         make_config("smoke", "bandit", overrides=["model.n_layer=2.5"])

@@ -66,7 +66,9 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
         return _build(tp, value, path)
     if origin is Literal:
         allowed = typing.get_args(tp)
-        _check(value in allowed, path, shown, f"one of {', '.join(map(str, allowed))}")
+        # by type as well as value: 1 is not true, and "true" in YAML is the bool
+        _check(any(value == a and type(value) is type(a) for a in allowed), path, shown,
+               f"one of {', '.join(_literal_text(a) for a in allowed)}")
         return value
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
@@ -96,6 +98,11 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
         _check(isinstance(value, str), path, shown, "a string")
         return value
     raise TypeError(f"unsupported annotation {tp} at {path}")
+
+
+def _literal_text(value: Any) -> str:
+    """A Literal's allowed value as a user types it (YAML's true / false for bools)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _build_env(values: dict[str, Any], prefix: str = "env") -> EnvConfig:

@@ -23,6 +23,9 @@ from spice_ray.envs.labels import parse_label
 from spice_ray.fusion.posterior import TAIL_DEFAULT, TAILS
 from spice_ray.fusion.width import WIDTH_SOURCE_DEFAULT
 
+AUTO = "auto"
+"""``train.use_gpu`` / ``train.population`` as the machine decides (GPUs where there are)."""
+
 HEAD_KERNELS = ("auto", "compiled", "eager")
 TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
 """Experiment trackers (``track``; ``spice_ray.runtime.tracking``)."""
@@ -171,7 +174,7 @@ LATER_DEFAULTS: dict[str, dict[str, Any]] = {"model": {"var_head": False},
                                              "fusion": {"width_source": WIDTH_SOURCE_DEFAULT,
                                                         "tail": TAIL_DEFAULT},
                                              "train": {"h0_prior": "paper", "choose": (),
-                                                       "population": False,
+                                                       "population": AUTO,
                                                        "lambda_shrink": 1.0,
                                                        "shrink_form": "prefix",
                                                        "value_target": "reward",
@@ -354,16 +357,18 @@ class TrainConfig:
     model. Each model's weights equal, bit for bit, those of the model trained alone on one
     worker with the same threads (``train.together=false train.num_workers=1
     train.threads=<the together worker's>``; with ``num_workers=1``: the same job)."""
-    population: bool = False
+    population: Literal[True, False, "auto"] = AUTO
     """Train the models of one kind and config (an experiment's seeds, a variant's seeds) as
     one population (``spice_ray.train.population``): their weights stacked and stepped as one,
-    one step about one model's cost while a GPU is launch-bound. Each model's weights equal
-    its alone training's within a stated tolerance (rounding), its checkpoints are the same
-    format. In the driver with ``num_workers=0``, else one Ray Train job whose workers each
-    train whole populations. On a CPU the SPICE step is slower this way (the value heads
-    cannot take their compiled kernel under vmap)."""
-    use_gpu: bool = False
-    """Train on GPUs (``worker_gpus`` of one per Train worker), bf16 autocast."""
+    one step about one model's cost while a GPU is launch-bound; each model's weights equal
+    its alone training's within rounding, in the same checkpoints. In the driver with
+    ``num_workers=0``, else one Ray Train job whose workers each train whole populations. On
+    a CPU the SPICE step is slower so (its value heads lose their compiled kernel under
+    vmap): "auto" (the default) trains populations on GPUs only."""
+    use_gpu: Literal[True, False, "auto"] = AUTO
+    """Train on GPUs (``worker_gpus`` of one per Train worker), bf16 autocast. "auto" (the
+    default): where there are some (this machine's: as populations in the driver,
+    ``train.together.on_local_gpu``; or a cluster's), else on CPUs without a warning."""
     worker_gpus: float = 1.0
     """GPUs per Train worker with ``use_gpu`` (0 < x <= 1). A fraction lets several
     ``together`` workers share one GPU, each training its own models: a small model's step
@@ -395,6 +400,8 @@ class TrainConfig:
         _check(self.bootstrap in ("max", "mean"), "train.bootstrap", self.bootstrap,
                "one of max, mean")
         _check(self.tail in TAILS, "train.tail", self.tail, f"one of {', '.join(TAILS)}")
+        for key, value in (("use_gpu", self.use_gpu), ("population", self.population)):
+            _check(value in (True, False, AUTO), f"train.{key}", value, "true, false or auto")
         _check(self.shrink_form in ("prefix", "average"), "train.shrink_form",
                self.shrink_form, "one of prefix, average")
         _check(self.shrink_prior in ("fixed", "data"), "train.shrink_prior", self.shrink_prior,
@@ -417,6 +424,14 @@ class TrainConfig:
         _check(self.worker_gpus == 1 or self.together or self.num_workers <= 1,
                "train.worker_gpus", self.worker_gpus, "1 when train.together=false and "
                "train.num_workers > 1 (data-parallel workers cannot share a GPU)")
+
+    def on_gpu(self, gpus: bool) -> bool:
+        """Train on GPUs, given whether there are any? ``use_gpu``; "auto": if there are."""
+        return gpus if self.use_gpu == AUTO else bool(self.use_gpu)
+
+    def populations(self, on_gpu: bool) -> bool:
+        """Train populations, given whether on GPUs? ``population``; "auto": if on GPUs."""
+        return on_gpu if self.population == AUTO else bool(self.population)
 
     @property
     def on_ray_train(self) -> bool:

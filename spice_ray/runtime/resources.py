@@ -194,7 +194,7 @@ def stage_requests(cfg: ExperimentConfig,
                            {"CPU": d.task_cpus, **labels.get("datagen", {})}, 1, gang=False,
                            reserve_cpus=RAY_DATA_CPUS))
     if "pretrain" in stages and t.on_ray_train:
-        gpu = t.use_gpu if use_gpu is None else use_gpu
+        gpu = t.use_gpu is True if use_gpu is None else use_gpu
         bundle = {"CPU": t.worker_cpus, **({"GPU": t.worker_gpus} if gpu else {}),
                   **labels.get("trainer", {})}
         out.append(Request(f"train.num_workers={t.num_workers} x train.worker_cpus="
@@ -363,7 +363,7 @@ def check_models(cfgs: Iterable[ExperimentConfig], free_memory: int | None = Non
     cfgs = list(cfgs)
     if free_memory is None:
         free_memory = available_memory()
-    if gpu_memory is None and any(c.train.use_gpu for c in cfgs):
+    if gpu_memory is None and any(c.train.use_gpu is not False for c in cfgs):
         import torch
 
         if torch.cuda.is_available():  # this machine's first GPU (a cluster's: not known here)
@@ -384,7 +384,7 @@ def check_models(cfgs: Iterable[ExperimentConfig], free_memory: int | None = Non
                 f"{human_bytes(size.worker_bytes)} per Train worker (weights, gradients and "
                 f"AdamW ~{human_bytes(size.state_bytes)}; activations of {size.batch} "
                 f"sequences ~{human_bytes(size.activation_bytes)})")
-        if cfg.train.use_gpu:
+        if cfg.train.on_gpu(gpu_memory is not None):
             share = cfg.train.worker_gpus  # workers sharing a GPU split its memory
             if gpu_memory is not None and size.worker_bytes > gpu_memory * share:
                 errors.append(f"{fields}: {what}, but a GPU has {human_bytes(gpu_memory)}"
@@ -411,15 +411,17 @@ def size_problems(cfgs: Iterable[ExperimentConfig], run_dir: str | Path, address
     return problems
 
 
-def gpus_available(use_gpu: bool, cluster: dict[str, float] | None = None,
+def gpus_available(use_gpu: bool | str, cluster: dict[str, float] | None = None,
                    environ: dict[str, str] | None = None) -> bool:
-    """Whether to train on GPUs: ``train.use_gpu`` and the cluster has (or will add) some.
+    """Whether to train on GPUs: ``train.use_gpu`` (true, or "auto") and the cluster has (or
+    will add) some.
 
     The paper preset asks for GPUs; on a CPU-only machine the same command trains on CPU with
-    a warning instead of waiting forever for a GPU. An autoscaling cluster starts without GPU
-    nodes, so a declared ``trainer`` label (``cluster.yaml``) counts as GPUs to come.
+    a warning instead of waiting forever for a GPU ("auto", the default, without one). An
+    autoscaling cluster starts without GPU nodes, so a declared ``trainer`` label
+    (``cluster.yaml``) counts as GPUs to come.
     """
-    if not use_gpu:
+    if use_gpu is False:
         return False
     if cluster is None:
         import ray
@@ -427,7 +429,8 @@ def gpus_available(use_gpu: bool, cluster: dict[str, float] | None = None,
         cluster = ray.cluster_resources()
     if cluster.get("GPU", 0) > 0 or TRAINER in declared_labels(environ):
         return True
-    _warn_no_gpu()
+    if use_gpu is True:
+        _warn_no_gpu()
     return False
 
 

@@ -124,7 +124,8 @@ def _describe(plan: StudyPlan) -> str:
             how = f"in the driver, ~{seconds:.1f} s ({TASKS_PER_SECOND} tasks/s, no start)"
         data_seconds += seconds
         lines.append(f"  {name:{w}s} {n:>8d} tasks, ~{size / 2**20:8.1f} MiB, {how}")
-    planned = [c.train.use_gpu and not torch.cuda.is_available() for c in plan.configs.values()]
+    planned = [c.train.use_gpu is True and not torch.cuda.is_available()
+               for c in plan.configs.values()]
     gpu_planned = any(planned)  # pretraining asks for GPUs this process does not have
     lines.append("stage 2 pretraining (Ray Train; " + (
         f"times from each step's FLOP count at {GPU_FLOPS_PLANNED / 1e12:.1f} TFLOP/s a GPU: "
@@ -145,9 +146,9 @@ def _describe(plan: StudyPlan) -> str:
                      f"T={cfg.env.horizon} each; "
                      + ("all in one job, " if tc.together and tc.num_workers else "")
                      + f"{count(tc.num_workers, 'worker')} "
-                     + (f"({tc.worker_gpus:g} GPU each)" if tc.use_gpu
+                     + (f"({tc.worker_gpus:g} GPU each)" if tc.use_gpu is True
                         else f"({tc.worker_cpus} CPU each)"))
-        gpu = tc.use_gpu and torch.cuda.is_available()
+        gpu = tc.on_gpu(torch.cuda.is_available()) and torch.cuda.is_available()
         fits = not check_models([cfg])  # never build a model to time it that cannot fit
         if not fits:
             too_big.add(name)
@@ -163,7 +164,7 @@ def _describe(plan: StudyPlan) -> str:
                       f"{human_bytes(size.worker_bytes)} per worker (weights, gradients, "
                       f"AdamW {human_bytes(size.state_bytes)}; activations "
                       f"{human_bytes(size.activation_bytes)})")
-            if tc.use_gpu and not gpu:  # GPU steps cannot be timed here, and a CPU's rate
+            if tc.use_gpu is True and not gpu:  # GPU steps cannot be timed here, and a CPU's rate
                 # says nothing of them (a paper-size step takes seconds to time): FLOPs
                 per_step = step_flops(cfg, kind)
                 flops = per_step * steps * count_of

@@ -72,7 +72,7 @@ from spice_ray.study.reporting import (
 from spice_ray.study.tune_grid import tune_all
 from spice_ray.study.tuned import write_tuned_table
 from spice_ray.study.tuning import agent_specs
-from spice_ray.train.together import ModelSpec, pretrain_many
+from spice_ray.train.together import ModelSpec, on_local_gpu, pretrain_many
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +143,19 @@ def plan_study(preset: str, out: str | Path | None, yaml_path: str | Path | None
         if item not in used:
             raise ConfigError(f"--set {item!r}: no chosen experiment's environment has "
                               f"env.{_env_field(item)}")
+    gpu = _local_gpu()
+    cfgs = {name: cfg.replace(train=on_local_gpu(cfg.train, gpu)) for name, cfg in cfgs.items()}
     for name, cfg in cfgs.items():
         check_same_study(run_dir, name, cfg)
         check_choose(name, EXPERIMENTS[name], cfg)
     return StudyPlan(cfgs, run_dir, tuple(cfgs))
+
+
+def _local_gpu() -> bool:
+    """Whether this process has a GPU: where ``train.use_gpu=auto`` (the default) trains."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 # ---- stage 2: pretraining ----------------------------------------------------------------

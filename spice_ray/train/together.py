@@ -30,7 +30,8 @@ import torch
 
 from spice_ray.common.artifacts import atomic_write_text
 from spice_ray.common.console import SILENT, Bar, Console, count
-from spice_ray.config import ExperimentConfig
+from spice_ray.config import ExperimentConfig, TrainConfig
+from spice_ray.config.sections import AUTO
 from spice_ray.model import checkpoint as ckpt
 from spice_ray.runtime.resources import gpus_available
 from spice_ray.runtime.tracking import TrainTracker
@@ -245,7 +246,7 @@ def train_populations(models: list[tuple[str, TrainJob, Path]], bar: Bar | None 
     groups = population_groups(models)
     tc = models[0][1].cfg.train
     if not tc.on_ray_train:
-        device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
+        device = torch.device("cuda" if training_on_gpu(tc) else "cpu")
         for group in groups:
             observers = ([ProgressReporter(TrainBar(bar), tc.epochs,
                                            model=f"{group[0][0]} +{len(group) - 1}")]
@@ -328,6 +329,28 @@ class ModelSpec:
     name: str = ""
 
 
+def on_local_gpu(tc: TrainConfig, gpu: bool) -> TrainConfig:
+    """``tc`` on a machine that has (``gpu``) or has not its own GPU. With ``use_gpu`` "auto"
+    and a GPU: on it, as populations unless ``population`` is false, and those in the driver
+    (``num_workers`` 0: one process fills one GPU best, several time-slice it). Otherwise
+    unchanged: a cluster's GPUs are looked for when its jobs start (:func:`training_on_gpu`)."""
+    if not gpu or tc.use_gpu != AUTO:
+        return tc
+    population = tc.populations(True)
+    return dataclasses.replace(tc, use_gpu=True, population=population,
+                               num_workers=0 if population else tc.num_workers)
+
+
+def training_on_gpu(tc: TrainConfig) -> bool:
+    """Whether ``tc``'s models train on GPUs: in the driver (``num_workers=0``) this process's
+    GPU, in Ray Train jobs the cluster's (:func:`~spice_ray.runtime.resources.gpus_available`,
+    Ray started); ``train.use_gpu`` decides, "auto" by whether there are any."""
+    if tc.on_ray_train:
+        return gpus_available(tc.use_gpu)
+    gpu = torch.cuda.is_available()
+    return tc.on_gpu(gpu) and gpu
+
+
 def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
                   checkpoints_root: str | Path | None = None, console: Console = SILENT,
                   label: str = "") -> tuple[list[Path], dict[str, Any]]:
@@ -347,7 +370,8 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
     planned = [(m, *plan_job(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root))
                for m in models]
     tc = models[0].cfg.train
-    if not tc.population and (not tc.together or not tc.on_ray_train):
+    population = tc.populations(training_on_gpu(tc))
+    if not population and (not tc.together or not tc.on_ray_train):
         finals = [pretrain(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root, console,
                            f"{label} {m.name}".strip()) for m in models]
         return finals, {"seconds": time.perf_counter() - t0, "models": {}, "worker": {},
@@ -363,7 +387,7 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
         run_dir.mkdir(parents=True, exist_ok=True)
         job.cfg.write(run_dir)  # as trained: data-derived values filled in
     skipped = len(models) - len(todo)
-    if tc.population:
+    if population:
         groups = population_groups(todo)
         workers = min(len(groups), max(1, tc.num_workers)) if tc.on_ray_train else 1
         steps = sum(g[0][1].cfg.train.epochs * steps_per_epoch(g[0][1].cfg)
@@ -378,7 +402,7 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
     bar = console.bar(f"{label}: {what}" + (f" ({skipped} current)" if skipped else ""), steps,
                       "step")
     try:
-        (train_populations if tc.population else train_together)(todo, bar)
+        (train_populations if population else train_together)(todo, bar)
     except BaseException as exc:
         bar.abort(exc)
         raise
@@ -394,7 +418,7 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
             pass
     return finals, {"seconds": time.perf_counter() - t0, "models": fit_seconds,
                     "worker": ({name: i % workers for i, g in enumerate(groups)
-                                for name, _, _ in g} if tc.population else
+                                for name, _, _ in g} if population else
                                {name: i % workers for i, (name, _, _) in enumerate(todo)}),
-                    "jobs": 1 if tc.on_ray_train or not tc.population else 0}
+                    "jobs": 1 if tc.on_ray_train or not population else 0}
 
