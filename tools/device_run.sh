@@ -9,6 +9,8 @@
 #  1. the population benchmark on the GPU (benchmarks/bench_population.py, at most 100 s),
 #     eager and captured (CUDA graph) steps, and its check that the captured step trains the
 #     same weights as the eager one: training captures its steps only if that check passed;
+#     then the stacked-rollout benchmark (benchmarks/bench_stacked_eval.py, at most 60 s):
+#     a tuning grid's points stepped as one batch against one rollout per point;
 #  2. the main SPICE models of darkroom, darkroom_region and darkroom_continuous at the DPT
 #     recipe (EXPERIMENTS, KINDS, VARIANTS below), as populations (one kind, config and
 #     resume epoch each) stepped in turn in one process, each stopping at the first epoch end
@@ -51,6 +53,11 @@ if [ "${BENCH:-1}" = 1 ]; then
   # captured steps train only where the benchmark saw them give the eager step's weights
   grep -q "graph check ok" "$OUT/bench.txt" && ! grep -q "graph check FAILED" "$OUT/bench.txt" \
       && GRAPH=on
+fi
+if [ "${BENCH:-1}" = 1 ]; then  # tuning rollouts: a grid's points as one batch (at most 60 s)
+  timeout 60 python3 benchmarks/bench_stacked_eval.py --device "$DEVICE" --points 1 16 64 \
+      --tasks 200 >> "$OUT/bench.txt" 2>&1
+  echo "stacked rollouts: exit $?, $(left) s left" | tee -a "$OUT/bench.txt"
 fi
 GRAPH=${FORCE_GRAPH:-$GRAPH}
 cat "$OUT/bench.txt"

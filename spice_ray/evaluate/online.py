@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from spice_ray.agents import Agent, AgentSpec, make_agent
+from spice_ray.agents.stacked import StackedAgents, stackable
 from spice_ray.common.metrics import CUMULATIVE_REGRET, CUMULATIVE_RETURN, FINAL_REGRET
 from spice_ray.common.rng import StepDraws, TaskStreams
 from spice_ray.config import EnvConfig, EvalConfig
@@ -107,6 +108,65 @@ def run_online(agent: Agent, env, tasks, horizon: int, noise: np.ndarray,
     return Rollout(states_log, actions, rewards)
 
 
+STACK_ON_CPU = "cached"
+"""Which learned agents stack on a CPU: "cached" (KV-cache decoding, the stateless bandits:
+1.14-1.40x the point-steps per second of one rollout per point at P = 4-16, B = 100) or "all".
+A darkroom step re-runs the trunk over every row's whole context, and P * B rows of it run
+at 0.77-0.78x there (the attention's scores outgrow the caches;
+``benchmarks/bench_stacked_eval.py``); on a GPU every learned agent stacks."""
+
+
+def stack_key(agent: Agent) -> tuple[bool, ...] | None:
+    """Which agents may act as one batch (:class:`~spice_ray.agents.stacked.StackedAgents`):
+    learned SPICE agents whose runners compute the same outputs (the heads at every position
+    or at the last give the last position's values in different roundings), where stacking
+    pays (:data:`STACK_ON_CPU`); None: alone."""
+    if not stackable(agent):
+        return None
+    r = agent.runner
+    if r.device.type == "cpu" and not r.use_cache and STACK_ON_CPU != "all":
+        return None
+    return (r.use_cache, r.keep_latents, r.keep_prior_means)
+
+
+def run_all_online(agents: Sequence[Agent], env, tasks, data: Mapping[str, np.ndarray],
+                   level: float | None, horizon: int, noise: np.ndarray, episodes: int,
+                   eval_seed: int, task_ids: np.ndarray) -> list[Rollout]:
+    """Each agent's :func:`run_online` in ``tasks`` (made from ``data``, at noise ``level``
+    where the environment has one), in order. Learned SPICE agents that share a
+    :func:`stack_key` act as one batch of P * B rows: the tasks and their noise repeated P
+    times, the trunk run once per step for all; each agent's rollout is the one it acts alone
+    (its own draws)."""
+    groups: dict[tuple[bool, ...], list[int]] = {}
+    for i, agent in enumerate(agents):
+        key = stack_key(agent)
+        if key is not None:
+            groups.setdefault(key, []).append(i)
+    stacks = [g for g in groups.values() if len(g) > 1]
+    runs: dict[int, Rollout] = {}
+    for group in stacks:
+        P, B = len(group), len(task_ids)
+        tiled = {k: np.concatenate([np.asarray(v)] * P) for k, v in data.items()}
+        stack = StackedAgents([agents[i] for i in group],
+                              [agent_draws(eval_seed, task_ids) for _ in group])
+        run = run_online(stack, env, _tasks(env, tiled, level), horizon,
+                         np.concatenate([noise] * P), episodes)
+        for p, i in enumerate(group):
+            rows = slice(p * B, (p + 1) * B)
+            runs[i] = Rollout(run.states[rows], run.actions[rows], run.rewards[rows])
+    for i, agent in enumerate(agents):
+        if i not in runs:
+            runs[i] = run_online(agent, env, tasks, horizon, noise, episodes,
+                                 agent_draws(eval_seed, task_ids))
+    return [runs[i] for i in range(len(agents))]
+
+
+def _tasks(env, data: Mapping[str, np.ndarray], level: float | None):
+    """The environment's tasks of ``data`` (at noise ``level`` when it is not None)."""
+    tasks = env.eval_tasks(data)
+    return tasks if level is None else env.with_noise(tasks, level)
+
+
 def cell_index(cells: np.ndarray, size: int) -> np.ndarray:
     """Grid cells [..., 2] as one index each, x * size + y: a visit map's cell numbering."""
     return cells[..., 0] * size + cells[..., 1]
@@ -180,11 +240,14 @@ def online_rows(
     curves = curves and not final_only
     levels = ([own] if curves or final_only else []) + [float(s) for s in final_sigmas]
     frames = []
+    applicable = applicable_specs(specs, env, eval_cfg, online=True)
     for level in dict.fromkeys(levels):
         tasks = env.with_noise(base, level) if has_noise else base
-        for spec in applicable_specs(specs, env, eval_cfg, online=True):
-            agent = make_agent(spec, env, tasks, model, eval_cfg, sigma=level or 0.0)
-            run = run_online(agent, env, tasks, H, noise, E, agent_draws(eval_cfg.seed, task_ids))
+        agents = [make_agent(spec, env, tasks, model, eval_cfg, sigma=level or 0.0)
+                  for spec in applicable]
+        runs = run_all_online(agents, env, tasks, data, level if has_noise else None, H,
+                              noise, E, eval_cfg.seed, task_ids)
+        for spec, run in zip(applicable, runs, strict=True):
             extra = {"sigma": level} if has_noise else {"episodes": E}
             config = spec.config_json(eval_cfg, **extra)
 

@@ -5,8 +5,9 @@ fitted on validation contexts, the grids built from them) and runs the points of
 as one Tune grid search (:func:`score_grid`), each trial a run of consecutive points of one
 experiment (:func:`points_per_trial`: one or two at the ``small`` preset's sizes, up to 64
 where points are cheap). A trial scores each of its points on every validation task under
-every training seed's model (``tuning.score_point``: the mean, SEM and n of the final
-cumulative regret, seeds averaged per task first) and returns them. As soon as an
+every training seed's model (``tuning.score_points``: the mean, SEM and n of the final
+cumulative regret, seeds averaged per task first; a trial's points that read the same
+checkpoints roll out as one batch) and returns them. As soon as an
 experiment's last point is in, its choices are made (``tuning.finish``) and
 ``results/tuning.json`` is rewritten, so an interrupted stage keeps what it chose; an
 experiment whose inputs are unchanged is not run again. A point's score is the same whichever
@@ -64,6 +65,7 @@ from spice_ray.study.tuning import (
     prepare,
     read_tuning,
     score_point,
+    score_points,
 )
 
 log = logging.getLogger(__name__)
@@ -100,11 +102,10 @@ def grid_trial(config: dict[str, Any], job: list[Any]) -> dict[str, Any]:
     use_gpu = work["eval_cfg"].actor_gpus > 0
     models = _MODELS.setdefault(use_gpu, ModelCache(use_gpu))
     chunk = int(config["chunk"])
-    scores = []
-    for point in work["chunks"][chunk]:
-        exp, cand, sources, seeds = work["points"][point]
-        env, data = work["experiments"][exp]
-        scores.append(score_point(cand, sources, seeds, env, data, models))
+    points = [work["points"][point] for point in work["chunks"][chunk]]
+    env, data = work["experiments"][points[0][0]]  # a chunk is points of one experiment
+    scores = score_points([(cand, sources, seeds) for _, cand, sources, seeds in points],
+                          env, data, models)
     return {"chunk": chunk, "scores": scores}
 
 

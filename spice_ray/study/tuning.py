@@ -238,6 +238,32 @@ def score_point(point: Candidate, sources: Mapping[int, str], seeds: Sequence[in
     return {k: score[k] for k in SCORE_FIELDS}
 
 
+def score_points(points: Sequence[tuple[Candidate, Mapping[int, str], Sequence[int]]],
+                 env: EnvConfig, data: Mapping[str, Any], models: ModelCache
+                 ) -> list[dict[str, Any]]:
+    """:func:`score_point` of each point, in order, the points that run under the same
+    checkpoints, seeds and evaluation settings rolled out as one batch per seed: their learned
+    SPICE agents step together (``evaluate.online.run_all_online``), each point's rollout the
+    one it acts alone, so each score is :func:`score_point`'s."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (cand, sources, seeds) in enumerate(points):
+        key = (tuple(sorted(sources.items())), tuple(seeds), cand.eval_cfg)
+        groups.setdefault(key, []).append(i)
+    scores: dict[int, dict[str, Any]] = {}
+    for (sources, seeds, eval_cfg), members in groups.items():
+        by_seed = dict(sources)
+        specs = [points[i][0].spec for i in members]
+        frames = [evaluate_tasks(env, eval_cfg, data, specs,
+                                 models.get(by_seed.get(seed), env), ("final",), seed)
+                  for seed in seeds]
+        table = {(r["method"], r["config"]): r for r in
+                 final_scores(pd.concat(frames, ignore_index=True)).to_dict("records")}
+        for i in members:
+            score = table[points[i][0].key]
+            scores[i] = {k: score[k] for k in SCORE_FIELDS}
+    return [scores[i] for i in range(len(points))]
+
+
 def run_candidates(cands: list[Candidate], source: str | None, cfg: ExperimentConfig,
                    data: dict, seed: int, pool: EvalPool) -> pd.DataFrame:
     """Online rows of every candidate (the tuned table's), one actor pass per distinct eval
