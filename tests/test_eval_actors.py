@@ -163,6 +163,8 @@ def test_the_tuning_grid_on_ray_tune_equals_in_process(ray_local, setup, tmp_pat
     monkeypatch.setattr(tune_grid, "MAX_POINTS_PER_TRIAL", 2)
     assert tune_grid.points_per_trial(tune_grid.TRIAL_STEPS // 3) == 2
     assert tune_grid.points_per_trial(tune_grid.TRIAL_STEPS + 1) == 1
+    # on a GPU a trial's points are one batch: as many as a trial takes
+    assert tune_grid.points_per_trial(tune_grid.TRIAL_STEPS + 1, gpu=True) == 2  # the most
     assert tune_grid.chunks_of([0, 0, 0, 1, 1, 1], [2, 3]) == [[0, 1], [2], [3, 4, 5]]
     done, seen = {}, []
     monkeypatch.setattr(tune_grid, "MAX_FAILURES", 0)  # each re-run starts a process

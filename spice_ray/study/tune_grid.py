@@ -109,9 +109,13 @@ def grid_trial(config: dict[str, Any], job: list[Any]) -> dict[str, Any]:
     return {"chunk": chunk, "scores": scores}
 
 
-def points_per_trial(steps: int) -> int:
+def points_per_trial(steps: int, gpu: bool = False) -> int:
     """How many points one trial scores when each point rolls out ``steps`` steps (tasks x
-    horizon x episodes x seeds; see :data:`TRIAL_STEPS`)."""
+    horizon x episodes x seeds; see :data:`TRIAL_STEPS`). On a GPU (``eval.actor_gpus``) a
+    trial takes :data:`MAX_POINTS_PER_TRIAL`: its points that read one checkpoint step as one
+    batch (``tuning.score_points``), and the batch is what fills the device."""
+    if gpu:
+        return MAX_POINTS_PER_TRIAL
     return max(1, min(MAX_POINTS_PER_TRIAL, TRIAL_STEPS // max(1, steps)))
 
 
@@ -180,7 +184,8 @@ def score_grid(pending: Sequence[Pending], eval_cfg: EvalConfig,
         if len(set(keys)) != len(keys):
             raise ValueError(f"tuning {p.name}: two grid points have the same method and config")
     chunks = chunks_of([exp for exp, *_ in points],
-                       [points_per_trial(point_steps(p)) for p in pending])
+                       [points_per_trial(point_steps(p), eval_cfg.actor_gpus > 0)
+                        for p in pending])
     job = {"points": points, "chunks": chunks, "eval_cfg": eval_cfg,
            "experiments": [(p.env, p.data) for p in pending]}
     left = [sum(1 for e, *_ in points if e == i) for i in range(len(pending))]
