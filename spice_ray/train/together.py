@@ -370,7 +370,7 @@ def pretrain_many(models: list[ModelSpec], dataset_dir: str | Path,
     planned = [(m, *plan_job(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root))
                for m in models]
     tc = models[0].cfg.train
-    population = tc.populations(training_on_gpu(tc))
+    population = tc.population if tc.population != AUTO else training_on_gpu(tc)
     if not population and (not tc.together or not tc.on_ray_train):
         finals = [pretrain(m.cfg, m.kind, m.seed, dataset_dir, checkpoints_root, console,
                            f"{label} {m.name}".strip()) for m in models]
