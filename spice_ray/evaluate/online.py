@@ -232,7 +232,6 @@ def online_rows(
     env = env_cfg.environment()
     task_ids = np.asarray(data["task_id"])
     H, E = eval_cfg.online_horizon, eval_cfg.episodes
-    base = env.eval_tasks(data)
     noise = online_noise(eval_cfg.seed, task_ids, E * H)  # (B, E*H)
     steps = np.arange(1, E * H + 1)
     has_noise = "robustness" in env.protocols
@@ -242,11 +241,12 @@ def online_rows(
     frames = []
     applicable = applicable_specs(specs, env, eval_cfg, online=True)
     for level in dict.fromkeys(levels):
-        tasks = env.with_noise(base, level) if has_noise else base
+        at = level if has_noise else None
+        tasks = _tasks(env, data, at)
         agents = [make_agent(spec, env, tasks, model, eval_cfg, sigma=level or 0.0)
                   for spec in applicable]
-        runs = run_all_online(agents, env, tasks, data, level if has_noise else None, H,
-                              noise, E, eval_cfg.seed, task_ids)
+        runs = run_all_online(agents, env, tasks, data, at, H, noise, E, eval_cfg.seed,
+                              task_ids)
         for spec, run in zip(applicable, runs, strict=True):
             extra = {"sigma": level} if has_noise else {"episodes": E}
             config = spec.config_json(eval_cfg, **extra)

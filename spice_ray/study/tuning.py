@@ -231,11 +231,7 @@ def score_point(point: Candidate, sources: Mapping[int, str], seeds: Sequence[in
     every task of ``data`` under each seed's model (``sources``; none for a model-free
     method), the final cumulative regret's mean, SEM, n and per-task values as
     :func:`final_scores` gives them."""
-    frames = [evaluate_tasks(env, point.eval_cfg, data, [point.spec],
-                             models.get(sources.get(seed), env), ("final",), seed)
-              for seed in seeds]
-    [score] = final_scores(pd.concat(frames, ignore_index=True)).to_dict("records")
-    return {k: score[k] for k in SCORE_FIELDS}
+    return score_points([(point, sources, seeds)], env, data, models)[0]
 
 
 def score_points(points: Sequence[tuple[Candidate, Mapping[int, str], Sequence[int]]],
@@ -244,7 +240,8 @@ def score_points(points: Sequence[tuple[Candidate, Mapping[int, str], Sequence[i
     """:func:`score_point` of each point, in order, the points that run under the same
     checkpoints, seeds and evaluation settings rolled out as one batch per seed: their learned
     SPICE agents step together (``evaluate.online.run_all_online``), each point's rollout the
-    one it acts alone, so each score is :func:`score_point`'s."""
+    one it acts alone, so a point's score does not depend on the points beside it. A batch
+    whose rows are not exactly its points' (method, config) keys raises ValueError."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (cand, sources, seeds) in enumerate(points):
         key = (tuple(sorted(sources.items())), tuple(seeds), cand.eval_cfg)
@@ -258,6 +255,8 @@ def score_points(points: Sequence[tuple[Candidate, Mapping[int, str], Sequence[i
                   for seed in seeds]
         table = {(r["method"], r["config"]): r for r in
                  final_scores(pd.concat(frames, ignore_index=True)).to_dict("records")}
+        if set(table) != (keys := {points[i][0].key for i in members}):
+            raise ValueError(f"tuning: rows for {sorted(table)}, points {sorted(keys)}")
         for i in members:
             score = table[points[i][0].key]
             scores[i] = {k: score[k] for k in SCORE_FIELDS}
